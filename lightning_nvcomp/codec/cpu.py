@@ -1,0 +1,79 @@
+"""CPU chunk engine: standard zstd frames through the ``zstandard`` package, chunks coded on parallel threads.
+
+Every frame carries its content size, so frames written here decode on the GPU with nvCOMP's RAW Zstd and
+frames nvCOMP writes decode here.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+import zstandard
+
+from lightning_nvcomp.codec.engine import ChunkEngine
+
+#: zstd level for CPU encoding. Byte planes of trained weights are entropy-coded; higher levels add no ratio.
+ZSTD_LEVEL = 1
+
+
+def cpu_threads() -> int:
+    """Threads used for CPU coding: ``LIGHTNING_NVCOMP_THREADS`` or the cores this process may run on."""
+    configured = os.environ.get("LIGHTNING_NVCOMP_THREADS")
+    if configured:
+        return max(1, int(configured))
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class CpuZstdEngine(ChunkEngine):
+    """zstd on the CPU; ``zstandard`` releases the GIL, so a thread pool scales with cores."""
+
+    device_type = "cpu"
+    codecs = ("zstd",)
+
+    def __init__(self, level: int = ZSTD_LEVEL, threads: int | None = None) -> None:
+        self.level = level
+        self._local = threading.local()
+        self._pool = ThreadPoolExecutor(max_workers=threads or cpu_threads(), thread_name_prefix="lnv-zstd")
+
+    def _compressor(self) -> zstandard.ZstdCompressor:
+        if not hasattr(self._local, "cctx"):  # zstd contexts are not thread-safe: one per thread
+            self._local.cctx = zstandard.ZstdCompressor(level=self.level, write_content_size=True)
+            self._local.dctx = zstandard.ZstdDecompressor()
+        return self._local.cctx
+
+    def _decompressor(self) -> zstandard.ZstdDecompressor:
+        self._compressor()
+        return self._local.dctx
+
+    def _encode_one(self, chunk: torch.Tensor) -> torch.Tensor:
+        frame = self._compressor().compress(chunk.numpy())
+        return torch.frombuffer(bytearray(frame), dtype=torch.uint8)
+
+    def encode(self, chunks: list[torch.Tensor], codec: str, data_type: str) -> list[torch.Tensor]:
+        if codec != "zstd":
+            raise ValueError(f"the CPU engine runs zstd only, not {codec!r}")
+        return list(self._pool.map(self._encode_one, chunks))
+
+    def _decode_one(self, pair: tuple[torch.Tensor, torch.Tensor]) -> None:
+        frame, out = pair
+        want = out.numel()
+        try:
+            declared = zstandard.frame_content_size(frame.numpy())
+            if declared != want:  # checked before decoding: a crafted frame must not make us allocate its claim
+                raise ValueError(f"zstd frame declares {declared} bytes, expected {want}")
+            data = self._decompressor().decompress(frame.numpy(), max_output_size=want)
+        except zstandard.ZstdError as err:
+            raise ValueError(f"zstd frame does not decode: {err}") from None
+        if len(data) != want:
+            raise ValueError(f"zstd frame decodes to {len(data)} bytes, expected {want}")
+        out.numpy()[:] = np.frombuffer(data, dtype=np.uint8)
+
+    def decode(self, stored: list[torch.Tensor], out: list[torch.Tensor], codec: str, data_type: str) -> None:
+        if codec != "zstd":
+            raise ValueError(f"the CPU engine runs zstd only, not {codec!r}")
+        for _ in self._pool.map(self._decode_one, zip(stored, out)):
+            pass

@@ -1,0 +1,366 @@
+"""The checkpoint file: a valid ``torch.save`` zip in which tensors are stored as compressed records.
+
+Each tensor in the saved object is pickled as a call ``decode_tensor(blob, record, index, offset, size, stride,
+requires_grad, parameter, name)``: ``blob`` is an ordinary uint8 tensor holding the compressed record, ``record`` the dict that
+describes it (see :mod:`lightning_nvcomp.codec.record`, plus ``storages``: the ``[offset, nbytes]`` of each tensor
+storage packed into the record). Small storages of one dtype and device share a record; views of one storage
+share it like in ``torch.save``. So any ``torch.load`` - Lightning's, the user's, with ``weights_only=True`` once
+:mod:`lightning_nvcomp` is imported, with ``map_location`` or ``mmap=True`` - returns the real tensors.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import pickle
+import time
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from lightning_nvcomp.codec import record as records
+from lightning_nvcomp.codec.gpu import gpu_available
+from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
+from lightning_nvcomp.storage import atomic_write
+
+#: Codec names :func:`save` accepts.
+SAVE_CODECS = ("auto", "ans", "zstd", "none")
+_SMALL_NBYTES = 1 << 20
+_GROUP_NBYTES = 64 << 20
+_ALIGN = 64
+_MAX_DIMS = 64
+
+
+_DTYPE_NAMES = (
+    "float64 float32 float16 bfloat16 float8_e4m3fn float8_e5m2 float8_e4m3fnuz float8_e5m2fnuz float8_e8m0fnu "
+    "complex32 complex64 complex128 int8 int16 int32 int64 uint8 uint16 uint32 uint64 bool"
+).split()
+#: The dtypes this format stores, by name (those the installed torch knows).
+DTYPES = {name: getattr(torch, name) for name in _DTYPE_NAMES if hasattr(torch, name)}
+
+
+class TensorInfo(NamedTuple):
+    """What :func:`describe` returns in place of each compressed tensor."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    record: dict
+    stored_nbytes: int
+
+
+#: While set, decode_tensor hands each tensor's description to this callable instead of decoding.
+_describe: contextvars.ContextVar[Callable[..., Any] | None] = contextvars.ContextVar("describe", default=None)
+#: While set, called with the raw size of every record decoded (progress bars).
+_progress: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar("progress", default=None)
+#: Key under which a record dict keeps its decoded bytes while one load runs (torch.load's pickle memo hands every
+#: tensor of a record the same dict, and drops it when the load ends).
+_DECODED = "__decoded__"
+
+
+def _fail(name: object, message: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"tensor {name!r}: {message}")
+
+
+def _int_tuple(value: object, name: object, what: str) -> tuple[int, ...]:
+    if not isinstance(value, (tuple, list)) or len(value) > _MAX_DIMS:
+        raise _fail(name, f"{what} {value!r} is not a short list of integers")
+    if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in value):
+        raise _fail(name, f"{what} {value!r} holds a negative or non-integer entry")
+    return tuple(value)
+
+
+def _decoded_record(blob: torch.Tensor, rec: dict, name: str) -> torch.Tensor:
+    cached = rec.get(_DECODED)
+    if isinstance(cached, torch.Tensor) and cached.dtype == torch.uint8 and cached.numel() == rec.get("nbytes"):
+        return cached
+    storages = rec.get("storages")
+    nbytes = rec.get("nbytes")
+    if not isinstance(storages, list) or any(
+        not isinstance(s, list) or len(s) != 2 or any(not isinstance(v, int) or v < 0 for v in s) for s in storages
+    ):
+        raise _fail(name, "record storage table is malformed")
+    if isinstance(nbytes, int) and any(off + n > nbytes for off, n in storages):
+        raise _fail(name, f"a storage lies outside the record's {nbytes} bytes")
+    try:
+        data = records.decode(blob, rec, blob.device)
+    except CheckpointError as err:
+        raise type(err)(f"tensor {name!r}: {err}") from None
+    rec[_DECODED] = data
+    report = _progress.get()
+    if report is not None:
+        report(rec["nbytes"])
+    return data
+
+
+def decode_tensor(
+    blob: torch.Tensor,
+    rec: dict,
+    index: int,
+    offset: int,
+    size: tuple[int, ...],
+    stride: tuple[int, ...],
+    requires_grad: bool,
+    parameter: bool,
+    name: str,
+) -> torch.Tensor:
+    """Rebuild one tensor from a compressed record (called by ``torch.load``; import lightning_nvcomp first).
+
+    Every argument is validated: this function is reachable from any pickle.
+    """
+    if not isinstance(name, str):
+        raise CorruptCheckpointError(f"tensor name {name!r} is not a string")
+    if not isinstance(blob, torch.Tensor) or blob.dtype != torch.uint8 or blob.dim() != 1:
+        raise _fail(name, "its compressed bytes are not a 1-D uint8 tensor")
+    if not isinstance(rec, dict):
+        raise _fail(name, "its record description is not a dict")
+    dtype = DTYPES.get(rec.get("dtype"))  # type: ignore[arg-type]
+    if dtype is None:
+        raise _fail(name, f"unknown dtype {rec.get('dtype')!r}")
+    size = _int_tuple(size, name, "shape")
+    stride = _int_tuple(stride, name, "stride")
+    if len(size) != len(stride) or not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise _fail(name, f"shape {size}, stride {stride} and offset {offset!r} do not fit together")
+    if not isinstance(requires_grad, bool) or not isinstance(parameter, bool):
+        raise _fail(name, "requires_grad or parameter is not a bool")
+    storages = rec.get("storages")
+    if not isinstance(index, int) or not isinstance(storages, list) or not 0 <= index < len(storages):
+        raise _fail(name, f"storage index {index!r} is out of range")
+    describe = _describe.get()
+    if describe is not None:
+        return describe(TensorInfo(name, rec["dtype"], size, rec, blob.numel()))
+
+    data = _decoded_record(blob, rec, name)
+    start, nbytes = storages[index]
+    itemsize = dtype.itemsize
+    if nbytes % itemsize or start % itemsize:
+        raise _fail(name, f"storage of {nbytes} bytes at {start} does not hold whole {dtype} elements")
+    numel = nbytes // itemsize
+    if all(size) and offset + sum((n - 1) * s for n, s in zip(size, stride)) >= numel:
+        raise _fail(name, f"shape {size} with stride {stride} at offset {offset} overruns its {numel} elements")
+    if not all(size) and offset > numel:
+        raise _fail(name, f"offset {offset} lies past its {numel} elements")
+    flat = data[start : start + nbytes].view(dtype)
+    tensor = flat.as_strided(size, stride, flat.storage_offset() + offset)  # as_strided's offset is absolute
+    if parameter:
+        return torch.nn.Parameter(tensor, requires_grad)
+    return tensor.requires_grad_(requires_grad)
+
+
+# Found by torch.load's pickle as `lightning_nvcomp.decode_tensor`; allowed for weights_only=True.
+decode_tensor.__module__ = "lightning_nvcomp"
+torch.serialization.add_safe_globals([decode_tensor])
+
+
+def _eligible(obj: object) -> bool:
+    return (
+        type(obj) in (torch.Tensor, torch.nn.Parameter)
+        and obj.layout == torch.strided
+        and obj.device.type in ("cpu", "cuda")
+        and str(obj.dtype).removeprefix("torch.") in DTYPES
+        and not obj.is_conj()
+        and not obj.is_neg()
+    )
+
+
+class _NullSink:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+def _find_tensors(obj: object) -> list[torch.Tensor]:
+    """Every tensor ``torch.save`` would meet in ``obj``, in pickling order (a dry-run pickle)."""
+    found: dict[int, torch.Tensor] = {}
+
+    class Finder(pickle.Pickler):
+        def persistent_id(self, item: object) -> object:
+            return "storage" if isinstance(item, (torch.UntypedStorage, torch.storage.TypedStorage)) else None
+
+        def reducer_override(self, item: object) -> object:
+            if _eligible(item):
+                found.setdefault(id(item), item)
+                return int, ()
+            return NotImplemented
+
+    Finder(_NullSink(), protocol=2).dump(obj)
+    return list(found.values())
+
+
+def _tensor_names(obj: object) -> dict[int, str]:
+    """Dotted key paths of the tensors reachable through dicts, lists and tuples (for messages and inspect)."""
+    names: dict[int, str] = {}
+    seen: set[int] = set()
+    stack: list[tuple[object, str]] = [(obj, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, torch.Tensor):
+            names.setdefault(id(item), path or "<root>")
+        elif isinstance(item, (Mapping, list, tuple)) and id(item) not in seen:
+            seen.add(id(item))
+            pairs = item.items() if isinstance(item, Mapping) else enumerate(item)
+            stack.extend((value, f"{path}.{key}" if path else str(key)) for key, value in pairs)
+    return names
+
+
+@dataclass
+class _Record:
+    device: torch.device
+    dtype: torch.dtype
+    storages: list[torch.UntypedStorage]
+    nbytes: int = 0
+
+
+def _plan(tensors: list[torch.Tensor], names: dict[int, str]) -> tuple[list[_Record], dict[int, tuple[int, int]]]:
+    """Group the tensors' storages into records. Returns the records and, per storage, (record, index)."""
+    dtypes: dict[int, tuple[torch.dtype, str]] = {}
+    unique: dict[int, torch.UntypedStorage] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        name = names.get(id(t), "<unnamed>")
+        seen = dtypes.setdefault(storage._cdata, (t.dtype, name))
+        if seen[0] != t.dtype:
+            raise CheckpointError(
+                f"tensors {seen[1]!r} ({seen[0]}) and {name!r} ({t.dtype}) view the same storage as different types;"
+                " torch.save refuses this too: save a copy of one of them"
+            )
+        unique.setdefault(storage._cdata, storage)
+    plan: list[_Record] = []
+    where: dict[int, tuple[int, int]] = {}
+    open_groups: dict[tuple, int] = {}
+    for key, storage in unique.items():
+        dtype = dtypes[key][0]
+        nbytes = storage.nbytes()
+        group_key = (storage.device, dtype)
+        if nbytes >= _SMALL_NBYTES:
+            plan.append(_Record(storage.device, dtype, [storage], nbytes))
+            where[key] = (len(plan) - 1, 0)
+            continue
+        slot = open_groups.get(group_key)
+        if slot is None or plan[slot].nbytes + nbytes > _GROUP_NBYTES:
+            plan.append(_Record(storage.device, dtype, []))
+            slot = open_groups[group_key] = len(plan) - 1
+        group = plan[slot]
+        where[key] = (slot, len(group.storages))
+        group.storages.append(storage)
+        group.nbytes += -(-nbytes // _ALIGN) * _ALIGN
+    return plan, where
+
+
+def _storage_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (storage.nbytes(),), (1,))
+
+
+def _encode_record(rec: _Record, codec: str) -> tuple[torch.Tensor, dict]:
+    parts, table, pos = [], [], 0
+    for storage in rec.storages:
+        data = _storage_bytes(storage)
+        table.append([pos, data.numel()])
+        parts.append(data)
+        pad = -data.numel() % _ALIGN if len(rec.storages) > 1 else 0
+        if pad:
+            parts.append(torch.zeros(pad, dtype=torch.uint8, device=rec.device))
+        pos += data.numel() + pad
+    data = parts[0] if len(parts) == 1 else torch.cat(parts)
+    blob, meta = records.encode(data, rec.dtype, codec)
+    meta["storages"] = table
+    return blob, meta
+
+
+@dataclass(frozen=True)
+class SaveStats:
+    """What one :func:`save` did."""
+
+    path: str
+    codec: str
+    raw_nbytes: int
+    file_nbytes: int
+    seconds: float
+
+    @property
+    def ratio(self) -> float:
+        return self.raw_nbytes / self.file_nbytes if self.file_nbytes else 1.0
+
+
+def resolve_codec(codec: str) -> str:
+    """Turn a requested codec into the one used: ``auto`` is gANS with a GPU and nvCOMP, else CPU zstd."""
+    if codec not in SAVE_CODECS:
+        raise ValueError(f"codec must be one of {SAVE_CODECS}, not {codec!r}")
+    if codec == "auto":
+        return "ans" if gpu_available() else "zstd"
+    return codec
+
+
+def save(obj: object, path: str | os.PathLike, codec: str = "auto") -> SaveStats:
+    """Save ``obj`` like ``torch.save``, its tensors compressed losslessly, atomically and durably.
+
+    Args:
+        obj: anything ``torch.save`` accepts; plain dense tensors and parameters are compressed.
+        path: the file to write. It appears complete or not at all; a previous file there survives failures.
+        codec: ``"ans"`` (nvCOMP gANS on the GPU: fastest, needs a GPU to load), ``"zstd"`` (GPU or CPU, loads
+            anywhere), ``"none"`` (a plain ``torch.save`` file), or ``"auto"`` (``ans`` with a GPU and nvCOMP, else
+            ``zstd``).
+    """
+    begin = time.perf_counter()
+    codec = resolve_codec(codec)
+    tensors = _find_tensors(obj)
+    raw = sum(t.untyped_storage().nbytes() for t in {t.untyped_storage()._cdata: t for t in tensors}.values())
+    if codec == "none":
+        size = atomic_write(path, lambda f: torch.save(obj, f))
+        return SaveStats(os.fspath(path), codec, raw, size, time.perf_counter() - begin)
+    names = _tensor_names(obj)
+    plan, where = _plan(tensors, names)
+    encoded = [_encode_record(rec, "raw" if codec == "none" else codec) for rec in plan]
+    reductions: dict[int, tuple] = {}
+    for t in tensors:
+        slot, index = where[t.untyped_storage()._cdata]
+        blob, meta = encoded[slot]
+        args = (blob, meta, index, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.requires_grad,
+                type(t) is torch.nn.Parameter, names.get(id(t), "<unnamed>"))
+        reductions[id(t)] = (decode_tensor, args)
+
+    class Pickler(pickle.Pickler):
+        def reducer_override(self, item: object) -> object:
+            return reductions.get(id(item), NotImplemented)
+
+    pickle_module = types.SimpleNamespace(__name__="lightning_nvcomp.container", Pickler=Pickler)
+    size = atomic_write(path, lambda f: torch.save(obj, f, pickle_module=pickle_module))
+    return SaveStats(os.fspath(path), codec, raw, size, time.perf_counter() - begin)
+
+
+def load(
+    path: str | os.PathLike,
+    map_location: Any = None,
+    weights_only: bool = True,
+    mmap: bool = False,
+) -> Any:
+    """Load a checkpoint written by :func:`save` (or any ``torch.save`` file), bit-exactly.
+
+    Tensors come back on the CPU unless ``map_location`` says otherwise; ``map_location="cuda"`` decodes on the
+    GPU directly. Errors name ``path`` and the tensor at fault.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap)
+    except CheckpointError as err:
+        raise type(err)(f"{path}: {err}") from None
+    except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError) as err:
+        raise CorruptCheckpointError(f"{path} cannot be read as a checkpoint (truncated or damaged?): {err}") from err
+
+
+def describe(path: str | os.PathLike) -> Any:
+    """Load ``path``'s structure with a :class:`TensorInfo` in place of each compressed tensor, decoding nothing."""
+    token = _describe.set(lambda info: info)
+    try:
+        return load(path, map_location="cpu", mmap=True)
+    finally:
+        _describe.reset(token)
+
+
+def report_progress(callback: Callable[[int], None] | None) -> contextvars.Token:
+    """Have every record decoded in this context call ``callback(raw_nbytes)``; undo with ``_progress.reset``."""
+    return _progress.set(callback)

@@ -1,0 +1,13 @@
+"""Exceptions raised by lightning_nvcomp. Every message names the file, record or tensor at fault."""
+
+
+class CheckpointError(Exception):
+    """Base class: something about a checkpoint file or a save/load request is wrong."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """The stored bytes or their description fail validation (checksum, sizes, offsets, format)."""
+
+
+class CodecUnavailableError(CheckpointError):
+    """The codec a record needs cannot run here (e.g. gANS without a CUDA GPU and nvCOMP)."""
