@@ -1,0 +1,185 @@
+"""GPU codec paths: nvCOMP gANS and Zstd on CUDA tensors. Skipped without a CUDA GPU and nvCOMP."""
+
+import threading
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import lightning_nvcomp
+from lightning_nvcomp.codec import record
+from lightning_nvcomp.codec.cpu import CpuZstdEngine
+from lightning_nvcomp.codec.gpu import NvcompEngine, gpu_available
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and nvCOMP")]
+
+DTYPES = [
+    torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2,
+    torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+]
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _trained_like(n: int, dtype: torch.dtype, device: str = "cuda") -> torch.Tensor:
+    """Values shaped like trained weights, with special values mixed in (NaN payloads, -0.0, denormals, inf)."""
+    g = torch.Generator(device="cpu").manual_seed(n)
+    if dtype == torch.bool:
+        return (torch.rand(n, generator=g) > 0.7).to(device)
+    if not (dtype.is_floating_point or dtype.is_complex):
+        info = torch.iinfo(dtype)
+        return torch.randint(max(info.min, -1000), min(info.max, 1000), (n,), generator=g, dtype=torch.int64).to(dtype).to(device)
+    x = torch.randn(n, generator=g, dtype=torch.float64) * 0.02
+    if n >= 8:
+        x[:4] = torch.tensor([float("inf"), -0.0, 1e-310, float("-inf")], dtype=torch.float64)
+    t = x.to(torch.complex128 if dtype.is_complex else torch.float64).to(dtype)
+    if dtype == torch.float32 and n >= 8:
+        t.view(torch.int32)[5:7] = torch.tensor([0x7FC00001, -0x3EDCBA99], dtype=torch.int32)  # NaN payloads
+    return t.to(device)
+
+
+@pytest.mark.parametrize("codec", ["ans", "zstd"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_record_round_trip_on_gpu(codec, dtype):
+    t = _trained_like(300_001, dtype)
+    raw = t.reshape(-1).view(torch.uint8)
+    blob, meta = record.encode(raw, dtype, codec)
+    assert blob.device.type == "cpu"
+    back = record.decode(blob, meta, "cuda")
+    assert back.device.type == "cuda"
+    assert torch.equal(back.cpu(), _bytes(t))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(0, 70_000), dtype=st.sampled_from(DTYPES), codec=st.sampled_from(["ans", "zstd"]))
+def test_record_round_trip_sizes(n, dtype, codec, monkeypatch_chunks):
+    t = _trained_like(n, dtype)
+    blob, meta = record.encode(t.reshape(-1).view(torch.uint8), dtype, codec)
+    assert torch.equal(record.decode(blob, meta, "cuda").cpu(), _bytes(t))
+
+
+@pytest.fixture
+def monkeypatch_chunks():
+    """Small segments and chunks, so that hypothesis's small inputs cross every boundary."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(record, "SEGMENT_NBYTES", 64 * 8 * 16)
+    mp.setattr(record, "CHUNK_NBYTES", {k: 256 for k in record.CHUNK_NBYTES})
+    yield
+    mp.undo()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gpu_zstd_frames_decode_on_cpu_and_back(dtype):
+    t = _trained_like(1_000_003, dtype)
+    raw = t.reshape(-1).view(torch.uint8)
+    chunks = list(raw.split(1 << 16))
+    gpu, cpu = NvcompEngine(), CpuZstdEngine()
+    gpu_frames = gpu.encode(chunks, "zstd", "|u1")
+    out = [torch.empty(c.numel(), dtype=torch.uint8) for c in chunks]
+    cpu.decode([f.cpu() for f in gpu_frames], out, "zstd", "|u1")
+    assert torch.equal(torch.cat(out), raw.cpu())
+    cpu_frames = cpu.encode([c.cpu() for c in chunks], "zstd", "|u1")
+    out_gpu = [torch.empty(c.numel(), dtype=torch.uint8, device="cuda") for c in chunks]
+    gpu.decode([f.cuda() for f in cpu_frames], out_gpu, "zstd", "|u1")
+    assert torch.equal(torch.cat(out_gpu), raw)
+
+
+def test_zstd_record_written_on_gpu_loads_on_cpu_and_reverse(tmp_path):
+    state = {"w": _trained_like(2_000_000, torch.bfloat16), "m": _trained_like(1_500_000, torch.float32)}
+    lightning_nvcomp.save(state, tmp_path / "gpu.ckpt", codec="zstd")
+    on_cpu = lightning_nvcomp.load(tmp_path / "gpu.ckpt", map_location="cpu")
+    cpu_state = {k: v.cpu() for k, v in state.items()}
+    lightning_nvcomp.save(cpu_state, tmp_path / "cpu.ckpt", codec="zstd")
+    on_gpu = lightning_nvcomp.load(tmp_path / "cpu.ckpt", map_location="cuda")
+    for k in state:
+        assert on_cpu[k].device.type == "cpu" and on_gpu[k].device.type == "cuda"
+        assert torch.equal(_bytes(on_cpu[k]), _bytes(state[k]))
+        assert torch.equal(_bytes(on_gpu[k]), _bytes(state[k]))
+
+
+@pytest.mark.parametrize("codec", ["ans", "zstd"])
+def test_save_load_model_and_optimizer_on_gpu(tmp_path, codec):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        model(torch.randn(32, 256, device="cuda")).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "bf16": model[0].weight.bfloat16()}
+    stats = lightning_nvcomp.save(state, tmp_path / "x.ckpt", codec=codec)
+    assert stats.codec == codec
+    for loader in (lightning_nvcomp.load, torch.load):
+        back = loader(tmp_path / "x.ckpt", map_location="cuda", weights_only=True)
+        assert torch.equal(_bytes(back["bf16"]), _bytes(state["bf16"]))
+        for k, v in state["model"].items():
+            assert torch.equal(_bytes(back["model"][k]), _bytes(v)), k
+        for pid, s in state["optimizer"]["state"].items():
+            for k, v in s.items():
+                assert torch.equal(_bytes(back["optimizer"]["state"][pid][k]), _bytes(v)), (pid, k)
+
+
+def test_typed_f4_ans_is_chosen_only_when_lossless():
+    t = _trained_like(4_000_000, torch.float32)
+    blob, meta = record.encode(t.view(torch.uint8), torch.float32, "ans")
+    assert meta["data_type"] in ("<f4", "|u1")
+    assert torch.equal(record.decode(blob, meta, "cuda"), t.view(torch.uint8))
+
+
+def test_ans_ratio_beats_raw_bytes_on_bf16():
+    t = _trained_like(8_000_000, torch.bfloat16)
+    raw = t.view(torch.uint8)
+    blob, _ = record.encode(raw, torch.bfloat16, "ans")
+    plain = NvcompEngine().encode(list(raw.split(1 << 20)), "ans", "|u1")
+    assert blob.numel() < sum(p.numel() for p in plain)
+
+
+def test_repeated_decode_does_not_grow_gpu_memory():
+    t = _trained_like(8_000_000, torch.bfloat16)
+    blob, meta = record.encode(t.view(torch.uint8), torch.bfloat16, "ans")
+    for _ in range(3):
+        record.decode(blob, meta, "cuda")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for _ in range(20):
+        record.decode(blob, meta, "cuda")
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() <= before + (1 << 20)
+
+
+def test_concurrent_zstd_decoders_are_exact():
+    t = _trained_like(4_000_000, torch.float32)
+    blob, meta = record.encode(t.view(torch.uint8), torch.float32, "zstd")
+    want = t.view(torch.uint8)
+    errors = []
+
+    def worker():
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                for _ in range(5):
+                    got = record.decode(blob, meta, "cuda")
+                    stream.synchronize()
+                    if not torch.equal(got, want):
+                        errors.append("mismatch")
+        except Exception as err:  # collected and reported below
+            errors.append(repr(err))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+
+
+def test_ans_checkpoint_converts_to_zstd_readable_on_cpu(tmp_path):
+    state = {"w": _trained_like(500_000, torch.bfloat16)}
+    lightning_nvcomp.save(state, tmp_path / "a.ckpt", codec="ans")
+    back = lightning_nvcomp.load(tmp_path / "a.ckpt", map_location="cpu")
+    lightning_nvcomp.save(back, tmp_path / "z.ckpt", codec="zstd")
+    z = lightning_nvcomp.load(tmp_path / "z.ckpt")
+    assert torch.equal(_bytes(z["w"]), _bytes(state["w"]))
