@@ -62,7 +62,7 @@ def gpu_codec_rows(data: torch.Tensor, dtype: torch.dtype, codec: str) -> dict:
     engine = record.engine_for(codec, data.device)
     layout = record._choose_layout(engine, data, dtype, codec)
     enc_s, pieces = timed(lambda: record._encode_segment(engine, data, layout))
-    stored = torch.cat(pieces)
+    stored = record._pack(pieces)
     sizes = [p.numel() for p in pieces]
     out = torch.empty_like(data)
     dec_s, _ = timed(lambda: record._decode_segment(engine, stored, sizes, out, layout))
@@ -100,6 +100,35 @@ def cpu_rows(data_cpu: torch.Tensor, dtype: torch.dtype, threads: int) -> dict:
     return row
 
 
+def chunk_sweep(classes: dict[str, torch.Tensor]) -> list[str]:
+    """Kernel-level gANS / Zstd GB/s and ratio per uncompressed chunk size (what CHUNK_NBYTES trades)."""
+    lines = ["| class | codec | chunk KiB | ratio | enc GB/s | dec GB/s |", "|---|---|---|---|---|---|"]
+    saved = dict(record.CHUNK_NBYTES)
+    for name in ("bf16 w", "adam m"):
+        data = classes[name].contiguous().view(torch.uint8)
+        for codec, sizes in (("ans", (64, 256, 1024)), ("zstd", (16, 64, 256))):
+            for kib in sizes:
+                record.CHUNK_NBYTES[(codec, "cuda")] = kib << 10
+                row = gpu_codec_rows(data, classes[name].dtype, codec)
+                lines.append(f"| {name} | {codec} | {kib} | {row['ratio']:.3f} | {row['enc']:.1f} | {row['dec']:.1f} |")
+                print(lines[-1], flush=True)
+    record.CHUNK_NBYTES.update(saved)
+    return lines
+
+
+def profile_encode(data: torch.Tensor, dtype: torch.dtype, codec: str) -> None:
+    import cProfile
+    import pstats
+
+    record.encode(data, dtype, codec)
+    prof = cProfile.Profile()
+    prof.enable()
+    record.encode(data, dtype, codec)
+    sync()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(18)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -109,6 +138,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--cpu-sample-mb", type=int, default=256, help="bytes of each class coded on the CPU")
     parser.add_argument("--out", default=None, help="write the Markdown report here too")
+    parser.add_argument("--sweep", action="store_true", help="also sweep GPU chunk sizes")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of one end-to-end encode")
     args = parser.parse_args()
     device = args.device
     gpu = device == "cuda" and gpu_available()
@@ -121,6 +152,10 @@ def main() -> None:
     opt = train(model, corpus, args.steps, args.batch, device)
     classes = {name: torch.cat([t.reshape(-1) for t in ts]) for name, ts in state_by_class(model, opt).items()}
 
+    if args.profile and gpu:
+        profile_encode(classes["adam m"].view(torch.uint8), torch.float32, "ans")
+        profile_encode(classes["bf16 w"].view(torch.uint8), torch.bfloat16, "ans")
+    sweep = chunk_sweep(classes) if args.sweep and gpu else []
     lines = [
         "# Codec benchmark",
         "",
@@ -177,6 +212,8 @@ def main() -> None:
         print(rows[-1], flush=True)
         print(speed[-1], flush=True)
     lines += rows + [""] + speed + [""]
+    if sweep:
+        lines += ["GPU chunk-size sweep (kernel level):", ""] + sweep + [""]
     if gpu:
         gb = totals["bytes"]
         lines.append(

@@ -53,6 +53,7 @@ class GPT(nn.Module):
         self.pos = nn.Parameter(torch.zeros(context, dim))
         self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
         self.ln = nn.LayerNorm(dim)
+        nn.init.normal_(self.embed.weight, std=0.02)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.embed(idx) + self.pos[: idx.shape[1]]

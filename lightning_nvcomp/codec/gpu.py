@@ -66,17 +66,32 @@ class NvcompEngine(ChunkEngine):
             )
         return cache[key], stream.cuda_stream
 
+    def _capacity(self, nv_codec, codec: str, data_type: str, chunk: torch.Tensor) -> int:
+        key = (codec, data_type, chunk.numel())
+        caps = self._local.__dict__.setdefault("capacity", {})
+        if key not in caps:
+            caps[key] = nv_codec.get_max_comp_buffer_size(self._nvcomp.as_array(chunk))
+        return caps[key]
+
     def encode(self, chunks: list[torch.Tensor], codec: str, data_type: str) -> list[torch.Tensor]:
         if not chunks:
             return []
         device = chunks[0].device
         with torch.cuda.device(device):
             nv_codec, stream = self._codec(codec, data_type, device)
-            encoded = nv_codec.encode(self._nvcomp.as_arrays(chunks, cuda_stream=stream))
-            sizes = encoded.buffer_sizes  # waits for the encode
-            # The views into `encoded` must not outlive it: gather them into one buffer torch owns.
-            packed = torch.cat([torch.from_dlpack(encoded[i]).view(torch.uint8)[:n] for i, n in enumerate(sizes)])
-        return list(packed.split(sizes))
+            # Compress into one buffer torch owns (views of nvCOMP-owned outputs must not outlive them).
+            align = nv_codec.get_required_compression_alignment()
+            # nvCOMP sizes every output slot for the batch's largest chunk.
+            capacity = self._capacity(nv_codec, codec, data_type, max(chunks, key=torch.Tensor.numel))
+            stride = -(-capacity // align) * align
+            offsets = [i * stride for i in range(len(chunks))]
+            capacities = [capacity] * len(chunks)
+            total = stride * len(chunks)
+            packed = torch.empty(total, dtype=torch.uint8, device=device)
+            src = self._nvcomp.as_arrays(chunks, cuda_stream=stream)
+            dst = self._nvcomp.as_arrays(packed, offsets, capacities, cuda_stream=stream)
+            sizes = nv_codec.encode(src, out=dst).buffer_sizes  # waits for the encode
+        return [packed[off : off + n] for off, n in zip(offsets, sizes)]
 
     def decode(self, stored: list[torch.Tensor], out: list[torch.Tensor], codec: str, data_type: str) -> None:
         if not stored:

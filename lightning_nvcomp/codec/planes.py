@@ -40,13 +40,27 @@ def plane_width(dtype: torch.dtype) -> int:
     return _PLANE_WIDTH.get(dtype, 1)
 
 
+#: Each plane starts at a multiple of this many bytes (nvCOMP wants 16-byte aligned chunks on the GPU).
+PLANE_ALIGN = 64
+
+
+def empty(width: int, n: int, device: torch.device) -> torch.Tensor:
+    """An uninitialised ``[width, n]`` uint8 plane buffer whose rows are contiguous and start aligned."""
+    if device.type == "cpu":
+        return torch.empty(width, n, dtype=torch.uint8)
+    pitch = -(-n // PLANE_ALIGN) * PLANE_ALIGN
+    return torch.empty(width, pitch, dtype=torch.uint8, device=device)[:, :n]
+
+
 def split(data: torch.Tensor, width: int) -> torch.Tensor:
-    """Return the ``[width, n]`` planes of the 1-D uint8 buffer ``data`` (``width * n`` bytes), contiguous."""
+    """Return the ``[width, n]`` planes of the 1-D uint8 buffer ``data`` (``width * n`` bytes)."""
     if width == 1:
         return data.view(1, -1)
     if data.device.type == "cpu":  # numpy transposes bytes ~6x faster than torch on the CPU
         return torch.from_numpy(np.ascontiguousarray(data.numpy().reshape(-1, width).T))
-    return data.view(-1, width).t().contiguous()
+    out = empty(width, data.numel() // width, data.device)
+    out.copy_(data.view(-1, width).t())
+    return out
 
 
 def join(planes: torch.Tensor, out: torch.Tensor) -> None:
@@ -55,7 +69,7 @@ def join(planes: torch.Tensor, out: torch.Tensor) -> None:
     if width == 1:
         out.copy_(planes.view(-1))
     elif out.device.type == "cpu":
-        out.numpy().reshape(-1, width)[:] = planes.numpy().T
+        out.numpy().reshape(-1, width)[:] = planes.numpy().T  # planes.numpy() also handles pitched rows
     else:
         out.view(-1, width).copy_(planes.t())
 

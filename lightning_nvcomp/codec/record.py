@@ -8,7 +8,8 @@ The layout, whole:
 * Each chunk is stored coded with its plane's codec ``codecs[k]`` (``"ans"``, ``"zstd"`` or ``"raw"``), or raw
   when coding would not make it smaller. ``data_type`` is the type nvCOMP's gANS modelled (``"|u1"``: bytes).
 * ``sizes`` lists the stored size of every chunk: segment by segment, plane by plane, chunk by chunk. A stored
-  size equal to the chunk's raw size means the chunk is stored raw. The blob is all stored chunks in order.
+  size equal to the chunk's raw size means the chunk is stored raw. The blob is all stored chunks in order, each
+  followed by zero bytes up to a multiple of 16 (nvCOMP reads chunks at 16-byte aligned addresses).
 * ``crc32[s]`` is the CRC-32 of segment ``s``'s stored bytes, checked before anything is decoded.
 
 Every field is validated against the blob before a byte is decoded: the dict may come from a hostile file.
@@ -39,6 +40,29 @@ _TYPED_ANS = {torch.float32: "<f4", torch.float8_e4m3fn: "|f1"}
 _DATA_TYPES = ("|u1", "<f4", "|f1")
 _TYPED_SAMPLE_NBYTES = 8 << 20
 _MAX_NBYTES = 1 << 48
+_CHUNK_ALIGN = 16
+
+
+def _padded(n: int) -> int:
+    return -(-n // _CHUNK_ALIGN) * _CHUNK_ALIGN
+
+
+def _pack(pieces: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate stored chunks, each padded with zeros to a multiple of 16 bytes (on their device)."""
+    if not pieces:
+        return torch.empty(0, dtype=torch.uint8)
+    device = pieces[0].device
+    pads = {n: torch.zeros(n, dtype=torch.uint8, device=device) for n in {_padded(p.numel()) - p.numel() for p in pieces}}
+    return torch.cat([part for p in pieces for part in (p, pads[_padded(p.numel()) - p.numel()])])
+
+
+def _unpack(stored: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    """The chunks of a packed buffer, by their stored sizes (the inverse of :func:`_pack`)."""
+    pieces, pos = [], 0
+    for n in sizes:
+        pieces.append(stored[pos : pos + n])
+        pos += _padded(n)
+    return pieces
 
 
 @dataclass(frozen=True)
@@ -118,7 +142,8 @@ def _choose_layout(engine: ChunkEngine | None, data: torch.Tensor, dtype: torch.
     if sum(p.numel() for p in typed_pieces) >= planes_size:
         return layout
     check = torch.empty_like(sample)
-    _decode_segment(engine, torch.cat(typed_pieces), [p.numel() for p in typed_pieces], check, typed_layout)
+    packed = _pack(typed_pieces)
+    _decode_segment(engine, packed, [p.numel() for p in typed_pieces], check, typed_layout)
     return typed_layout if torch.equal(check, sample) else layout
 
 
@@ -134,7 +159,7 @@ def encode(data: torch.Tensor, dtype: torch.dtype, codec: str) -> tuple[torch.Te
     blobs, sizes, crcs = [], [], []
     for start, length in _segments(data.numel(), SEGMENT_NBYTES):
         pieces = _encode_segment(engine, data[start : start + length], layout)
-        host = torch.cat(pieces).cpu() if pieces else torch.empty(0, dtype=torch.uint8)
+        host = _pack(pieces).cpu()
         blobs.append(host)
         sizes.extend(p.numel() for p in pieces)
         crcs.append(zlib.crc32(host.numpy()))
@@ -164,10 +189,10 @@ def _chunk_lengths(length: int, layout: _Layout) -> list[int]:
 def _decode_segment(
     engine: ChunkEngine | None, stored: torch.Tensor, sizes: list[int], out: torch.Tensor, layout: _Layout
 ) -> None:
-    plane_out = out.view(1, -1) if layout.planes == 1 else torch.empty(
-        layout.planes, out.numel() // layout.planes, dtype=torch.uint8, device=out.device
+    plane_out = (
+        out.view(1, -1) if layout.planes == 1 else byte_planes.empty(layout.planes, out.numel() // layout.planes, out.device)
     )
-    pieces = stored.split(sizes)
+    pieces = _unpack(stored, sizes)
     targets = [t for k in range(layout.planes) for t in plane_out[k].split(layout.chunk)]
     groups: dict[str, tuple[list, list]] = {}
     per_plane = len(targets) // layout.planes
@@ -232,7 +257,7 @@ def validate(meta: object, blob_nbytes: int) -> _Layout:
                 pos += 1
                 if not isinstance(size, int) or not 0 < size <= raw or (codecs[k] == "raw" and size != raw):
                     raise CorruptCheckpointError(f"record chunk {pos - 1} has stored size {size!r} for {raw} bytes")
-    if sum(sizes) != blob_nbytes:
+    if sum(_padded(n) for n in sizes) != blob_nbytes:
         raise CorruptCheckpointError(f"record chunks add up to {sum(sizes)} bytes but the blob holds {blob_nbytes}")
     if any(not isinstance(c, int) or not 0 <= c < 1 << 32 for c in crcs):
         raise CorruptCheckpointError("record checksums are not 32-bit integers")
@@ -269,7 +294,7 @@ def decode(blob: torch.Tensor, meta: dict, device: torch.device | str = "cpu") -
     for (start, length), crc in zip(_segments(layout_nbytes, meta["segment"]), meta["crc32"]):
         count = len(_chunk_lengths(length, layout)) * layout.planes
         sizes = meta["sizes"][pos : pos + count]
-        end = offset + sum(sizes)
+        end = offset + sum(_padded(n) for n in sizes)
         if zlib.crc32(host[offset:end].numpy()) != crc:
             raise CorruptCheckpointError(f"checksum mismatch in segment at byte {start}: the file is damaged")
         stored = (blob if blob.device == work else host)[offset:end].to(work)
