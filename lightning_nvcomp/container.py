@@ -1,7 +1,8 @@
 """The checkpoint file: a valid ``torch.save`` zip in which tensors are stored as compressed records.
 
-Each tensor in the saved object is pickled as a call ``decode_tensor(blob, record, index, offset, size, stride,
-requires_grad, parameter, name)``: ``blob`` is an ordinary uint8 tensor holding the compressed record, ``record`` the dict that
+Each tensor in the saved object is pickled as a call ``decode_tensor(blobs, record, index, offset, size, stride,
+requires_grad, parameter, name)``: ``blobs`` are ordinary uint8 tensors holding the compressed record (one per
+segment), ``record`` the dict that
 describes it (see :mod:`lightning_nvcomp.codec.record`, plus ``storages``: the ``[offset, nbytes]`` of each tensor
 storage packed into the record). Small storages of one dtype and device share a record; views of one storage
 share it like in ``torch.save``. So any ``torch.load`` - Lightning's, the user's, with ``weights_only=True`` once
@@ -73,7 +74,7 @@ def _int_tuple(value: object, name: object, what: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _decoded_record(blob: torch.Tensor, rec: dict, name: str) -> torch.Tensor:
+def _decoded_record(blobs: list[torch.Tensor], rec: dict, name: str) -> torch.Tensor:
     cached = rec.get(_DECODED)
     if isinstance(cached, torch.Tensor) and cached.dtype == torch.uint8 and cached.numel() == rec.get("nbytes"):
         return cached
@@ -86,7 +87,7 @@ def _decoded_record(blob: torch.Tensor, rec: dict, name: str) -> torch.Tensor:
     if isinstance(nbytes, int) and any(off + n > nbytes for off, n in storages):
         raise _fail(name, f"a storage lies outside the record's {nbytes} bytes")
     try:
-        data = records.decode(blob, rec, blob.device)
+        data = records.decode(blobs, rec, blobs[0].device if blobs else "cpu")
     except CheckpointError as err:
         raise type(err)(f"tensor {name!r}: {err}") from None
     rec[_DECODED] = data
@@ -97,7 +98,7 @@ def _decoded_record(blob: torch.Tensor, rec: dict, name: str) -> torch.Tensor:
 
 
 def decode_tensor(
-    blob: torch.Tensor,
+    blobs: list[torch.Tensor],
     rec: dict,
     index: int,
     offset: int,
@@ -113,8 +114,10 @@ def decode_tensor(
     """
     if not isinstance(name, str):
         raise CorruptCheckpointError(f"tensor name {name!r} is not a string")
-    if not isinstance(blob, torch.Tensor) or blob.dtype != torch.uint8 or blob.dim() != 1:
-        raise _fail(name, "its compressed bytes are not a 1-D uint8 tensor")
+    if not isinstance(blobs, list) or any(
+        not isinstance(b, torch.Tensor) or b.dtype != torch.uint8 or b.dim() != 1 for b in blobs
+    ):
+        raise _fail(name, "its compressed bytes are not a list of 1-D uint8 tensors")
     if not isinstance(rec, dict):
         raise _fail(name, "its record description is not a dict")
     dtype = DTYPES.get(rec.get("dtype"))  # type: ignore[arg-type]
@@ -131,9 +134,9 @@ def decode_tensor(
         raise _fail(name, f"storage index {index!r} is out of range")
     describe = _describe.get()
     if describe is not None:
-        return describe(TensorInfo(name, rec["dtype"], size, rec, blob.numel()))
+        return describe(TensorInfo(name, rec["dtype"], size, rec, sum(b.numel() for b in blobs)))
 
-    data = _decoded_record(blob, rec, name)
+    data = _decoded_record(blobs, rec, name)
     start, nbytes = storages[index]
     itemsize = dtype.itemsize
     if nbytes % itemsize or start % itemsize:
@@ -253,7 +256,7 @@ def _storage_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (storage.nbytes(),), (1,))
 
 
-def _encode_record(rec: _Record, codec: str) -> tuple[torch.Tensor, dict]:
+def _encode_record(rec: _Record, codec: str) -> tuple[list[torch.Tensor], dict]:
     parts, table, pos = [], [], 0
     for storage in rec.storages:
         data = _storage_bytes(storage)
@@ -264,9 +267,9 @@ def _encode_record(rec: _Record, codec: str) -> tuple[torch.Tensor, dict]:
             parts.append(torch.zeros(pad, dtype=torch.uint8, device=rec.device))
         pos += data.numel() + pad
     data = parts[0] if len(parts) == 1 else torch.cat(parts)
-    blob, meta = records.encode(data, rec.dtype, codec)
+    blobs, meta = records.encode(data, rec.dtype, codec)
     meta["storages"] = table
-    return blob, meta
+    return blobs, meta
 
 
 @dataclass(frozen=True)
@@ -316,8 +319,8 @@ def save(obj: object, path: str | os.PathLike, codec: str = "auto") -> SaveStats
     reductions: dict[int, tuple] = {}
     for t in tensors:
         slot, index = where[t.untyped_storage()._cdata]
-        blob, meta = encoded[slot]
-        args = (blob, meta, index, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.requires_grad,
+        blobs, meta = encoded[slot]
+        args = (blobs, meta, index, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.requires_grad,
                 type(t) is torch.nn.Parameter, names.get(id(t), "<unnamed>"))
         reductions[id(t)] = (decode_tensor, args)
 

@@ -36,7 +36,9 @@ def tensor_bytes(t: torch.Tensor) -> torch.Tensor:
     if t.is_complex():
         t = torch.view_as_real(t)
     ints = t.view(_BITS_DTYPE[t.dtype.itemsize])
-    return ints.contiguous().reshape(-1).view(torch.uint8)
+    # a fresh buffer: .contiguous() keeps odd strides of size-1 and empty dims, which .view(uint8) refuses
+    flat = torch.empty(ints.numel(), dtype=ints.dtype).copy_(ints.reshape(-1))
+    return flat.view(torch.uint8)
 
 
 def assert_bit_exact(a: torch.Tensor, b: torch.Tensor, *, check_type: bool = False) -> None:
@@ -165,7 +167,8 @@ _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 def tensor_digest(t):
     t = t.detach()
     r = torch.view_as_real(t) if t.is_complex() else t
-    data = r.view(_BITS[r.dtype.itemsize]).contiguous().reshape(-1).view(torch.uint8)
+    ints = r.view(_BITS[r.dtype.itemsize])
+    data = torch.empty(ints.numel(), dtype=ints.dtype).copy_(ints.reshape(-1)).view(torch.uint8)
     return [str(t.dtype), list(t.shape), list(t.stride()), hashlib.sha256(data.numpy()).hexdigest()]
 """
 
@@ -179,3 +182,24 @@ def ckpt(tmp_path: Path) -> Path:
 def temp_files(directory: Path, name: str) -> list[str]:
     """The save temp files (``.NAME.*.tmp``) for ``name`` in ``directory``."""
     return sorted(n for n in os.listdir(directory) if n.startswith(f".{name}.") and n.endswith(".tmp"))
+
+
+def zip_entries(path: str | os.PathLike) -> dict[str, tuple[int, int]]:
+    """Each zip member of a torch.save file -> (offset of its stored bytes in the file, stored size)."""
+    import struct
+    import zipfile
+
+    raw = Path(path).read_bytes()
+    out = {}
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            off = info.header_offset
+            assert raw[off : off + 4] == b"PK\x03\x04", "not a local file header"
+            name_len, extra_len = struct.unpack("<HH", raw[off + 26 : off + 30])
+            out[info.filename] = (off + 30 + name_len + extra_len, info.compress_size)
+    return out
+
+
+def tensor_data_entries(path: str | os.PathLike) -> dict[str, tuple[int, int]]:
+    """The zip members holding storages (``.../data/N``), which is where compressed blobs live."""
+    return {n: v for n, v in zip_entries(path).items() if "/data/" in n and not n.endswith("serialization_id")}

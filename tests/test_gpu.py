@@ -46,9 +46,9 @@ def _trained_like(n: int, dtype: torch.dtype, device: str = "cuda") -> torch.Ten
 def test_record_round_trip_on_gpu(codec, dtype):
     t = _trained_like(300_001, dtype)
     raw = t.reshape(-1).view(torch.uint8)
-    blob, meta = record.encode(raw, dtype, codec)
-    assert blob.device.type == "cpu"
-    back = record.decode(blob, meta, "cuda")
+    blobs, meta = record.encode(raw, dtype, codec)
+    assert all(b.device.type == "cpu" for b in blobs)
+    back = record.decode(blobs, meta, "cuda")
     assert back.device.type == "cuda"
     assert torch.equal(back.cpu(), _bytes(t))
 
@@ -57,8 +57,8 @@ def test_record_round_trip_on_gpu(codec, dtype):
 @given(n=st.integers(0, 70_000), dtype=st.sampled_from(DTYPES), codec=st.sampled_from(["ans", "zstd"]))
 def test_record_round_trip_sizes(n, dtype, codec, monkeypatch_chunks):
     t = _trained_like(n, dtype)
-    blob, meta = record.encode(t.reshape(-1).view(torch.uint8), dtype, codec)
-    assert torch.equal(record.decode(blob, meta, "cuda").cpu(), _bytes(t))
+    blobs, meta = record.encode(t.reshape(-1).view(torch.uint8), dtype, codec)
+    assert torch.equal(record.decode(blobs, meta, "cuda").cpu(), _bytes(t))
 
 
 @pytest.fixture
@@ -124,35 +124,35 @@ def test_save_load_model_and_optimizer_on_gpu(tmp_path, codec):
 
 def test_typed_f4_ans_is_chosen_only_when_lossless():
     t = _trained_like(4_000_000, torch.float32)
-    blob, meta = record.encode(t.view(torch.uint8), torch.float32, "ans")
+    blobs, meta = record.encode(t.view(torch.uint8), torch.float32, "ans")
     assert meta["data_type"] in ("<f4", "|u1")
-    assert torch.equal(record.decode(blob, meta, "cuda"), t.view(torch.uint8))
+    assert torch.equal(record.decode(blobs, meta, "cuda"), t.view(torch.uint8))
 
 
 def test_ans_ratio_beats_raw_bytes_on_bf16():
     t = _trained_like(8_000_000, torch.bfloat16)
     raw = t.view(torch.uint8)
-    blob, _ = record.encode(raw, torch.bfloat16, "ans")
+    blobs, _ = record.encode(raw, torch.bfloat16, "ans")
     plain = NvcompEngine().encode(list(raw.split(1 << 20)), "ans", "|u1")
-    assert blob.numel() < sum(p.numel() for p in plain)
+    assert sum(b.numel() for b in blobs) < sum(p.numel() for p in plain)
 
 
 def test_repeated_decode_does_not_grow_gpu_memory():
     t = _trained_like(8_000_000, torch.bfloat16)
-    blob, meta = record.encode(t.view(torch.uint8), torch.bfloat16, "ans")
+    blobs, meta = record.encode(t.view(torch.uint8), torch.bfloat16, "ans")
     for _ in range(3):
-        record.decode(blob, meta, "cuda")
+        record.decode(blobs, meta, "cuda")
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     for _ in range(20):
-        record.decode(blob, meta, "cuda")
+        record.decode(blobs, meta, "cuda")
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() <= before + (1 << 20)
 
 
 def test_concurrent_zstd_decoders_are_exact():
     t = _trained_like(4_000_000, torch.float32)
-    blob, meta = record.encode(t.view(torch.uint8), torch.float32, "zstd")
+    blobs, meta = record.encode(t.view(torch.uint8), torch.float32, "zstd")
     want = t.view(torch.uint8)
     errors = []
 
@@ -161,7 +161,7 @@ def test_concurrent_zstd_decoders_are_exact():
             stream = torch.cuda.Stream()
             with torch.cuda.stream(stream):
                 for _ in range(5):
-                    got = record.decode(blob, meta, "cuda")
+                    got = record.decode(blobs, meta, "cuda")
                     stream.synchronize()
                     if not torch.equal(got, want):
                         errors.append("mismatch")

@@ -1,4 +1,4 @@
-"""Records: a buffer of numbers compressed into one blob, plus the small dict that says how to decode it.
+"""Records: a buffer of numbers compressed into blobs, plus the small dict that says how to decode them.
 
 The layout, whole:
 
@@ -8,23 +8,24 @@ The layout, whole:
 * Each chunk is stored coded with its plane's codec ``codecs[k]`` (``"ans"``, ``"zstd"`` or ``"raw"``), or raw
   when coding would not make it smaller. ``data_type`` is the type nvCOMP's gANS modelled (``"|u1"``: bytes).
 * ``sizes`` lists the stored size of every chunk: segment by segment, plane by plane, chunk by chunk. A stored
-  size equal to the chunk's raw size means the chunk is stored raw. The blob is all stored chunks in order, each
-  followed by zero bytes up to a multiple of 16 (nvCOMP reads chunks at 16-byte aligned addresses).
-* ``crc32[s]`` is the CRC-32 of segment ``s``'s stored bytes, checked before anything is decoded.
+  size equal to the chunk's raw size means the chunk is stored raw. Segment ``s`` is stored as blob ``s``: its
+  stored chunks in order, each followed by zero bytes up to a multiple of 16 (nvCOMP reads 16-byte aligned chunks).
+* ``crc32[s]`` is the CRC-32 of blob ``s``, checked before anything is decoded.
 
-Every field is validated against the blob before a byte is decoded: the dict may come from a hostile file.
+Every field is validated against the blobs before a byte is decoded: the dict may come from a hostile file.
 """
 
 from __future__ import annotations
 
 import functools
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 from lightning_nvcomp.codec import planes as byte_planes
-from lightning_nvcomp.codec.cpu import CpuZstdEngine
+from lightning_nvcomp.codec.cpu import CpuZstdEngine, cpu_threads
 from lightning_nvcomp.codec.engine import ChunkEngine
 from lightning_nvcomp.codec.gpu import NvcompEngine, gpu_available, nvcomp_version
 from lightning_nvcomp.errors import CodecUnavailableError, CorruptCheckpointError
@@ -147,23 +148,39 @@ def _choose_layout(engine: ChunkEngine | None, data: torch.Tensor, dtype: torch.
     return typed_layout if torch.equal(check, sample) else layout
 
 
-def encode(data: torch.Tensor, dtype: torch.dtype, codec: str) -> tuple[torch.Tensor, dict]:
+def _to_host(packed: torch.Tensor) -> torch.Tensor:
+    if packed.device.type == "cpu":
+        return packed
+    # Pinned memory: device-to-host copies run at full bus speed and without first-touch page faults.
+    host = torch.empty(packed.numel(), dtype=torch.uint8, pin_memory=True)
+    return host.copy_(packed, non_blocking=True)
+
+
+@functools.cache
+def _checksum_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="lnv-crc")
+
+
+def _crc32(blob: torch.Tensor) -> int:
+    return zlib.crc32(blob.numpy())  # zlib releases the GIL: segments are checked in parallel
+
+
+def encode(data: torch.Tensor, dtype: torch.dtype, codec: str) -> tuple[list[torch.Tensor], dict]:
     """Compress ``data`` (1-D contiguous uint8: the bytes of numbers of ``dtype``) with ``codec``.
 
-    Returns the blob (a CPU uint8 tensor) and the record dict describing it.
+    Returns one CPU uint8 blob per segment (pinned when coded on the GPU) and the record dict describing them.
     """
     engine = engine_for(codec, data.device)
     if engine is not None and data.device.type != engine.device_type:
         data = data.to("cuda" if engine.device_type == "cuda" else "cpu")
     layout = _choose_layout(engine, data, dtype, codec)
-    blobs, sizes, crcs = [], [], []
+    blobs, sizes = [], []
     for start, length in _segments(data.numel(), SEGMENT_NBYTES):
         pieces = _encode_segment(engine, data[start : start + length], layout)
-        host = _pack(pieces).cpu()
-        blobs.append(host)
+        blobs.append(_to_host(_pack(pieces)))
         sizes.extend(p.numel() for p in pieces)
-        crcs.append(zlib.crc32(host.numpy()))
-    blob = torch.cat(blobs) if blobs else torch.empty(0, dtype=torch.uint8)
+    if data.device.type == "cuda":
+        torch.cuda.current_stream(data.device).synchronize()
     meta = {
         "format": FORMAT_VERSION,
         "dtype": str(dtype).removeprefix("torch."),
@@ -174,10 +191,10 @@ def encode(data: torch.Tensor, dtype: torch.dtype, codec: str) -> tuple[torch.Te
         "chunk": layout.chunk,
         "segment": SEGMENT_NBYTES,
         "sizes": sizes,
-        "crc32": crcs,
+        "crc32": list(_checksum_pool().map(_crc32, blobs)),
         "nvcomp": nvcomp_version() if "ans" in layout.codecs else None,
     }
-    return blob, meta
+    return blobs, meta
 
 
 def _chunk_lengths(length: int, layout: _Layout) -> list[int]:
@@ -209,8 +226,8 @@ def _decode_segment(
         byte_planes.join(plane_out, out)
 
 
-def validate(meta: object, blob_nbytes: int) -> _Layout:
-    """Check every field of a record dict against the blob's size; raise CorruptCheckpointError if any is off."""
+def validate(meta: object, blob_sizes: list[int]) -> _Layout:
+    """Check every field of a record dict against its blobs' sizes; raise CorruptCheckpointError if any is off."""
     if not isinstance(meta, dict):
         raise CorruptCheckpointError(f"record description is a {type(meta).__name__}, not a dict")
     version = meta.get("format")
@@ -243,40 +260,43 @@ def validate(meta: object, blob_nbytes: int) -> _Layout:
     layout = _Layout(planes, tuple(codecs), data_type, chunk)
     segments = _segments(nbytes, segment)
     per_segment = [len(_chunk_lengths(length, layout)) * planes for _, length in segments]
-    if len(sizes) != sum(per_segment) or len(crcs) != len(segments):
+    if len(sizes) != sum(per_segment) or len(crcs) != len(segments) or len(blob_sizes) != len(segments):
         raise CorruptCheckpointError(
-            f"record lists {len(sizes)} chunks and {len(crcs)} checksums; its sizes imply {sum(per_segment)} and "
-            f"{len(segments)}"
+            f"record lists {len(sizes)} chunks, {len(crcs)} checksums and {len(blob_sizes)} blobs; its sizes imply "
+            f"{sum(per_segment)} chunks in {len(segments)} segments"
         )
     pos = 0
-    for _, length in segments:
+    for s, (_, length) in enumerate(segments):
         lengths = _chunk_lengths(length, layout)
+        stored = 0
         for k in range(planes):
             for raw in lengths:
                 size = sizes[pos]
                 pos += 1
                 if not isinstance(size, int) or not 0 < size <= raw or (codecs[k] == "raw" and size != raw):
                     raise CorruptCheckpointError(f"record chunk {pos - 1} has stored size {size!r} for {raw} bytes")
-    if sum(_padded(n) for n in sizes) != blob_nbytes:
-        raise CorruptCheckpointError(f"record chunks add up to {sum(sizes)} bytes but the blob holds {blob_nbytes}")
+                stored += _padded(size)
+        if stored != blob_sizes[s]:
+            raise CorruptCheckpointError(f"segment {s}'s chunks add up to {stored} bytes but its blob holds {blob_sizes[s]}")
     if any(not isinstance(c, int) or not 0 <= c < 1 << 32 for c in crcs):
         raise CorruptCheckpointError("record checksums are not 32-bit integers")
     return layout
 
 
-def decode(blob: torch.Tensor, meta: dict, device: torch.device | str = "cpu") -> torch.Tensor:
+def decode(blobs: list[torch.Tensor], meta: dict, device: torch.device | str = "cpu") -> torch.Tensor:
     """Return the record's raw bytes (1-D uint8) on ``device``, after checking every field and checksum."""
-    if not isinstance(blob, torch.Tensor) or blob.dtype != torch.uint8 or blob.dim() != 1:
-        raise CorruptCheckpointError("record blob is not a 1-D uint8 tensor")
-    layout = validate(meta, blob.numel())
+    if not isinstance(blobs, list) or any(
+        not isinstance(b, torch.Tensor) or b.dtype != torch.uint8 or b.dim() != 1 for b in blobs
+    ):
+        raise CorruptCheckpointError("record blobs are not a list of 1-D uint8 tensors")
+    layout = validate(meta, [b.numel() for b in blobs])
     device = torch.device(device)
     coded = set(layout.codecs) - {"raw"}
     if "ans" in coded:
         if not gpu_available():
-            writer = meta.get("nvcomp")
             raise CodecUnavailableError(
-                f"data compressed with gANS (nvCOMP {writer}) needs a CUDA GPU and nvCOMP to decode; gANS has no "
-                "CPU decoder. Load it on a GPU machine, or convert it there once: "
+                f"data compressed with gANS (nvCOMP {meta.get('nvcomp')}) needs a CUDA GPU and nvCOMP to decode; gANS "
+                "has no CPU decoder. Load it on a GPU machine, or convert it there once: "
                 "lightning-nvcomp convert IN OUT --codec zstd"
             )
         work = device if device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
@@ -284,23 +304,20 @@ def decode(blob: torch.Tensor, meta: dict, device: torch.device | str = "cpu") -
         work = device
     else:
         work = torch.device("cpu")
-    engine = engine_for(next(iter(coded)), work) if coded else None
-    if "ans" in coded and "zstd" in coded:
-        engine = _nvcomp_engine()
+    engine = (_nvcomp_engine() if work.type == "cuda" else _cpu_engine()) if coded else None
 
-    host = blob.cpu()
-    out = torch.empty(layout_nbytes := meta["nbytes"], dtype=torch.uint8, device=work)
-    pos = offset = 0
-    for (start, length), crc in zip(_segments(layout_nbytes, meta["segment"]), meta["crc32"]):
+    hosts = [b.cpu() for b in blobs]
+    for s, (got, want) in enumerate(zip(_checksum_pool().map(_crc32, hosts), meta["crc32"])):
+        if got != want:
+            raise CorruptCheckpointError(f"checksum mismatch in segment {s} of the record: the file is damaged")
+    out = torch.empty(meta["nbytes"], dtype=torch.uint8, device=work)
+    pos = 0
+    for s, (start, length) in enumerate(_segments(meta["nbytes"], meta["segment"])):
         count = len(_chunk_lengths(length, layout)) * layout.planes
-        sizes = meta["sizes"][pos : pos + count]
-        end = offset + sum(_padded(n) for n in sizes)
-        if zlib.crc32(host[offset:end].numpy()) != crc:
-            raise CorruptCheckpointError(f"checksum mismatch in segment at byte {start}: the file is damaged")
-        stored = (blob if blob.device == work else host)[offset:end].to(work)
+        stored = blobs[s] if blobs[s].device == work else hosts[s].to(work)
         try:
-            _decode_segment(engine, stored, sizes, out[start : start + length], layout)
+            _decode_segment(engine, stored, meta["sizes"][pos : pos + count], out[start : start + length], layout)
         except ValueError as err:
-            raise CorruptCheckpointError(f"segment at byte {start} does not decode: {err}") from None
-        pos, offset = pos + count, end
+            raise CorruptCheckpointError(f"segment {s} of the record does not decode: {err}") from None
+        pos += count
     return out.to(device)

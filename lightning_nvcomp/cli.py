@@ -1,0 +1,306 @@
+"""The ``lightning-nvcomp`` command line (also ``python -m lightning_nvcomp``).
+
+Commands:
+
+* ``inspect FILE``: what a checkpoint holds (tensors, codecs, compression ratios), without decoding anything.
+* ``verify FILE``: decode every record and check every checksum.
+* ``convert IN OUT --codec {zstd,ans,none}``: rewrite a checkpoint with another codec (``none``: plain torch.save).
+
+Exit status: 0 success; 1 the file is missing, damaged or unreadable; 2 it cannot be processed on this machine
+(gANS records without a CUDA GPU and nvCOMP), or the command line is wrong.
+
+Each command is one ``cmd_*`` function taking the parsed arguments and returning the exit status; all of them
+are registered in :func:`build_parser`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from lightning_nvcomp import __version__, container
+from lightning_nvcomp.codec import record as records
+from lightning_nvcomp.codec.gpu import gpu_available
+from lightning_nvcomp.container import DTYPES, TensorInfo
+from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError, CorruptCheckpointError
+
+PROG = "lightning-nvcomp"
+#: Rows ``inspect`` shows without ``--all``.
+DEFAULT_ROWS = 40
+#: Exit status when a file cannot be processed on this machine (as opposed to 1: the file is bad).
+EXIT_UNAVAILABLE = 2
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One tensor of a checkpoint and the record (or plain storage) that holds it."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    codec: str
+    holder: tuple[str, int]  # identity of the record or storage, shared by the tensors it holds
+    raw_nbytes: int  # of the whole record or storage
+    stored_nbytes: int
+
+    @property
+    def ratio(self) -> float:
+        return self.raw_nbytes / self.stored_nbytes if self.stored_nbytes else 1.0
+
+
+@dataclass(frozen=True)
+class _Survey:
+    """What :func:`container.describe` tells about a checkpoint, flattened."""
+
+    entries: list[_Entry]
+    gans_writers: list[str]  # nvCOMP versions that wrote the gANS records; empty if there are none
+
+    def holders(self) -> dict[tuple[str, int], _Entry]:
+        """One entry per record or storage: the first tensor held by each."""
+        first: dict[tuple[str, int], _Entry] = {}
+        for entry in self.entries:
+            first.setdefault(entry.holder, entry)
+        return first
+
+    def raw_nbytes(self, compressed_only: bool = False) -> int:
+        return sum(e.raw_nbytes for key, e in self.holders().items() if not compressed_only or key[0] == "record")
+
+    def stored_nbytes(self) -> int:
+        return sum(e.stored_nbytes for e in self.holders().values())
+
+
+def _walk(obj: object) -> Iterator[tuple[str, TensorInfo | torch.Tensor]]:
+    """Each TensorInfo and dense tensor reachable through dicts, lists and tuples, once, with its dotted path."""
+    seen: set[int] = set()
+    stack: list[tuple[object, str]] = [(obj, "")]
+    while stack:
+        item, path = stack.pop()
+        if id(item) in seen:
+            continue
+        if isinstance(item, TensorInfo) or (isinstance(item, torch.Tensor) and item.layout == torch.strided):
+            seen.add(id(item))
+            yield path or "<root>", item
+        elif isinstance(item, (Mapping, list, tuple)):
+            seen.add(id(item))
+            pairs = item.items() if isinstance(item, Mapping) else enumerate(item)
+            stack.extend(reversed([(value, f"{path}.{key}" if path else str(key)) for key, value in pairs]))
+
+
+def _codec_label(rec: dict) -> str:
+    """``zstd``, ``ans+raw 4 planes``, ``ans <f4``: the record's codecs and its layout."""
+    label = "+".join(dict.fromkeys(rec["codecs"]))
+    if rec["data_type"] != "|u1":
+        return f"{label} {rec['data_type']}"
+    return f"{label} {rec['planes']} planes" if rec["planes"] > 1 else label
+
+
+def _survey(path: str) -> _Survey:
+    """Describe ``path`` (decoding nothing) and check every record's description against its blob."""
+    entries, writers, checked = [], set(), set()
+    for name, item in _walk(container.describe(path)):
+        if isinstance(item, torch.Tensor):  # stored by plain torch.save
+            storage = item.untyped_storage()
+            dtype = str(item.dtype).removeprefix("torch.")
+            nbytes = item.numel() * item.element_size()
+            holder = ("storage", storage._cdata)
+            held = storage.nbytes()
+            entries.append(_Entry(name, dtype, tuple(item.shape), nbytes, "torch", holder, held, held))
+            continue
+        rec = item.record
+        if id(rec) not in checked:
+            try:
+                records.validate(rec, item.stored_nbytes)
+            except CorruptCheckpointError as err:
+                raise CorruptCheckpointError(f"{path}: tensor {name!r}: {err}") from None
+            checked.add(id(rec))
+            if "ans" in rec["codecs"]:
+                writers.add(str(rec.get("nvcomp") or "unknown"))
+        nbytes = math.prod(item.shape) * DTYPES[item.dtype].itemsize
+        holder = ("record", id(rec))
+        entries.append(
+            _Entry(name, item.dtype, item.shape, nbytes, _codec_label(rec), holder, rec["nbytes"], item.stored_nbytes)
+        )
+    return _Survey(entries, sorted(writers))
+
+
+def _size(nbytes: float) -> str:
+    """``812 B``, ``4.1 kB``, ``12.3 MB``, ``1.20 GB`` (decimal units)."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if nbytes < 1000:
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1000
+    return f"{nbytes:.2f} TB"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> str:
+    """Columns padded to their widest cell; those in ``right`` right-aligned."""
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        for row in (header, *rows)
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _dtype_totals(survey: _Survey) -> list[list[str]]:
+    """Rows of (dtype, tensors, raw, stored, ratio), each record or storage counted once, then the total."""
+    count = Counter(e.dtype for e in survey.entries)
+    raw: Counter[str] = Counter()
+    stored: Counter[str] = Counter()
+    for entry in survey.holders().values():
+        raw[entry.dtype] += entry.raw_nbytes
+        stored[entry.dtype] += entry.stored_nbytes
+    totals = [(dtype, count[dtype], raw[dtype], stored[dtype]) for dtype in sorted(count)]
+    totals.append(("total", len(survey.entries), survey.raw_nbytes(), survey.stored_nbytes()))
+    return [[d, str(n), _size(r), _size(s), f"{r / s if s else 1.0:.2f}"] for d, n, r, s in totals]
+
+
+@contextlib.contextmanager
+def _decode_progress(total: int, quiet: bool) -> Iterator[None]:
+    """A progress bar on stderr over the raw bytes of the records decoded in this context."""
+    disable = True if quiet or not total else None  # None: tqdm disables itself when stderr is not a TTY
+    with tqdm(total=total, unit="B", unit_scale=True, desc="decoding", leave=False, disable=disable) as bar:
+        token = container.report_progress(bar.update)
+        try:
+            yield
+        finally:
+            container._progress.reset(token)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """Print the tensors of a checkpoint with their codecs and ratios, and totals by dtype."""
+    survey = _survey(args.file)
+    entries = sorted(survey.entries, key=lambda e: e.nbytes, reverse=True)
+    shown = entries if args.all else entries[:DEFAULT_ROWS]
+    rows = [[e.name, e.dtype, str(list(e.shape)), _size(e.nbytes), e.codec, f"{e.ratio:.2f}"] for e in shown]
+    print(_table(["tensor", "dtype", "shape", "size", "codec", "ratio"], rows, right={3, 5}))
+    if len(shown) < len(entries):
+        print(f"... {len(entries) - len(shown)} smaller tensors not shown (--all lists every tensor)")
+    print()
+    print(_table(["dtype", "tensors", "raw", "stored", "ratio"], _dtype_totals(survey), right={1, 2, 3, 4}))
+    print()
+    file_nbytes = os.path.getsize(args.file)
+    raw = survey.raw_nbytes()
+    print(f"file: {args.file}, {_size(file_nbytes)}; raw tensor bytes / file size: {raw / file_nbytes:.2f}")
+    if survey.gans_writers:
+        print(f"gANS records written by nvCOMP {', '.join(survey.gans_writers)} (decoding them needs a CUDA GPU)")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Decode every record of a checkpoint and check every checksum."""
+    survey = _survey(args.file)
+    compressed = survey.raw_nbytes(compressed_only=True)
+    with _decode_progress(compressed, args.quiet):
+        container.load(args.file, map_location="cpu")
+    checked = "checksums and decode verified" if compressed else "plain torch.save file, loads"
+    print(f"OK: {len(survey.entries)} tensors, {_size(survey.raw_nbytes())} raw, {checked}")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    """Load a checkpoint and save it again with another codec."""
+    if os.path.realpath(args.input) == os.path.realpath(args.output):
+        return _error(f"{args.input} and {args.output} are the same file: convert to a new path", 1)
+    if args.codec == "ans" and not gpu_available():
+        raise CodecUnavailableError("--codec ans needs a CUDA GPU and nvCOMP (pip install 'lightning-nvcomp[cu12]')")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return _error("--device cuda: no CUDA GPU is available here", EXIT_UNAVAILABLE)
+    begin = time.perf_counter()
+    survey = _survey(args.input)
+    device = args.device or ("cuda" if survey.gans_writers and args.codec != "none" and gpu_available() else "cpu")
+    with _decode_progress(survey.raw_nbytes(compressed_only=True), args.quiet):
+        obj = container.load(args.input, map_location=device)
+    stats = container.save(obj, args.output, codec=args.codec)
+    before = os.path.getsize(args.input)
+    print(
+        f"converted {args.input} -> {args.output} ({stats.codec}): {_size(before)} -> {_size(stats.file_nbytes)} "
+        f"({before / stats.file_nbytes:.2f}x), {time.perf_counter() - begin:.1f} s"
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser: one subcommand per ``cmd_*`` function, each setting ``run`` to it."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Inspect, verify and convert lossless compressed PyTorch checkpoints (nvCOMP gANS / zstd).",
+        epilog="Exit status: 0 success, 1 file missing or damaged, 2 cannot be processed on this machine "
+        "(gANS without a CUDA GPU) or bad arguments.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    progress = argparse.ArgumentParser(add_help=False)
+    progress.add_argument("-q", "--quiet", action="store_true", help="no progress bar (also off when stderr is not a terminal)")
+
+    inspect = commands.add_parser(
+        "inspect",
+        help="list tensors, codecs and compression ratios (decodes nothing)",
+        description="List a checkpoint's tensors (largest first) with dtype, shape, size, codec and the compression "
+        "ratio of the record holding them, then totals by dtype. Reads only the file's structure.",
+    )
+    inspect.add_argument("file", help="checkpoint written by lightning_nvcomp or plain torch.save")
+    inspect.add_argument("--all", action="store_true", help=f"list every tensor, not only the {DEFAULT_ROWS} largest")
+    inspect.set_defaults(run=cmd_inspect)
+
+    verify = commands.add_parser(
+        "verify",
+        parents=[progress],
+        help="decode every tensor and check every checksum",
+        description="Fully decode a checkpoint on the CPU (gANS records on the GPU) and check every checksum. "
+        "Exits 0 if intact, 1 if missing or damaged, 2 if it holds gANS records and there is no CUDA GPU here.",
+    )
+    verify.add_argument("file", help="checkpoint to verify")
+    verify.set_defaults(run=cmd_verify)
+
+    convert = commands.add_parser(
+        "convert",
+        parents=[progress],
+        help="rewrite a checkpoint with another codec",
+        description="Load a checkpoint and save it with another codec, e.g. gANS -> zstd on a GPU machine so that "
+        "it loads anywhere, or -> none for a plain torch.save file that needs no lightning_nvcomp.",
+    )
+    convert.add_argument("input", metavar="IN", help="checkpoint to read")
+    convert.add_argument("output", metavar="OUT", help="file to write (replaced atomically; must differ from IN)")
+    convert.add_argument(
+        "--codec",
+        required=True,
+        choices=[c for c in container.SAVE_CODECS if c != "auto"],
+        help="zstd: loads anywhere, GPU or CPU; ans: nvCOMP gANS, fastest, needs a GPU to write and to read; "
+        "none: a plain torch.save file",
+    )
+    convert.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        help="where tensors are decoded and re-encoded (default: cuda if IN holds gANS records, a GPU is "
+        "available and --codec is not none, else cpu; with none, the plain file records this device)",
+    )
+    convert.set_defaults(run=cmd_convert)
+    return parser
+
+
+def _error(message: str, status: int) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line on ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except CodecUnavailableError as err:
+        return _error(str(err), EXIT_UNAVAILABLE)
+    except (CheckpointError, OSError) as err:
+        return _error(str(err), 1)

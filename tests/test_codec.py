@@ -1,0 +1,483 @@
+"""Record level: byte planes, entropy estimates, encode/decode round trips, and validation of record dicts."""
+
+from __future__ import annotations
+
+import copy
+import math
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from conftest import FLOAT_DTYPES_WITH_SPECIALS, assert_bit_exact, random_tensor, special_floats, tensor_bytes, trained_like
+from lightning_nvcomp.codec import planes
+from lightning_nvcomp.codec import record
+from lightning_nvcomp.codec.gpu import gpu_available
+from lightning_nvcomp.container import DTYPES
+from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError, CorruptCheckpointError
+
+SETTINGS = settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+CPU_CODECS = ("zstd", "raw")
+#: Small segment/chunk sizes that keep the validator's rules (segment % (64 * planes), chunk % 64) and make a
+#: few hundred bytes span several segments, planes and chunks.
+SMALL_LAYOUTS = [(512, 64), (1024, 128), (4096, 64), (512, 512)]
+
+no_gpu = pytest.mark.skipif(gpu_available(), reason="checks the behaviour of a machine without a usable GPU")
+
+
+def roundtrip(data: torch.Tensor, dtype: torch.dtype, codec: str) -> tuple[torch.Tensor, dict, torch.Tensor]:
+    blob, meta = record.encode(data, dtype, codec)
+    assert blob.dtype == torch.uint8 and blob.dim() == 1 and blob.device.type == "cpu"
+    record.validate(meta, blob.numel())  # what encode writes, decode must accept
+    out = record.decode(blob, copy.deepcopy(meta), "cpu")
+    assert out.dtype == torch.uint8 and out.dim() == 1 and out.device.type == "cpu"
+    assert torch.equal(out, data), "decoded bytes differ from the encoded ones"
+    return blob, meta, out
+
+
+def small_layout(mp: pytest.MonkeyPatch, segment: int, chunk: int) -> None:
+    mp.setattr(record, "SEGMENT_NBYTES", segment)
+    for key in list(record.CHUNK_NBYTES):
+        mp.setitem(record.CHUNK_NBYTES, key, chunk)
+
+
+def data_bytes(kind: str, nbytes: int, seed: int) -> torch.Tensor:
+    """``nbytes`` bytes of one statistical kind: noise, constant, few symbols, or trained-like floats."""
+    rng = np.random.default_rng(seed)
+    if kind == "random":
+        arr = rng.integers(0, 256, nbytes, dtype=np.uint8)
+    elif kind == "constant":
+        arr = np.full(nbytes, rng.integers(0, 256), dtype=np.uint8)
+    elif kind == "few":
+        arr = rng.choice(np.array([0, 1, 0x3F, 0xBF, 0xFF], dtype=np.uint8), nbytes)
+    else:  # float32 weights with small magnitude: low-entropy exponent planes, noisy mantissas
+        floats = (rng.standard_normal(-(-nbytes // 4)) * 0.02).astype(np.float32)
+        arr = floats.view(np.uint8)[:nbytes]
+    return torch.from_numpy(arr.copy())
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+
+
+def test_assert_bit_exact_sees_nan_payload_and_signed_zero():
+    a = torch.tensor([0x7FC00001], dtype=torch.int32).view(torch.float32)
+    b = torch.tensor([0x7FC00002], dtype=torch.int32).view(torch.float32)
+    assert_bit_exact(a, a.clone())
+    with pytest.raises(AssertionError, match="bytes differ"):
+        assert_bit_exact(a, b)
+    with pytest.raises(AssertionError, match="bytes differ"):
+        assert_bit_exact(torch.tensor(0.0), torch.tensor(-0.0))
+
+
+def test_assert_bit_exact_checks_dtype_shape_stride():
+    t = torch.arange(6.0).reshape(2, 3)
+    with pytest.raises(AssertionError, match="stride"):
+        assert_bit_exact(t.t(), t.t().contiguous())
+    with pytest.raises(AssertionError, match="shape"):
+        assert_bit_exact(t, t.reshape(3, 2))
+    with pytest.raises(AssertionError, match="dtype"):
+        assert_bit_exact(t, t.double())
+    with pytest.raises(AssertionError, match="type"):
+        assert_bit_exact(torch.nn.Parameter(t), t, check_type=True)
+    # Non-contiguous, 0-d, empty and complex tensors compare by their logical elements.
+    assert_bit_exact(t.t(), t.clone().t())
+    assert_bit_exact(torch.tensor(1.5), torch.tensor(1.5))
+    assert_bit_exact(torch.empty(0, 3), torch.empty(0, 3))
+    c = torch.randn(4, dtype=torch.complex128)
+    assert_bit_exact(c[::2], c.clone()[::2])
+
+
+# ---------------------------------------------------------------------------------------------- byte planes
+
+
+@SETTINGS
+@given(width=st.sampled_from([1, 2, 4, 8]), n=st.integers(0, 700), seed=st.integers(0, 2**32 - 1))
+def test_planes_split_join_inverse(width, n, seed):
+    data = torch.from_numpy(np.random.default_rng(seed).integers(0, 256, width * n, dtype=np.uint8))
+    split = planes.split(data, width)
+    assert tuple(split.shape) == (width, n)
+    for k in range(width):  # plane k holds byte k of every number
+        assert torch.equal(split[k], data.view(-1, width)[:, k])
+    out = torch.full((width * n,), 0xA5, dtype=torch.uint8)
+    planes.join(split, out)
+    assert torch.equal(out, data)
+
+
+def test_plane_width_matches_scalar_size():
+    for name, dtype in DTYPES.items():
+        width = planes.plane_width(dtype)
+        scalar = dtype.itemsize // 2 if dtype.is_complex else dtype.itemsize
+        assert width in (1, scalar), name
+        assert dtype.itemsize % width == 0, name
+
+
+def test_entropy_bits_uniform_is_about_8():
+    data = torch.from_numpy(np.random.default_rng(1).integers(0, 256, 1 << 20, dtype=np.uint8))
+    for width in (1, 2, 4):
+        bits = planes.entropy_bits(data, width)
+        assert len(bits) == width
+        assert all(7.99 < b <= 8.0 for b in bits), bits
+        assert all(b >= planes.RAW_ENTROPY_BITS for b in bits)
+
+
+def test_entropy_bits_constant_is_zero_and_mixed_planes_differ():
+    assert planes.entropy_bits(torch.full((4096,), 7, dtype=torch.uint8), 4) == [0.0, 0.0, 0.0, 0.0]
+    assert planes.entropy_bits(torch.empty(0, dtype=torch.uint8), 2) == [0.0, 0.0]
+    # plane 0 random, plane 1 constant, plane 2 two equiprobable symbols (exactly 1 bit)
+    n = 1 << 16
+    rows = torch.empty(n, 3, dtype=torch.uint8)
+    rows[:, 0] = torch.from_numpy(np.random.default_rng(2).integers(0, 256, n, dtype=np.uint8))
+    rows[:, 1] = 0x3F
+    rows[:, 2] = torch.arange(n) % 2
+    bits = planes.entropy_bits(rows.reshape(-1), 3)
+    assert bits[0] > 7.9 and bits[1] == 0.0 and math.isclose(bits[2], 1.0, abs_tol=1e-9), bits
+
+
+# ---------------------------------------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("codec", CPU_CODECS)
+@pytest.mark.parametrize("name", list(DTYPES))
+def test_roundtrip_every_dtype(name, codec):
+    dtype = DTYPES[name]
+    for numel in (0, 1, 3, 1000, 4097):
+        t = random_tensor((numel,), dtype, seed=numel)
+        roundtrip(tensor_bytes(t), dtype, codec)
+    t = trained_like(5000, torch.float32).view(torch.uint8)
+    t = t[: t.numel() // dtype.itemsize * dtype.itemsize]
+    roundtrip(t.clone(), dtype, codec)
+
+
+@pytest.mark.parametrize("codec", CPU_CODECS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES_WITH_SPECIALS, ids=str)
+def test_roundtrip_special_values(dtype, codec):
+    specials = special_floats(dtype)
+    # alone, and mixed into trained-like data so that the coded (not the raw) path carries them
+    roundtrip(tensor_bytes(specials), dtype, codec)
+    body, sp = tensor_bytes(trained_like(3000, dtype)), tensor_bytes(specials)
+    cut = 1234 * dtype.itemsize
+    mixed = torch.cat([body[:cut], sp, body[cut:], sp]).view(dtype)  # cat on bytes: float8 has no CPU cat
+    _, _, out = roundtrip(tensor_bytes(mixed).clone(), dtype, codec)
+    assert_bit_exact(out.view(dtype), mixed)
+
+
+def test_roundtrip_nan_payloads_exact_values():
+    nans = torch.tensor([0x7FC00001, 0xFFC12345 - (1 << 32)], dtype=torch.int32)
+    data = torch.cat([nans, torch.zeros(2000, dtype=torch.int32), nans]).view(torch.float32)
+    for codec in CPU_CODECS:
+        _, _, out = roundtrip(data.view(torch.uint8).clone(), torch.float32, codec)
+        got = out.view(torch.int32)
+        assert got[0].item() == 0x7FC00001 and got[1].item() == 0xFFC12345 - (1 << 32)
+        assert got[-2].item() == 0x7FC00001 and got[-1].item() == 0xFFC12345 - (1 << 32)
+
+
+@SETTINGS
+@given(
+    name=st.sampled_from(sorted(DTYPES)),
+    codec=st.sampled_from(CPU_CODECS),
+    numel=st.one_of(st.integers(0, 5), st.integers(0, 3000), st.sampled_from([63, 64, 65, 127, 128, 129, 511, 513])),
+    kind=st.sampled_from(["random", "constant", "few", "trained"]),
+    layout=st.sampled_from(SMALL_LAYOUTS),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_roundtrip_multi_segment_multi_chunk(name, codec, numel, kind, layout, seed):
+    dtype = DTYPES[name]
+    segment, chunk = layout
+    data = data_bytes(kind, numel * dtype.itemsize, seed)
+    with pytest.MonkeyPatch.context() as mp:
+        small_layout(mp, segment, chunk)
+        blob, meta, _ = roundtrip(data, dtype, codec)
+    # The record describes what was asked for: its layout and one checksum per segment.
+    assert meta["nbytes"] == data.numel() and meta["dtype"] == name
+    assert meta["segment"] == segment and meta["chunk"] == chunk
+    assert len(meta["crc32"]) == -(-data.numel() // segment)
+    assert len(meta["codecs"]) == meta["planes"]
+    if codec == "raw":
+        assert set(meta["codecs"]) == {"raw"} and blob.numel() >= data.numel()
+
+
+@SETTINGS
+@given(nbytes=st.integers(0, 2000), dtype=st.sampled_from([torch.float32, torch.float64, torch.int16]),
+       seed=st.integers(0, 2**32 - 1))
+def test_roundtrip_byte_counts_not_a_multiple_of_the_plane_width(nbytes, dtype, seed):
+    data = data_bytes("few", nbytes, seed)
+    with pytest.MonkeyPatch.context() as mp:
+        small_layout(mp, 4096, 64)
+        _, meta, _ = roundtrip(data, dtype, "zstd")
+    if nbytes % planes.plane_width(dtype):
+        assert meta["planes"] == 1
+
+
+def test_roundtrip_default_layout_large_enough_for_several_chunks():
+    data = tensor_bytes(trained_like(1_200_000, torch.float32))  # 4.8 MB: planes of 1.2 MB, 2 chunks of <= 1 MiB
+    blob, meta, _ = roundtrip(data, torch.float32, "zstd")
+    assert meta["planes"] == 4 and len(meta["sizes"]) == 4 * 2 and len(meta["crc32"]) == 1
+
+
+def test_decode_to_torch_device_object():
+    data = tensor_bytes(trained_like(1000, torch.bfloat16))
+    blob, meta = record.encode(data, torch.bfloat16, "zstd")
+    assert torch.equal(record.decode(blob, meta, torch.device("cpu")), data)
+
+
+# --------------------------------------------------------------------------------------------- compression
+
+
+def test_trained_bfloat16_compresses_and_noise_planes_are_raw():
+    data = tensor_bytes(trained_like(1 << 18, torch.bfloat16))
+    blob, meta, _ = roundtrip(data, torch.bfloat16, "zstd")
+    assert meta["planes"] == 2
+    ratio = data.numel() / blob.numel()
+    assert ratio > 1.1, ratio
+    # the low byte (7 mantissa bits + 1 exponent bit) is noise: stored raw; the sign/exponent byte is coded
+    assert meta["codecs"] == ["raw", "zstd"], meta["codecs"]
+
+
+def test_trained_float32_noise_planes_raw_exponent_plane_coded():
+    data = tensor_bytes(trained_like(1 << 18, torch.float32))
+    blob, meta, _ = roundtrip(data, torch.float32, "zstd")
+    assert meta["planes"] == 4
+    # mantissa planes are (close to) noise: at least one is stored raw; the sign/exponent plane is coded
+    assert "raw" in meta["codecs"][:3] and meta["codecs"][3] == "zstd", meta["codecs"]
+    assert data.numel() / blob.numel() > 1.1
+
+
+def test_random_bytes_stored_raw_and_not_expanded_much():
+    data = data_bytes("random", 1 << 18, 3)
+    blob, meta, _ = roundtrip(data, torch.float32, "zstd")
+    assert set(meta["codecs"]) == {"raw"}
+    assert blob.numel() <= data.numel() * 1.01
+
+
+def test_constant_data_compresses_enormously():
+    data = torch.zeros(1 << 20, dtype=torch.uint8)
+    blob, _, _ = roundtrip(data, torch.float32, "zstd")
+    assert blob.numel() * 100 < data.numel()
+
+
+# ----------------------------------------------------------------------------------------------- validation
+
+
+@pytest.fixture(scope="module")
+def valid_record():
+    """A real multi-segment, multi-chunk record with coded and raw planes (small layout)."""
+    data = tensor_bytes(trained_like(3000, torch.float32))
+    with pytest.MonkeyPatch.context() as mp:
+        small_layout(mp, 4096, 512)
+        blob, meta = record.encode(data, torch.float32, "zstd")
+    assert len(meta["crc32"]) >= 2 and len(meta["sizes"]) > len(meta["crc32"]) * 4
+    assert "zstd" in meta["codecs"] and "raw" in meta["codecs"]
+    return data, blob, meta
+
+
+def test_valid_record_validates_and_decodes(valid_record):
+    data, blob, meta = valid_record
+    record.validate(copy.deepcopy(meta), blob.numel())
+    assert torch.equal(record.decode(blob, copy.deepcopy(meta)), data)
+
+
+def mutated(meta: dict, **changes) -> dict:
+    out = copy.deepcopy(meta)
+    for key, value in changes.items():
+        if value is KeyError:
+            del out[key]
+        else:
+            out[key] = value(out) if callable(value) else value
+    return out
+
+
+def _first_size_index(m: dict, raw: bool) -> int:
+    """Index in ``sizes`` of the first chunk of the first plane stored raw (or coded), in segment 0."""
+    seg0 = min(m["segment"], m["nbytes"])
+    per_plane = -(-(seg0 // m["planes"]) // m["chunk"])
+    for k, codec in enumerate(m["codecs"]):
+        if (codec == "raw") == raw:
+            return k * per_plane
+    raise AssertionError(f"no {'raw' if raw else 'coded'} plane in {m['codecs']}")
+
+
+def _resize(m: dict, raw: bool, delta: int) -> list:
+    sizes = list(m["sizes"])
+    sizes[_first_size_index(m, raw)] += delta
+    return sizes
+
+
+BAD_RECORDS = {
+    "format 0": dict(format=0),
+    "format string": dict(format="1"),
+    "format missing": dict(format=KeyError),
+    "nbytes negative": dict(nbytes=-1),
+    "nbytes huge": dict(nbytes=1 << 60),
+    "nbytes bool": dict(nbytes=True),
+    "nbytes string": dict(nbytes="12000"),
+    "nbytes off by a plane": dict(nbytes=lambda m: m["nbytes"] + 4),
+    "planes 3": dict(planes=3, codecs=["zstd"] * 3),
+    "planes 0": dict(planes=0, codecs=[]),
+    "planes 16": dict(planes=16, codecs=["zstd"] * 16),
+    "chunk 0": dict(chunk=0),
+    "chunk not multiple of 64": dict(chunk=100),
+    "chunk huge": dict(chunk=1 << 40),
+    "segment not multiple of 64*planes": dict(segment=64 * 4 + 64),
+    "segment negative": dict(segment=-4096),
+    "codecs unknown": dict(codecs=lambda m: ["lz4"] * m["planes"]),
+    "codecs too few": dict(codecs=lambda m: m["codecs"][:-1]),
+    "codecs not a list": dict(codecs="zstd"),
+    "data_type <f2": dict(data_type="<f2"),
+    "data_type unknown": dict(data_type="<u8"),
+    "data_type <f4 on planes": dict(data_type="<f4"),
+    "sizes negative": dict(sizes=lambda m: [-1] + m["sizes"][1:]),
+    "sizes zero": dict(sizes=lambda m: [0] + m["sizes"][1:]),
+    "sizes larger than raw chunk": dict(sizes=lambda m: [m["chunk"] + 1] + m["sizes"][1:]),
+    "sizes one chunk too many": dict(sizes=lambda m: m["sizes"] + [16]),
+    "sizes one chunk too few": dict(sizes=lambda m: m["sizes"][:-1]),
+    "sizes not ints": dict(sizes=lambda m: [float(m["sizes"][0])] + m["sizes"][1:]),
+    "sizes raw plane chunk smaller than raw": dict(sizes=lambda m: _resize(m, True, -1)),
+    "crc32 one too many": dict(crc32=lambda m: m["crc32"] + [0]),
+    "crc32 one too few": dict(crc32=lambda m: m["crc32"][:-1]),
+    "crc32 too big": dict(crc32=lambda m: [1 << 32] + m["crc32"][1:]),
+    "crc32 negative": dict(crc32=lambda m: [-1] + m["crc32"][1:]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_RECORDS))
+def test_validate_rejects(valid_record, case):
+    _, blob, meta = valid_record
+    bad = mutated(meta, **BAD_RECORDS[case])
+    assert repr(bad) != repr(meta)
+    with pytest.raises(CorruptCheckpointError):
+        record.validate(bad, blob.numel())
+    with pytest.raises(CorruptCheckpointError):
+        record.decode(blob, bad, "cpu")
+
+
+@pytest.mark.parametrize("delta", [-1, 1, -16, 16, 4096])
+def test_validate_rejects_blob_size_that_does_not_match_the_sizes(valid_record, delta):
+    _, blob, meta = valid_record
+    with pytest.raises(CorruptCheckpointError):
+        record.validate(copy.deepcopy(meta), blob.numel() + delta)
+    longer = torch.cat([blob, torch.zeros(max(delta, 0), dtype=torch.uint8)])[: blob.numel() + delta]
+    with pytest.raises(CorruptCheckpointError):
+        record.decode(longer, copy.deepcopy(meta), "cpu")
+
+
+def test_validate_rejects_a_coded_size_that_sums_wrong(valid_record):
+    _, blob, meta = valid_record
+    bad = copy.deepcopy(meta)
+    bad["sizes"] = _resize(bad, False, 64)  # still within the chunk, but the blob does not hold it
+    with pytest.raises(CorruptCheckpointError):
+        record.validate(bad, blob.numel())
+
+
+@pytest.mark.parametrize("meta", [None, [], "record", 3, {"format": 1}])
+def test_validate_rejects_non_records(meta):
+    with pytest.raises(CorruptCheckpointError):
+        record.validate(meta, 0)
+
+
+def test_newer_format_asks_for_an_upgrade(valid_record):
+    _, blob, meta = valid_record
+    newer = mutated(meta, format=record.FORMAT_VERSION + 1)
+    with pytest.raises(CorruptCheckpointError, match="(?i)upgrade"):
+        record.validate(newer, blob.numel())
+    with pytest.raises(CorruptCheckpointError, match="(?i)upgrade"):
+        record.decode(blob, newer, "cpu")
+
+
+def test_format_version_is_checked_before_fields(valid_record):
+    # a future format may change any field: the upgrade hint must win over field errors
+    _, blob, meta = valid_record
+    future = {"format": record.FORMAT_VERSION + 7, "whatever": [1, 2, 3]}
+    with pytest.raises(CorruptCheckpointError, match="(?i)upgrade"):
+        record.validate(future, blob.numel())
+
+
+def test_decode_rejects_a_blob_that_is_not_1d_uint8(valid_record):
+    _, blob, meta = valid_record
+    for bad in (blob.view(1, -1), blob.to(torch.int16), blob.numpy(), None):
+        with pytest.raises(CorruptCheckpointError):
+            record.decode(bad, copy.deepcopy(meta), "cpu")
+
+
+# ----------------------------------------------------------------------------------------------- checksums
+
+
+@pytest.mark.parametrize("where", [0, 1, 0.25, 0.5, 0.75, -1])
+def test_flipped_blob_byte_fails_the_checksum(valid_record, where):
+    data, blob, meta = valid_record
+    damaged = blob.clone()
+    pos = int(where * blob.numel()) if isinstance(where, float) else where
+    damaged[pos] ^= 0x10
+    with pytest.raises(CorruptCheckpointError, match="checksum"):
+        record.decode(damaged, copy.deepcopy(meta), "cpu")
+
+
+def test_wrong_checksum_value_fails(valid_record):
+    _, blob, meta = valid_record
+    bad = copy.deepcopy(meta)
+    bad["crc32"][-1] ^= 1
+    with pytest.raises(CorruptCheckpointError, match="checksum"):
+        record.decode(blob, bad, "cpu")
+
+
+def test_checksum_is_crc32_of_each_segments_stored_bytes(valid_record):
+    """Pins the documented format: crc32[s] is the CRC-32 of segment s's stored bytes, segments in blob order."""
+    _, blob, meta = valid_record
+    total = blob.numpy().tobytes()
+    assert zlib.crc32(total) not in meta["crc32"]  # one checksum per segment, not one for everything
+    start, pos = 0, 0
+    for crc in meta["crc32"][:-1]:
+        while zlib.crc32(total[start:pos]) != crc:
+            pos += 1
+            assert pos <= len(total), "no piece of the remaining blob matches the next segment checksum"
+        start = pos
+    assert zlib.crc32(total[start:]) == meta["crc32"][-1]
+
+
+def test_damage_behind_a_recomputed_checksum_never_escapes_as_a_foreign_error():
+    """A consistent record (checksum recomputed) whose stored bytes are damaged: decoding either succeeds (the
+    damage hit a raw plane or padding) or raises CorruptCheckpointError, never a zstd or torch error."""
+    data = tensor_bytes(trained_like(512, torch.float32))
+    blob, meta = record.encode(data, torch.float32, "zstd")
+    assert "zstd" in meta["codecs"]
+    failures = 0
+    for pos in range(blob.numel()):
+        damaged = blob.clone()
+        damaged[pos] ^= 0x5A
+        bad = copy.deepcopy(meta)
+        bad["crc32"] = [zlib.crc32(damaged.numpy())]
+        try:
+            out = record.decode(damaged, bad, "cpu")
+        except CorruptCheckpointError:
+            failures += 1
+        else:
+            assert out.numel() == data.numel()
+    assert failures > 0  # zstd frame headers are in there: some damage must be caught
+
+
+# -------------------------------------------------------------------------------------------------- codecs
+
+
+def test_unknown_codec_is_refused():
+    with pytest.raises(ValueError):
+        record.encode(torch.zeros(64, dtype=torch.uint8), torch.uint8, "lz4")
+
+
+@no_gpu
+def test_ans_without_gpu_is_unavailable_for_encoding():
+    with pytest.raises(CodecUnavailableError, match="GPU"):
+        record.encode(tensor_bytes(trained_like(1000, torch.float32)), torch.float32, "ans")
+
+
+@no_gpu
+def test_ans_record_without_gpu_is_unavailable_for_decoding(valid_record):
+    _, blob, meta = valid_record
+    ans = mutated(meta, codecs=lambda m: ["ans" if c == "zstd" else c for c in m["codecs"]])
+    record.validate(ans, blob.numel())  # a well-formed record, just not decodable here
+    with pytest.raises(CodecUnavailableError) as info:
+        record.decode(blob, ans, "cpu")
+    assert isinstance(info.value, CheckpointError)
+    message = str(info.value)
+    assert "GPU" in message and "--codec zstd" in message and "lightning-nvcomp convert" in message

@@ -1,0 +1,426 @@
+"""The checkpoint file: save/load round trips, torch.load compatibility, describe, SaveStats."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import lightning_nvcomp
+from conftest import (
+    CHILD_DIGEST_SRC,
+    assert_bit_exact,
+    assert_tree_bit_exact,
+    child_json,
+    python_child,
+    random_tensor,
+    special_floats,
+    tensor_data_entries,
+    tensor_digest,
+    trained_like,
+)
+from lightning_nvcomp import container
+from lightning_nvcomp.container import DTYPES, SaveStats, TensorInfo, describe
+from lightning_nvcomp.errors import CheckpointError
+
+SETTINGS = settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+GRAD_DTYPES = {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64}
+
+
+@dataclasses.dataclass
+class Holder:
+    """A custom object holding tensors (only loadable with weights_only=False)."""
+
+    label: str
+    weight: torch.Tensor
+    extras: list
+
+
+def storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+# ------------------------------------------------------------------------------------------ object strategy
+
+
+@st.composite
+def tensor_dicts(draw):
+    """A dict of tensors of every dtype and shape, with non-contiguous tensors, views sharing storages,
+    parameters, nested containers and plain values. Returns (obj, pairs of keys whose tensors share storage)."""
+    obj: dict = {}
+    shared: list[tuple[str, str]] = []
+    n = draw(st.integers(1, 6))
+    for i in range(n):
+        dtype = DTYPES[draw(st.sampled_from(sorted(DTYPES)))]
+        shape = tuple(draw(st.lists(st.integers(0, 5), min_size=0, max_size=3)))
+        base = random_tensor(shape, dtype, seed=draw(st.integers(0, 2**31)))
+        kind = draw(st.sampled_from(["plain", "transposed", "stepped", "views", "param", "grad", "expanded", "nested"]))
+        key = f"t{i}"
+        if kind == "transposed" and base.dim() >= 2:
+            obj[key] = base.transpose(0, -1)
+        elif kind == "stepped" and base.dim() >= 1:
+            obj[key] = base[1::2] if base.dim() == 1 else base[::2, ..., 1::2]
+        elif kind == "views" and base.numel() >= 2:
+            flat = base.reshape(-1)
+            obj[key], obj[key + "v"] = base, flat[1:]
+            shared.append((key, key + "v"))
+            if base.dim() >= 2:
+                obj[key + "w"] = base.transpose(0, 1)[:, 1:]
+                shared.append((key, key + "w"))
+        elif kind == "param":
+            obj[key] = torch.nn.Parameter(base, requires_grad=dtype in GRAD_DTYPES and draw(st.booleans()))
+        elif kind == "grad" and dtype in GRAD_DTYPES:
+            obj[key] = base.clone().requires_grad_(True)
+        elif kind == "expanded" and base.dim() >= 1:
+            obj[key] = base[:1].expand(3, *base.shape[1:]) if base.shape[0] else base
+        elif kind == "nested":
+            obj[key] = [base, (base[:0], {"inner": base.reshape(-1)[::3]}), 7]
+        else:
+            obj[key] = base
+    obj["meta"] = {"epoch": draw(st.integers(-5, 10**12)), "name": draw(st.text(max_size=8)), "none": None,
+                   "ratio": 0.5, "flags": (True, False), "bytes": b"\x00\xff"}
+    return obj, shared
+
+
+def check_roundtrip(obj: dict, shared: list, loaded: object) -> None:
+    assert_tree_bit_exact(obj, loaded, check_type=True)
+    for a, b in shared:
+        assert storage_key(loaded[a]) == storage_key(loaded[b]), f"{a} and {b} no longer share their storage"
+
+
+@SETTINGS
+@given(case=tensor_dicts(), codec=st.sampled_from(["zstd", "none"]), small_groups=st.booleans())
+def test_roundtrip_hypothesis(case, codec, small_groups):
+    obj, shared = case
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
+        if small_groups:  # many records: every storage above 64 bytes on its own, groups of at most 256 bytes
+            mp.setattr(container, "_SMALL_NBYTES", 64)
+            mp.setattr(container, "_GROUP_NBYTES", 256)
+        path = Path(tmp) / "ck.pt"
+        stats = lightning_nvcomp.save(obj, path, codec=codec)
+        assert stats.codec == codec and stats.file_nbytes == path.stat().st_size
+        check_roundtrip(obj, shared, lightning_nvcomp.load(path))
+        check_roundtrip(obj, shared, torch.load(path, weights_only=True))
+
+
+@pytest.mark.parametrize("codec", ["zstd", "none"])
+@pytest.mark.parametrize(
+    "how",
+    ["package", "weights_only", "unsafe", "mmap", "mmap_unsafe", "map_cpu", "map_callable", "map_dict", "map_device"],
+)
+def test_torch_load_variants(tmp_path, codec, how):
+    base = random_tensor((6, 10), torch.float32, 1)
+    obj = {
+        "w": torch.nn.Parameter(trained_like(4000, torch.bfloat16).reshape(40, 100)),
+        "base": base,
+        "view": base.t()[2:, ::3],
+        "big": trained_like(300_000, torch.float32),  # >= 1 MiB: a record of its own
+        "big_view": None,
+        "scalar": torch.tensor(3, dtype=torch.int64),
+        "empty": torch.empty(0, 3, dtype=torch.float16),
+        "specials": special_floats(torch.float32),
+        "list": [torch.arange(5), (torch.ones(2, dtype=torch.bool),)],
+        "step": 17,
+    }
+    obj["big_view"] = obj["big"][1000:2000:7]
+    path = tmp_path / "ck.pt"
+    lightning_nvcomp.save(obj, path, codec=codec)
+    loaders = {
+        "package": lambda: lightning_nvcomp.load(path),
+        "weights_only": lambda: torch.load(path, weights_only=True),
+        "unsafe": lambda: torch.load(path, weights_only=False),
+        "mmap": lambda: torch.load(path, weights_only=True, mmap=True),
+        "mmap_unsafe": lambda: lightning_nvcomp.load(path, weights_only=False, mmap=True),
+        "map_cpu": lambda: torch.load(path, map_location="cpu", weights_only=True),
+        "map_callable": lambda: torch.load(path, map_location=lambda storage, loc: storage, weights_only=True),
+        "map_dict": lambda: lightning_nvcomp.load(path, map_location={"cpu": "cpu"}),
+        "map_device": lambda: lightning_nvcomp.load(path, map_location=torch.device("cpu")),
+    }
+    loaded = loaders[how]()
+    assert_tree_bit_exact(obj, loaded, check_type=True)
+    assert storage_key(loaded["base"]) == storage_key(loaded["view"])
+    assert storage_key(loaded["big"]) == storage_key(loaded["big_view"])
+    assert type(loaded["w"]) is torch.nn.Parameter and loaded["w"].requires_grad
+
+
+def test_loaded_views_alias_like_torch_save(tmp_path):
+    base = torch.arange(12, dtype=torch.float32)
+    obj = {"a": base, "b": base.view(3, 4).t(), "c": base[3:7]}
+    lightning_nvcomp.save(obj, tmp_path / "ck.pt", codec="zstd")
+    loaded = lightning_nvcomp.load(tmp_path / "ck.pt")
+    loaded["a"][4] = -1.0  # a write through one view shows through the others, as after torch.load
+    assert loaded["c"][1].item() == -1.0 and loaded["b"][0, 1].item() == -1.0
+
+
+def test_custom_objects_need_weights_only_false(tmp_path):
+    w = trained_like(500, torch.float32).reshape(20, 25)
+    obj = {"holder": Holder("layer", w, [w.t(), torch.arange(3)]), "plain": w[::2]}
+    path = tmp_path / "ck.pt"
+    lightning_nvcomp.save(obj, path, codec="zstd")
+    loaded = lightning_nvcomp.load(path, weights_only=False)
+    holder = loaded["holder"]
+    assert isinstance(holder, Holder) and holder.label == "layer"
+    assert_bit_exact(holder.weight, w)
+    assert_bit_exact(holder.extras[0], w.t())
+    assert_bit_exact(holder.extras[1], torch.arange(3))
+    assert_bit_exact(loaded["plain"], w[::2])
+    assert storage_key(holder.weight) == storage_key(holder.extras[0]) == storage_key(loaded["plain"])
+    with pytest.raises(Exception, match="Holder"):  # weights_only refuses the custom class, naming it
+        lightning_nvcomp.load(path, weights_only=True)
+
+
+def test_plain_torch_save_files_load_through_the_package(tmp_path):
+    obj = {"w": random_tensor((7, 3), torch.bfloat16, 4), "n": [1, "two"]}
+    torch.save(obj, tmp_path / "plain.pt")
+    assert_tree_bit_exact(obj, lightning_nvcomp.load(tmp_path / "plain.pt"))
+
+
+def test_tensors_the_codec_does_not_handle_are_saved_by_torch(tmp_path):
+    c = torch.randn(5, dtype=torch.complex64)
+    obj = {
+        "sparse": torch.randn(4, 4).relu().to_sparse(),
+        "conj": c.conj(),
+        "plain": torch.randn(3),
+    }
+    lightning_nvcomp.save(obj, tmp_path / "ck.pt", codec="zstd")
+    loaded = lightning_nvcomp.load(tmp_path / "ck.pt")
+    assert loaded["sparse"].is_sparse
+    assert_bit_exact(loaded["sparse"].to_dense(), obj["sparse"].to_dense())
+    assert loaded["conj"].is_conj()
+    assert_bit_exact(loaded["conj"].resolve_conj(), obj["conj"].resolve_conj())
+    assert_bit_exact(loaded["plain"], obj["plain"])
+
+
+def test_same_storage_as_two_dtypes_is_refused_and_writes_nothing(tmp_path):
+    t = torch.randn(8)
+    path = tmp_path / "ck.pt"
+    with pytest.raises(CheckpointError, match="same storage"):
+        lightning_nvcomp.save({"f": t, "i": t.view(torch.int32)}, path, codec="zstd")
+    assert os.listdir(tmp_path) == []
+
+
+def test_unknown_codec_is_a_value_error(tmp_path):
+    with pytest.raises(ValueError, match="codec"):
+        lightning_nvcomp.save({"x": torch.ones(2)}, tmp_path / "ck.pt", codec="lz4")
+    assert os.listdir(tmp_path) == []
+
+
+def test_overwrite_replaces_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "ck.pt"
+    lightning_nvcomp.save({"x": torch.ones(3)}, path, codec="zstd")
+    new = {"y": random_tensor((100,), torch.float64, 9)}
+    lightning_nvcomp.save(new, path, codec="zstd")
+    assert_tree_bit_exact(new, lightning_nvcomp.load(path))
+    assert os.listdir(tmp_path) == ["ck.pt"]
+
+
+def test_saved_file_permissions_match_torch_save(tmp_path):
+    """A drop-in torch.save writes files with the umask's permissions (0644 by default), not mkstemp's 0600."""
+    torch.save({"x": torch.ones(2)}, tmp_path / "plain.pt")
+    lightning_nvcomp.save({"x": torch.ones(2)}, tmp_path / "ours.pt", codec="zstd")
+    lightning_nvcomp.save({"x": torch.ones(2)}, tmp_path / "none.pt", codec="none")
+    want = (tmp_path / "plain.pt").stat().st_mode & 0o777
+    assert oct((tmp_path / "ours.pt").stat().st_mode & 0o777) == oct(want)
+    assert oct((tmp_path / "none.pt").stat().st_mode & 0o777) == oct(want)
+
+
+# -------------------------------------------------------------------------------------- real training state
+
+
+def make_training_state(steps: int = 3):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(50, 16),
+        torch.nn.Flatten(),
+        torch.nn.Linear(16 * 4, 32),
+        torch.nn.BatchNorm1d(32),  # num_batches_tracked: an int64 0-d tensor
+        torch.nn.GELU(),
+        torch.nn.Linear(32, 8),
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)  # step: a float32 0-d tensor
+    gen = torch.Generator().manual_seed(1)
+
+    def step():
+        x = torch.randint(0, 50, (16, 4), generator=gen)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    for _ in range(steps):
+        step()
+    return model, opt, step
+
+
+def test_module_and_adamw_state_roundtrip(tmp_path):
+    model, opt, _ = make_training_state()
+    ckpt = {"state_dict": model.state_dict(), "optimizer_states": [opt.state_dict()], "epoch": 2, "global_step": 3,
+            "step_tensor": torch.tensor(3)}
+    steps = [s["step"] for s in opt.state_dict()["state"].values()]
+    assert steps and all(isinstance(s, torch.Tensor) and s.dtype == torch.float32 and s.dim() == 0 for s in steps)
+    assert model.state_dict()["3.num_batches_tracked"].dtype == torch.int64
+    path = tmp_path / "ck.pt"
+    lightning_nvcomp.save(ckpt, path, codec="zstd")
+    for loaded in (lightning_nvcomp.load(path), torch.load(path, weights_only=True, mmap=True)):
+        assert_tree_bit_exact(ckpt, loaded, check_type=True)
+
+
+def test_resumed_training_continues_bit_exactly(tmp_path):
+    model, opt, step = make_training_state()
+    path = tmp_path / "ck.pt"
+    lightning_nvcomp.save({"model": model.state_dict(), "opt": opt.state_dict()}, path, codec="zstd")
+    model2, opt2, _ = make_training_state(steps=0)
+    loaded = lightning_nvcomp.load(path)
+    model2.load_state_dict(loaded["model"])
+    opt2.load_state_dict(loaded["opt"])
+    gen_state = torch.Generator().manual_seed(5)
+    x = torch.randint(0, 50, (16, 4), generator=gen_state)
+    for m, o in ((model, opt), (model2, opt2)):
+        loss = m(x).pow(2).mean()
+        o.zero_grad()
+        loss.backward()
+        o.step()
+    assert_tree_bit_exact(model.state_dict(), model2.state_dict())
+    assert_tree_bit_exact(opt.state_dict()["state"], opt2.state_dict()["state"])
+
+
+# ------------------------------------------------------------------------------------------ child processes
+
+
+def test_codec_none_is_a_plain_torch_file_loadable_without_the_package(tmp_path):
+    obj = {"w": trained_like(1000, torch.bfloat16), "i": torch.arange(7), "v": None}
+    obj["wv"] = obj["w"][::5]
+    path = tmp_path / "plain.pt"
+    lightning_nvcomp.save(obj, path, codec="none")
+    code = CHILD_DIGEST_SRC + """
+import json, sys
+obj = torch.load(sys.argv[1], weights_only=True)
+assert "lightning_nvcomp" not in sys.modules, "loading imported lightning_nvcomp"
+shared = obj["w"].untyped_storage().data_ptr() == obj["wv"].untyped_storage().data_ptr()
+print(json.dumps({"digests": {k: tensor_digest(v) for k, v in obj.items() if v is not None}, "v": obj["v"],
+                  "shared": shared}))
+"""
+    out = child_json(python_child(code, str(path), check=True))
+    assert out["digests"] == {k: tensor_digest(v) for k, v in obj.items() if v is not None}
+    assert out["v"] is None and out["shared"]
+
+
+LOAD_IN_CHILD = CHILD_DIGEST_SRC + """
+import json, sys
+if sys.argv[2] == "import":
+    import lightning_nvcomp
+weights_only = sys.argv[3] == "weights_only"
+try:
+    obj = torch.load(sys.argv[1], weights_only=weights_only)
+except Exception as err:
+    print(json.dumps({"error": type(err).__name__, "message": str(err)}))
+else:
+    print(json.dumps({"digests": {k: tensor_digest(v) for k, v in obj.items()}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def compressed_file(tmp_path_factory):
+    obj = {"w": torch.nn.Parameter(trained_like(5000, torch.bfloat16)), "b": random_tensor((3, 3), torch.int8, 2)}
+    path = tmp_path_factory.mktemp("child") / "ck.pt"
+    lightning_nvcomp.save(obj, path, codec="zstd")
+    return path, {k: tensor_digest(v) for k, v in obj.items()}
+
+
+def test_plain_torch_load_without_import_names_the_package(compressed_file):
+    path, _ = compressed_file
+    out = child_json(python_child(LOAD_IN_CHILD, str(path), "no-import", "weights_only"))
+    assert "error" in out, "torch.load(weights_only=True) decoded without lightning_nvcomp imported?"
+    assert "lightning_nvcomp" in out["message"]
+
+
+def test_plain_torch_load_after_import_works(compressed_file):
+    path, digests = compressed_file
+    out = child_json(python_child(LOAD_IN_CHILD, str(path), "import", "weights_only"))
+    assert out.get("digests") == digests, out
+
+
+def test_plain_torch_load_weights_only_false_imports_the_decoder_itself(compressed_file):
+    path, digests = compressed_file
+    out = child_json(python_child(LOAD_IN_CHILD, str(path), "no-import", "unsafe"))
+    assert out.get("digests") == digests, out
+
+
+# ----------------------------------------------------------------------------------------------- describe
+
+
+def test_describe_names_shapes_and_decodes_nothing(tmp_path):
+    w = trained_like(6000, torch.float32).reshape(60, 100)
+    obj = {
+        "model": {"layer": {"weight": w, "bias": torch.zeros(60, dtype=torch.bfloat16)}},
+        "opt": [{"exp_avg": w.t()}],
+        "epoch": 4,
+    }
+    path = tmp_path / "ck.pt"
+    lightning_nvcomp.save(obj, path, codec="zstd")
+    decoded = []
+    token = container.report_progress(decoded.append)
+    try:
+        info = describe(path)
+        assert decoded == [], "describe decoded records"
+        lightning_nvcomp.load(path)
+        assert decoded, "the progress hook never fired, so the check above proves nothing"
+    finally:
+        container._progress.reset(token)
+    weight = info["model"]["layer"]["weight"]
+    assert isinstance(weight, TensorInfo)
+    assert weight.name == "model.layer.weight" and weight.dtype == "float32" and weight.shape == (60, 100)
+    bias = info["model"]["layer"]["bias"]
+    assert bias.name == "model.layer.bias" and bias.dtype == "bfloat16" and bias.shape == (60,)
+    assert info["opt"][0]["exp_avg"].name == "opt.0.exp_avg" and info["opt"][0]["exp_avg"].shape == (100, 60)
+    assert info["epoch"] == 4
+    assert 0 < weight.stored_nbytes < w.numel() * 4
+    assert weight.record["dtype"] == "float32"
+
+
+def test_describe_reads_a_checkpoint_with_damaged_tensor_data(tmp_path):
+    obj = {"model": {"w": trained_like(4000, torch.float32)}}
+    path = tmp_path / "ck.pt"
+    lightning_nvcomp.save(obj, path, codec="zstd")
+    (start, size), = tensor_data_entries(path).values()
+    raw = bytearray(path.read_bytes())
+    raw[start + size // 2] ^= 0xFF
+    path.write_bytes(raw)
+    assert describe(path)["model"]["w"].name == "model.w"  # nothing decoded, so nothing noticed
+    with pytest.raises(CheckpointError):
+        lightning_nvcomp.load(path)
+
+
+# ------------------------------------------------------------------------------------------------- stats
+
+
+def test_save_stats(tmp_path):
+    w = trained_like(1 << 20, torch.bfloat16)
+    obj = {"w": w, "w2": w[10:], "b": torch.zeros(100)}
+    path = tmp_path / "ck.pt"
+    stats = lightning_nvcomp.save(obj, path, codec="zstd")
+    assert isinstance(stats, SaveStats)
+    assert stats.path == str(path) and stats.codec == "zstd"
+    assert stats.raw_nbytes == w.numel() * 2 + 400  # the shared storage counts once
+    assert stats.file_nbytes == path.stat().st_size
+    assert stats.ratio == pytest.approx(stats.raw_nbytes / stats.file_nbytes)
+    assert stats.ratio > 1.1, stats
+    assert 0 < stats.seconds < 60
+
+    plain = lightning_nvcomp.save(obj, tmp_path / "plain.pt", codec="none")
+    assert plain.codec == "none" and plain.raw_nbytes == stats.raw_nbytes
+    assert plain.file_nbytes == (tmp_path / "plain.pt").stat().st_size > stats.file_nbytes
+
+
+def test_auto_codec_resolves_to_zstd_without_gpu(tmp_path):
+    if lightning_nvcomp.codec.gpu_available():
+        pytest.skip("this machine has a GPU: auto means ans")
+    stats = lightning_nvcomp.save({"x": torch.ones(10)}, tmp_path / "ck.pt")
+    assert stats.codec == "zstd"
+    assert_bit_exact(lightning_nvcomp.load(tmp_path / "ck.pt")["x"], torch.ones(10))
