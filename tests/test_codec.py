@@ -28,14 +28,25 @@ SMALL_LAYOUTS = [(512, 64), (1024, 128), (4096, 64), (512, 512)]
 no_gpu = pytest.mark.skipif(gpu_available(), reason="checks the behaviour of a machine without a usable GPU")
 
 
-def roundtrip(data: torch.Tensor, dtype: torch.dtype, codec: str) -> tuple[torch.Tensor, dict, torch.Tensor]:
-    blob, meta = record.encode(data, dtype, codec)
-    assert blob.dtype == torch.uint8 and blob.dim() == 1 and blob.device.type == "cpu"
-    record.validate(meta, blob.numel())  # what encode writes, decode must accept
-    out = record.decode(blob, copy.deepcopy(meta), "cpu")
+def sizes_of(blobs: list[torch.Tensor]) -> list[int]:
+    return [b.numel() for b in blobs]
+
+
+def roundtrip(data: torch.Tensor, dtype: torch.dtype, codec: str) -> tuple[list[torch.Tensor], dict, torch.Tensor]:
+    """Encode, validate, decode; assert the bytes come back exactly. Returns (blobs, meta, decoded)."""
+    blobs, meta = record.encode(data, dtype, codec)
+    assert isinstance(blobs, list) and len(blobs) == len(meta["crc32"])
+    for blob in blobs:
+        assert blob.dtype == torch.uint8 and blob.dim() == 1 and blob.device.type == "cpu"
+    record.validate(copy.deepcopy(meta), sizes_of(blobs))  # what encode writes, decode must accept
+    out = record.decode(blobs, copy.deepcopy(meta), "cpu")
     assert out.dtype == torch.uint8 and out.dim() == 1 and out.device.type == "cpu"
     assert torch.equal(out, data), "decoded bytes differ from the encoded ones"
-    return blob, meta, out
+    return blobs, meta, out
+
+
+def stored_nbytes(blobs: list[torch.Tensor]) -> int:
+    return sum(sizes_of(blobs))
 
 
 def small_layout(mp: pytest.MonkeyPatch, segment: int, chunk: int) -> None:
@@ -189,14 +200,14 @@ def test_roundtrip_multi_segment_multi_chunk(name, codec, numel, kind, layout, s
     data = data_bytes(kind, numel * dtype.itemsize, seed)
     with pytest.MonkeyPatch.context() as mp:
         small_layout(mp, segment, chunk)
-        blob, meta, _ = roundtrip(data, dtype, codec)
+        blobs, meta, _ = roundtrip(data, dtype, codec)
     # The record describes what was asked for: its layout and one checksum per segment.
     assert meta["nbytes"] == data.numel() and meta["dtype"] == name
     assert meta["segment"] == segment and meta["chunk"] == chunk
     assert len(meta["crc32"]) == -(-data.numel() // segment)
     assert len(meta["codecs"]) == meta["planes"]
     if codec == "raw":
-        assert set(meta["codecs"]) == {"raw"} and blob.numel() >= data.numel()
+        assert set(meta["codecs"]) == {"raw"} and stored_nbytes(blobs) >= data.numel()
 
 
 @SETTINGS
@@ -213,14 +224,14 @@ def test_roundtrip_byte_counts_not_a_multiple_of_the_plane_width(nbytes, dtype, 
 
 def test_roundtrip_default_layout_large_enough_for_several_chunks():
     data = tensor_bytes(trained_like(1_200_000, torch.float32))  # 4.8 MB: planes of 1.2 MB, 2 chunks of <= 1 MiB
-    blob, meta, _ = roundtrip(data, torch.float32, "zstd")
-    assert meta["planes"] == 4 and len(meta["sizes"]) == 4 * 2 and len(meta["crc32"]) == 1
+    blobs, meta, _ = roundtrip(data, torch.float32, "zstd")
+    assert meta["planes"] == 4 and len(meta["sizes"]) == 4 * 2 and len(blobs) == 1 and len(meta["crc32"]) == 1
 
 
 def test_decode_to_torch_device_object():
     data = tensor_bytes(trained_like(1000, torch.bfloat16))
-    blob, meta = record.encode(data, torch.bfloat16, "zstd")
-    assert torch.equal(record.decode(blob, meta, torch.device("cpu")), data)
+    blobs, meta = record.encode(data, torch.bfloat16, "zstd")
+    assert torch.equal(record.decode(blobs, meta, torch.device("cpu")), data)
 
 
 # --------------------------------------------------------------------------------------------- compression
@@ -228,9 +239,9 @@ def test_decode_to_torch_device_object():
 
 def test_trained_bfloat16_compresses_and_noise_planes_are_raw():
     data = tensor_bytes(trained_like(1 << 18, torch.bfloat16))
-    blob, meta, _ = roundtrip(data, torch.bfloat16, "zstd")
+    blobs, meta, _ = roundtrip(data, torch.bfloat16, "zstd")
     assert meta["planes"] == 2
-    ratio = data.numel() / blob.numel()
+    ratio = data.numel() / stored_nbytes(blobs)
     assert ratio > 1.1, ratio
     # the low byte (7 mantissa bits + 1 exponent bit) is noise: stored raw; the sign/exponent byte is coded
     assert meta["codecs"] == ["raw", "zstd"], meta["codecs"]
@@ -238,24 +249,24 @@ def test_trained_bfloat16_compresses_and_noise_planes_are_raw():
 
 def test_trained_float32_noise_planes_raw_exponent_plane_coded():
     data = tensor_bytes(trained_like(1 << 18, torch.float32))
-    blob, meta, _ = roundtrip(data, torch.float32, "zstd")
+    blobs, meta, _ = roundtrip(data, torch.float32, "zstd")
     assert meta["planes"] == 4
     # mantissa planes are (close to) noise: at least one is stored raw; the sign/exponent plane is coded
     assert "raw" in meta["codecs"][:3] and meta["codecs"][3] == "zstd", meta["codecs"]
-    assert data.numel() / blob.numel() > 1.1
+    assert data.numel() / stored_nbytes(blobs) > 1.1
 
 
 def test_random_bytes_stored_raw_and_not_expanded_much():
     data = data_bytes("random", 1 << 18, 3)
-    blob, meta, _ = roundtrip(data, torch.float32, "zstd")
+    blobs, meta, _ = roundtrip(data, torch.float32, "zstd")
     assert set(meta["codecs"]) == {"raw"}
-    assert blob.numel() <= data.numel() * 1.01
+    assert stored_nbytes(blobs) <= data.numel() * 1.01
 
 
 def test_constant_data_compresses_enormously():
     data = torch.zeros(1 << 20, dtype=torch.uint8)
-    blob, _, _ = roundtrip(data, torch.float32, "zstd")
-    assert blob.numel() * 100 < data.numel()
+    blobs, _, _ = roundtrip(data, torch.float32, "zstd")
+    assert stored_nbytes(blobs) * 100 < data.numel()
 
 
 # ----------------------------------------------------------------------------------------------- validation
@@ -267,16 +278,16 @@ def valid_record():
     data = tensor_bytes(trained_like(3000, torch.float32))
     with pytest.MonkeyPatch.context() as mp:
         small_layout(mp, 4096, 512)
-        blob, meta = record.encode(data, torch.float32, "zstd")
+        blobs, meta = record.encode(data, torch.float32, "zstd")
     assert len(meta["crc32"]) >= 2 and len(meta["sizes"]) > len(meta["crc32"]) * 4
     assert "zstd" in meta["codecs"] and "raw" in meta["codecs"]
-    return data, blob, meta
+    return data, blobs, meta
 
 
 def test_valid_record_validates_and_decodes(valid_record):
-    data, blob, meta = valid_record
-    record.validate(copy.deepcopy(meta), blob.numel())
-    assert torch.equal(record.decode(blob, copy.deepcopy(meta)), data)
+    data, blobs, meta = valid_record
+    record.validate(copy.deepcopy(meta), sizes_of(blobs))
+    assert torch.equal(record.decode(blobs, copy.deepcopy(meta)), data)
 
 
 def mutated(meta: dict, **changes) -> dict:
@@ -344,31 +355,57 @@ BAD_RECORDS = {
 
 @pytest.mark.parametrize("case", list(BAD_RECORDS))
 def test_validate_rejects(valid_record, case):
-    _, blob, meta = valid_record
+    _, blobs, meta = valid_record
     bad = mutated(meta, **BAD_RECORDS[case])
     assert repr(bad) != repr(meta)
     with pytest.raises(CorruptCheckpointError):
-        record.validate(bad, blob.numel())
+        record.validate(bad, sizes_of(blobs))
     with pytest.raises(CorruptCheckpointError):
-        record.decode(blob, bad, "cpu")
+        record.decode(blobs, bad, "cpu")
 
 
+@pytest.mark.parametrize("segment", [0, -1])
 @pytest.mark.parametrize("delta", [-1, 1, -16, 16, 4096])
-def test_validate_rejects_blob_size_that_does_not_match_the_sizes(valid_record, delta):
-    _, blob, meta = valid_record
+def test_validate_rejects_blob_size_that_does_not_match_the_sizes(valid_record, segment, delta):
+    _, blobs, meta = valid_record
+    sizes = sizes_of(blobs)
+    sizes[segment] += delta
     with pytest.raises(CorruptCheckpointError):
-        record.validate(copy.deepcopy(meta), blob.numel() + delta)
-    longer = torch.cat([blob, torch.zeros(max(delta, 0), dtype=torch.uint8)])[: blob.numel() + delta]
+        record.validate(copy.deepcopy(meta), sizes)
+    blob = blobs[segment]
+    resized = torch.cat([blob, torch.zeros(max(delta, 0), dtype=torch.uint8)])[: blob.numel() + delta]
+    bad_blobs = list(blobs)
+    bad_blobs[segment] = resized
     with pytest.raises(CorruptCheckpointError):
-        record.decode(longer, copy.deepcopy(meta), "cpu")
+        record.decode(bad_blobs, copy.deepcopy(meta), "cpu")
+
+
+def test_validate_rejects_a_wrong_number_of_blobs(valid_record):
+    _, blobs, meta = valid_record
+    for bad in (blobs[:-1], blobs + [blobs[-1]], [], [torch.cat(blobs)]):
+        with pytest.raises(CorruptCheckpointError):
+            record.validate(copy.deepcopy(meta), sizes_of(bad))
+        with pytest.raises(CorruptCheckpointError):
+            record.decode(bad, copy.deepcopy(meta), "cpu")
+
+
+def test_swapped_blobs_fail_the_checksum(valid_record):
+    _, blobs, meta = valid_record
+    same_size = [i for i in range(1, len(blobs)) if blobs[i].numel() == blobs[0].numel()]
+    if not same_size:
+        pytest.skip("no two segments stored in the same number of bytes")
+    swapped = list(blobs)
+    swapped[0], swapped[same_size[0]] = blobs[same_size[0]], blobs[0]
+    with pytest.raises(CorruptCheckpointError, match="checksum"):
+        record.decode(swapped, copy.deepcopy(meta), "cpu")
 
 
 def test_validate_rejects_a_coded_size_that_sums_wrong(valid_record):
-    _, blob, meta = valid_record
+    _, blobs, meta = valid_record
     bad = copy.deepcopy(meta)
     bad["sizes"] = _resize(bad, False, 64)  # still within the chunk, but the blob does not hold it
     with pytest.raises(CorruptCheckpointError):
-        record.validate(bad, blob.numel())
+        record.validate(bad, sizes_of(blobs))
 
 
 @pytest.mark.parametrize("meta", [None, [], "record", 3, {"format": 1}])
@@ -378,25 +415,28 @@ def test_validate_rejects_non_records(meta):
 
 
 def test_newer_format_asks_for_an_upgrade(valid_record):
-    _, blob, meta = valid_record
+    _, blobs, meta = valid_record
     newer = mutated(meta, format=record.FORMAT_VERSION + 1)
     with pytest.raises(CorruptCheckpointError, match="(?i)upgrade"):
-        record.validate(newer, blob.numel())
+        record.validate(newer, sizes_of(blobs))
     with pytest.raises(CorruptCheckpointError, match="(?i)upgrade"):
-        record.decode(blob, newer, "cpu")
+        record.decode(blobs, newer, "cpu")
 
 
 def test_format_version_is_checked_before_fields(valid_record):
     # a future format may change any field: the upgrade hint must win over field errors
-    _, blob, meta = valid_record
+    _, blobs, meta = valid_record
     future = {"format": record.FORMAT_VERSION + 7, "whatever": [1, 2, 3]}
     with pytest.raises(CorruptCheckpointError, match="(?i)upgrade"):
-        record.validate(future, blob.numel())
+        record.validate(future, sizes_of(blobs))
 
 
-def test_decode_rejects_a_blob_that_is_not_1d_uint8(valid_record):
-    _, blob, meta = valid_record
-    for bad in (blob.view(1, -1), blob.to(torch.int16), blob.numpy(), None):
+def test_decode_rejects_blobs_that_are_not_1d_uint8_tensors(valid_record):
+    _, blobs, meta = valid_record
+    first = blobs[0]
+    rest = blobs[1:]
+    for bad in ([first.view(1, -1)] + rest, [first.to(torch.int16)] + rest, [first.numpy()] + rest, [None] + rest,
+                torch.cat(blobs), tuple(blobs), None, {0: first}):
         with pytest.raises(CorruptCheckpointError):
             record.decode(bad, copy.deepcopy(meta), "cpu")
 
@@ -404,43 +444,38 @@ def test_decode_rejects_a_blob_that_is_not_1d_uint8(valid_record):
 # ----------------------------------------------------------------------------------------------- checksums
 
 
+@pytest.mark.parametrize("segment", [0, 1, -1])
 @pytest.mark.parametrize("where", [0, 1, 0.25, 0.5, 0.75, -1])
-def test_flipped_blob_byte_fails_the_checksum(valid_record, where):
-    data, blob, meta = valid_record
-    damaged = blob.clone()
+def test_flipped_blob_byte_fails_the_checksum(valid_record, segment, where):
+    data, blobs, meta = valid_record
+    damaged = [b.clone() for b in blobs]
+    blob = damaged[segment]
     pos = int(where * blob.numel()) if isinstance(where, float) else where
-    damaged[pos] ^= 0x10
+    blob[pos] ^= 0x10
     with pytest.raises(CorruptCheckpointError, match="checksum"):
         record.decode(damaged, copy.deepcopy(meta), "cpu")
+    assert torch.equal(record.decode(blobs, copy.deepcopy(meta), "cpu"), data)  # the originals were untouched
 
 
 def test_wrong_checksum_value_fails(valid_record):
-    _, blob, meta = valid_record
+    _, blobs, meta = valid_record
     bad = copy.deepcopy(meta)
     bad["crc32"][-1] ^= 1
     with pytest.raises(CorruptCheckpointError, match="checksum"):
-        record.decode(blob, bad, "cpu")
+        record.decode(blobs, bad, "cpu")
 
 
-def test_checksum_is_crc32_of_each_segments_stored_bytes(valid_record):
-    """Pins the documented format: crc32[s] is the CRC-32 of segment s's stored bytes, segments in blob order."""
-    _, blob, meta = valid_record
-    total = blob.numpy().tobytes()
-    assert zlib.crc32(total) not in meta["crc32"]  # one checksum per segment, not one for everything
-    start, pos = 0, 0
-    for crc in meta["crc32"][:-1]:
-        while zlib.crc32(total[start:pos]) != crc:
-            pos += 1
-            assert pos <= len(total), "no piece of the remaining blob matches the next segment checksum"
-        start = pos
-    assert zlib.crc32(total[start:]) == meta["crc32"][-1]
+def test_checksum_is_crc32_of_each_blob(valid_record):
+    """Pins the documented format: crc32[s] is the CRC-32 of blob s (segment s's stored bytes)."""
+    _, blobs, meta = valid_record
+    assert meta["crc32"] == [zlib.crc32(b.numpy()) for b in blobs]
 
 
 def test_damage_behind_a_recomputed_checksum_never_escapes_as_a_foreign_error():
     """A consistent record (checksum recomputed) whose stored bytes are damaged: decoding either succeeds (the
     damage hit a raw plane or padding) or raises CorruptCheckpointError, never a zstd or torch error."""
     data = tensor_bytes(trained_like(512, torch.float32))
-    blob, meta = record.encode(data, torch.float32, "zstd")
+    (blob,), meta = record.encode(data, torch.float32, "zstd")
     assert "zstd" in meta["codecs"]
     failures = 0
     for pos in range(blob.numel()):
@@ -449,7 +484,7 @@ def test_damage_behind_a_recomputed_checksum_never_escapes_as_a_foreign_error():
         bad = copy.deepcopy(meta)
         bad["crc32"] = [zlib.crc32(damaged.numpy())]
         try:
-            out = record.decode(damaged, bad, "cpu")
+            out = record.decode([damaged], bad, "cpu")
         except CorruptCheckpointError:
             failures += 1
         else:
@@ -473,11 +508,11 @@ def test_ans_without_gpu_is_unavailable_for_encoding():
 
 @no_gpu
 def test_ans_record_without_gpu_is_unavailable_for_decoding(valid_record):
-    _, blob, meta = valid_record
+    _, blobs, meta = valid_record
     ans = mutated(meta, codecs=lambda m: ["ans" if c == "zstd" else c for c in m["codecs"]])
-    record.validate(ans, blob.numel())  # a well-formed record, just not decodable here
+    record.validate(ans, sizes_of(blobs))  # a well-formed record, just not decodable here
     with pytest.raises(CodecUnavailableError) as info:
-        record.decode(blob, ans, "cpu")
+        record.decode(blobs, ans, "cpu")
     assert isinstance(info.value, CheckpointError)
     message = str(info.value)
     assert "GPU" in message and "--codec zstd" in message and "lightning-nvcomp convert" in message

@@ -80,7 +80,7 @@ def tensor_dicts(draw):
         elif kind == "expanded" and base.dim() >= 1:
             obj[key] = base[:1].expand(3, *base.shape[1:]) if base.shape[0] else base
         elif kind == "nested":
-            obj[key] = [base, (base[:0], {"inner": base.reshape(-1)[::3]}), 7]
+            obj[key] = [base, (base.reshape(-1)[:0], {"inner": base.reshape(-1)[::3]}), 7]
         else:
             obj[key] = base
     obj["meta"] = {"epoch": draw(st.integers(-5, 10**12)), "name": draw(st.text(max_size=8)), "none": None,

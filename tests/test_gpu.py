@@ -71,20 +71,34 @@ def monkeypatch_chunks():
     mp.undo()
 
 
+def _concat(frames: list[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    spans, pos = [], 0
+    for f in frames:
+        spans.append((pos, f.numel()))
+        pos += f.numel()
+    return torch.cat(frames), spans
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_gpu_zstd_frames_decode_on_cpu_and_back(dtype):
     t = _trained_like(1_000_003, dtype)
     raw = t.reshape(-1).view(torch.uint8)
-    chunks = list(raw.split(1 << 16))
+    spans = [(o, min(1 << 16, raw.numel() - o)) for o in range(0, raw.numel(), 1 << 16)]
     gpu, cpu = NvcompEngine(), CpuZstdEngine()
-    gpu_frames = gpu.encode(chunks, "zstd", "|u1")
-    out = [torch.empty(c.numel(), dtype=torch.uint8) for c in chunks]
-    cpu.decode([f.cpu() for f in gpu_frames], out, "zstd", "|u1")
-    assert torch.equal(torch.cat(out), raw.cpu())
-    cpu_frames = cpu.encode([c.cpu() for c in chunks], "zstd", "|u1")
-    out_gpu = [torch.empty(c.numel(), dtype=torch.uint8, device="cuda") for c in chunks]
-    gpu.decode([f.cuda() for f in cpu_frames], out_gpu, "zstd", "|u1")
-    assert torch.equal(torch.cat(out_gpu), raw)
+    frames, frame_spans = _concat(gpu.encode(raw, spans, "zstd", "|u1"))
+    out = torch.empty(raw.numel(), dtype=torch.uint8)
+    cpu.decode(frames.cpu(), frame_spans, out, spans, "zstd", "|u1")
+    assert torch.equal(out, raw.cpu())
+    frames, frame_spans = _concat(cpu.encode(raw.cpu(), spans, "zstd", "|u1"))
+    out_gpu = torch.empty(raw.numel(), dtype=torch.uint8, device="cuda")
+    # nvCOMP reads 16-byte aligned chunks: copy each CPU frame to an aligned slot
+    aligned, aligned_spans, pos = torch.zeros(len(spans) * ((1 << 17) + 16), dtype=torch.uint8), [], 0
+    for o, n in frame_spans:
+        aligned[pos : pos + n] = frames[o : o + n]
+        aligned_spans.append((pos, n))
+        pos += -(-n // 16) * 16
+    gpu.decode(aligned.cuda(), aligned_spans, out_gpu, spans, "zstd", "|u1")
+    assert torch.equal(out_gpu, raw)
 
 
 def test_zstd_record_written_on_gpu_loads_on_cpu_and_reverse(tmp_path):
@@ -133,7 +147,8 @@ def test_ans_ratio_beats_raw_bytes_on_bf16():
     t = _trained_like(8_000_000, torch.bfloat16)
     raw = t.view(torch.uint8)
     blobs, _ = record.encode(raw, torch.bfloat16, "ans")
-    plain = NvcompEngine().encode(list(raw.split(1 << 20)), "ans", "|u1")
+    spans = [(o, min(1 << 20, raw.numel() - o)) for o in range(0, raw.numel(), 1 << 20)]
+    plain = NvcompEngine().encode(raw, spans, "ans", "|u1")
     assert sum(b.numel() for b in blobs) < sum(p.numel() for p in plain)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import zstandard
 
-from lightning_nvcomp.codec.engine import ChunkEngine
+from lightning_nvcomp.codec.engine import ChunkEngine, Span
 
 #: zstd level for CPU encoding. Byte planes of trained weights are entropy-coded; higher levels add no ratio.
 ZSTD_LEVEL = 1
@@ -49,31 +49,36 @@ class CpuZstdEngine(ChunkEngine):
         self._compressor()
         return self._local.dctx
 
-    def _encode_one(self, chunk: torch.Tensor) -> torch.Tensor:
-        frame = self._compressor().compress(chunk.numpy())
+    def _encode_one(self, chunk: np.ndarray) -> torch.Tensor:
+        frame = self._compressor().compress(chunk)
         return torch.frombuffer(bytearray(frame), dtype=torch.uint8)
 
-    def encode(self, chunks: list[torch.Tensor], codec: str, data_type: str) -> list[torch.Tensor]:
+    def encode(self, src: torch.Tensor, spans: list[Span], codec: str, data_type: str) -> list[torch.Tensor]:
         if codec != "zstd":
             raise ValueError(f"the CPU engine runs zstd only, not {codec!r}")
-        return list(self._pool.map(self._encode_one, chunks))
+        data = src.numpy()
+        return list(self._pool.map(self._encode_one, (data[o : o + n] for o, n in spans)))
 
-    def _decode_one(self, pair: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def _decode_one(self, pair: tuple[np.ndarray, np.ndarray]) -> None:
         frame, out = pair
-        want = out.numel()
+        want = out.size
         try:
-            declared = zstandard.frame_content_size(frame.numpy())
+            declared = zstandard.frame_content_size(frame)
             if declared != want:  # checked before decoding: a crafted frame must not make us allocate its claim
                 raise ValueError(f"zstd frame declares {declared} bytes, expected {want}")
-            data = self._decompressor().decompress(frame.numpy(), max_output_size=want)
+            data = self._decompressor().decompress(frame, max_output_size=want)
         except zstandard.ZstdError as err:
             raise ValueError(f"zstd frame does not decode: {err}") from None
         if len(data) != want:
             raise ValueError(f"zstd frame decodes to {len(data)} bytes, expected {want}")
-        out.numpy()[:] = np.frombuffer(data, dtype=np.uint8)
+        out[:] = np.frombuffer(data, dtype=np.uint8)
 
-    def decode(self, stored: list[torch.Tensor], out: list[torch.Tensor], codec: str, data_type: str) -> None:
+    def decode(
+        self, src: torch.Tensor, spans: list[Span], dst: torch.Tensor, dst_spans: list[Span], codec: str, data_type: str
+    ) -> None:
         if codec != "zstd":
             raise ValueError(f"the CPU engine runs zstd only, not {codec!r}")
-        for _ in self._pool.map(self._decode_one, zip(stored, out)):
+        frames, outs = src.numpy(), dst.numpy()
+        pairs = ((frames[o : o + n], outs[d : d + m]) for (o, n), (d, m) in zip(spans, dst_spans))
+        for _ in self._pool.map(self._decode_one, pairs):
             pass

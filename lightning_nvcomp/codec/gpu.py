@@ -13,7 +13,7 @@ from types import ModuleType
 
 import torch
 
-from lightning_nvcomp.codec.engine import ChunkEngine
+from lightning_nvcomp.codec.engine import ChunkEngine, Span
 
 _ALGORITHM = {"ans": "ANS", "zstd": "Zstd"}
 
@@ -66,46 +66,45 @@ class NvcompEngine(ChunkEngine):
             )
         return cache[key], stream.cuda_stream
 
-    def _capacity(self, nv_codec, codec: str, data_type: str, chunk: torch.Tensor) -> int:
-        key = (codec, data_type, chunk.numel())
+    def _capacity(self, nv_codec, codec: str, data_type: str, src: torch.Tensor, nbytes: int) -> int:
+        key = (codec, data_type, nbytes)
         caps = self._local.__dict__.setdefault("capacity", {})
         if key not in caps:
-            caps[key] = nv_codec.get_max_comp_buffer_size(self._nvcomp.as_array(chunk))
+            caps[key] = nv_codec.get_max_comp_buffer_size(self._nvcomp.as_array(src[:nbytes]))
         return caps[key]
 
-    def encode(self, chunks: list[torch.Tensor], codec: str, data_type: str) -> list[torch.Tensor]:
-        if not chunks:
+    def encode(self, src: torch.Tensor, spans: list[Span], codec: str, data_type: str) -> list[torch.Tensor]:
+        if not spans:
             return []
-        device = chunks[0].device
+        device = src.device
         with torch.cuda.device(device):
             nv_codec, stream = self._codec(codec, data_type, device)
-            # Compress into one buffer torch owns (views of nvCOMP-owned outputs must not outlive them).
+            # Compress into one buffer torch owns (views of nvCOMP-owned outputs must not outlive them); nvCOMP
+            # sizes every output slot for the batch's largest chunk.
             align = nv_codec.get_required_compression_alignment()
-            # nvCOMP sizes every output slot for the batch's largest chunk.
-            capacity = self._capacity(nv_codec, codec, data_type, max(chunks, key=torch.Tensor.numel))
+            capacity = self._capacity(nv_codec, codec, data_type, src, max(n for _, n in spans))
             stride = -(-capacity // align) * align
-            offsets = [i * stride for i in range(len(chunks))]
-            capacities = [capacity] * len(chunks)
-            total = stride * len(chunks)
-            packed = torch.empty(total, dtype=torch.uint8, device=device)
-            src = self._nvcomp.as_arrays(chunks, cuda_stream=stream)
-            dst = self._nvcomp.as_arrays(packed, offsets, capacities, cuda_stream=stream)
-            sizes = nv_codec.encode(src, out=dst).buffer_sizes  # waits for the encode
+            offsets = [i * stride for i in range(len(spans))]
+            packed = torch.empty(stride * len(spans), dtype=torch.uint8, device=device)
+            batch = self._nvcomp.as_arrays(src, [o for o, _ in spans], [n for _, n in spans], cuda_stream=stream)
+            out = self._nvcomp.as_arrays(packed, offsets, [capacity] * len(spans), cuda_stream=stream)
+            sizes = nv_codec.encode(batch, out=out).buffer_sizes  # waits for the encode
         return [packed[off : off + n] for off, n in zip(offsets, sizes)]
 
-    def decode(self, stored: list[torch.Tensor], out: list[torch.Tensor], codec: str, data_type: str) -> None:
-        if not stored:
+    def decode(
+        self, src: torch.Tensor, spans: list[Span], dst: torch.Tensor, dst_spans: list[Span], codec: str, data_type: str
+    ) -> None:
+        if not spans:
             return
-        device = out[0].device
+        device = dst.device
         with torch.cuda.device(device):
             nv_codec, stream = self._codec(codec, data_type, device)
-            src = self._nvcomp.as_arrays(stored, cuda_stream=stream)
-            dst = self._nvcomp.as_arrays(out, cuda_stream=stream)
+            batch = self._nvcomp.as_arrays(src, [o for o, _ in spans], [n for _, n in spans], cuda_stream=stream)
+            out = self._nvcomp.as_arrays(dst, [o for o, _ in dst_spans], [n for _, n in dst_spans], cuda_stream=stream)
             try:
-                decoded = nv_codec.decode(src, out=dst)
-                sizes = decoded.buffer_sizes
+                sizes = nv_codec.decode(batch, out=out).buffer_sizes
             except Exception as err:  # nvCOMP reports bad bitstreams as RuntimeError/ValueError
                 raise ValueError(f"nvCOMP {codec} decode failed: {err}") from None
-        for i, (got, want) in enumerate(zip(sizes, out)):
-            if got != want.numel():
-                raise ValueError(f"{codec} chunk {i} decodes to {got} bytes, expected {want.numel()}")
+        for i, (got, (_, want)) in enumerate(zip(sizes, dst_spans)):
+            if got != want:
+                raise ValueError(f"{codec} chunk {i} decodes to {got} bytes, expected {want}")

@@ -52,6 +52,13 @@ def empty(width: int, n: int, device: torch.device) -> torch.Tensor:
     return torch.empty(width, pitch, dtype=torch.uint8, device=device)[:, :n]
 
 
+def flatten(planes: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A 1-D view over all rows of a ``[width, n]`` plane buffer, and the distance between row starts."""
+    width, n = planes.shape
+    pitch = planes.stride(0) if width > 1 else n
+    return planes.as_strided(((width - 1) * pitch + n,), (1,), planes.storage_offset()), pitch
+
+
 def split(data: torch.Tensor, width: int) -> torch.Tensor:
     """Return the ``[width, n]`` planes of the 1-D uint8 buffer ``data`` (``width * n`` bytes)."""
     if width == 1:

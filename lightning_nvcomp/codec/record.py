@@ -35,7 +35,7 @@ FORMAT_VERSION = 1
 CODECS = ("ans", "zstd", "raw")
 SEGMENT_NBYTES = 64 << 20
 #: Uncompressed chunk size per (codec, device type): small enough for GPU parallelism and nvCOMP's limits.
-CHUNK_NBYTES = {("ans", "cuda"): 1 << 20, ("zstd", "cuda"): 256 << 10, ("zstd", "cpu"): 1 << 20, ("raw", "cpu"): 1 << 20}
+CHUNK_NBYTES = {("ans", "cuda"): 4 << 20, ("zstd", "cuda"): 128 << 10, ("zstd", "cpu"): 1 << 20, ("raw", "cpu"): 1 << 20}
 #: gANS data types worth trying on whole numbers instead of byte planes (``<f2`` is never used: lossy on bf16).
 _TYPED_ANS = {torch.float32: "<f4", torch.float8_e4m3fn: "|f1"}
 _DATA_TYPES = ("|u1", "<f4", "|f1")
@@ -55,15 +55,6 @@ def _pack(pieces: list[torch.Tensor]) -> torch.Tensor:
     device = pieces[0].device
     pads = {n: torch.zeros(n, dtype=torch.uint8, device=device) for n in {_padded(p.numel()) - p.numel() for p in pieces}}
     return torch.cat([part for p in pieces for part in (p, pads[_padded(p.numel()) - p.numel()])])
-
-
-def _unpack(stored: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
-    """The chunks of a packed buffer, by their stored sizes (the inverse of :func:`_pack`)."""
-    pieces, pos = [], 0
-    for n in sizes:
-        pieces.append(stored[pos : pos + n])
-        pos += _padded(n)
-    return pieces
 
 
 @dataclass(frozen=True)
@@ -106,19 +97,21 @@ def _segments(nbytes: int, segment: int) -> list[tuple[int, int]]:
     return [(start, min(segment, nbytes - start)) for start in range(0, nbytes, segment)]
 
 
+def _plane_spans(width: int, n: int, pitch: int, chunk: int) -> list[list[tuple[int, int]]]:
+    """The (offset, length) of every chunk of every plane in a flattened plane buffer."""
+    return [[(k * pitch + j, min(chunk, n - j)) for j in range(0, n, chunk)] for k in range(width)]
+
+
 def _encode_segment(engine: ChunkEngine | None, seg: torch.Tensor, layout: _Layout) -> list[torch.Tensor]:
     plane_data = byte_planes.split(seg, layout.planes)
-    per_plane = [list(plane_data[k].split(layout.chunk)) for k in range(layout.planes)]
-    stored = [list(chunks) for chunks in per_plane]
+    flat, pitch = byte_planes.flatten(plane_data)
+    spans = _plane_spans(layout.planes, plane_data.shape[1], pitch, layout.chunk)
+    stored = [[flat[o : o + n] for o, n in plane] for plane in spans]
     for codec in sorted(set(layout.codecs) - {"raw"}):
         ks = [k for k in range(layout.planes) if layout.codecs[k] == codec]
-        coded = engine.encode([c for k in ks for c in per_plane[k]], codec, layout.data_type)
-        pos = 0
+        coded = iter(engine.encode(flat, [span for k in ks for span in spans[k]], codec, layout.data_type))
         for k in ks:
-            for j, raw in enumerate(per_plane[k]):
-                if coded[pos].numel() < raw.numel():
-                    stored[k][j] = coded[pos]
-                pos += 1
+            stored[k] = [c if c.numel() < raw.numel() else raw for raw, c in zip(stored[k], coded)]
     return [piece for plane in stored for piece in plane]
 
 
@@ -206,22 +199,31 @@ def _chunk_lengths(length: int, layout: _Layout) -> list[int]:
 def _decode_segment(
     engine: ChunkEngine | None, stored: torch.Tensor, sizes: list[int], out: torch.Tensor, layout: _Layout
 ) -> None:
-    plane_out = (
-        out.view(1, -1) if layout.planes == 1 else byte_planes.empty(layout.planes, out.numel() // layout.planes, out.device)
-    )
-    pieces = _unpack(stored, sizes)
-    targets = [t for k in range(layout.planes) for t in plane_out[k].split(layout.chunk)]
+    n = out.numel() // layout.planes
+    plane_out = out.view(1, -1) if layout.planes == 1 else byte_planes.empty(layout.planes, n, out.device)
+    flat, pitch = byte_planes.flatten(plane_out)
+    dst_spans = [span for plane in _plane_spans(layout.planes, n, pitch, layout.chunk) for span in plane]
+    per_plane = len(dst_spans) // layout.planes
     groups: dict[str, tuple[list, list]] = {}
-    per_plane = len(targets) // layout.planes
-    for i, (piece, target) in enumerate(zip(pieces, targets)):
-        if piece.numel() == target.numel():
-            target.copy_(piece)
+    raw_run: list[int] = []  # [src, dst, length] of a run of raw chunks contiguous in both buffers
+    pos = 0
+    for i, (size, (dst, length)) in enumerate(zip(sizes, dst_spans)):
+        if size == length:
+            if raw_run and raw_run[0] + raw_run[2] == pos and raw_run[1] + raw_run[2] == dst:
+                raw_run[2] += length
+            else:
+                if raw_run:
+                    flat[raw_run[1] : raw_run[1] + raw_run[2]].copy_(stored[raw_run[0] : raw_run[0] + raw_run[2]])
+                raw_run = [pos, dst, length]
         else:
-            src, dst = groups.setdefault(layout.codecs[i // per_plane], ([], []))
-            src.append(piece)
-            dst.append(target)
-    for codec, (src, dst) in groups.items():
-        engine.decode(src, dst, codec, layout.data_type)
+            src_spans, out_spans = groups.setdefault(layout.codecs[i // per_plane], ([], []))
+            src_spans.append((pos, size))
+            out_spans.append((dst, length))
+        pos += _padded(size)
+    if raw_run:
+        flat[raw_run[1] : raw_run[1] + raw_run[2]].copy_(stored[raw_run[0] : raw_run[0] + raw_run[2]])
+    for codec, (src_spans, out_spans) in groups.items():
+        engine.decode(stored, src_spans, flat, out_spans, codec, layout.data_type)
     if layout.planes > 1:
         byte_planes.join(plane_out, out)
 
