@@ -134,6 +134,10 @@ def decode_tensor(
         raise _fail(name, f"storage index {index!r} is out of range")
     describe = _describe.get()
     if describe is not None:
+        try:
+            records.validate(rec, [b.numel() for b in blobs])
+        except CheckpointError as err:
+            raise _fail(name, str(err)) from None
         return describe(TensorInfo(name, rec["dtype"], size, rec, sum(b.numel() for b in blobs)))
 
     data = _decoded_record(blobs, rec, name)
@@ -144,8 +148,8 @@ def decode_tensor(
     numel = nbytes // itemsize
     if all(size) and offset + sum((n - 1) * s for n, s in zip(size, stride)) >= numel:
         raise _fail(name, f"shape {size} with stride {stride} at offset {offset} overruns its {numel} elements")
-    if not all(size) and offset > numel:
-        raise _fail(name, f"offset {offset} lies past its {numel} elements")
+    if not all(size) and offset >= 1 << 48:  # an empty view reads nothing, but torch allows any offset for it
+        raise _fail(name, f"offset {offset} is absurd")
     flat = data[start : start + nbytes].view(dtype)
     tensor = flat.as_strided(size, stride, flat.storage_offset() + offset)  # as_strided's offset is absolute
     if parameter:
@@ -351,7 +355,14 @@ def load(
         return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap)
     except CheckpointError as err:
         raise type(err)(f"{path}: {err}") from None
-    except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError) as err:
+    except pickle.UnpicklingError as err:
+        if weights_only and "weights_only" in str(err).lower():
+            raise CheckpointError(
+                f"{path} holds objects that weights_only=True refuses (see below); if you trust the file, load it "
+                f"with weights_only=False.\n{err}"
+            ) from None
+        raise CorruptCheckpointError(f"{path} cannot be read as a checkpoint (truncated or damaged?): {err}") from err
+    except (RuntimeError, EOFError, ValueError, OSError) as err:
         raise CorruptCheckpointError(f"{path} cannot be read as a checkpoint (truncated or damaged?): {err}") from err
 
 

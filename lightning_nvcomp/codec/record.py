@@ -22,6 +22,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from lightning_nvcomp.codec import planes as byte_planes
@@ -53,8 +54,11 @@ def _pack(pieces: list[torch.Tensor]) -> torch.Tensor:
     if not pieces:
         return torch.empty(0, dtype=torch.uint8)
     device = pieces[0].device
-    pads = {n: torch.zeros(n, dtype=torch.uint8, device=device) for n in {_padded(p.numel()) - p.numel() for p in pieces}}
-    return torch.cat([part for p in pieces for part in (p, pads[_padded(p.numel()) - p.numel()])])
+    zeros = torch.zeros(_CHUNK_ALIGN, dtype=torch.uint8, device=device)
+    parts = [part for p in pieces for part in (p, zeros[: _padded(p.numel()) - p.numel()])]
+    if device.type == "cpu":  # numpy concatenates ~30x faster than torch.cat on the CPU
+        return torch.from_numpy(np.concatenate([part.numpy() for part in parts]))
+    return torch.cat(parts)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""A small GPT trained on real text (the Python standard library's sources), and its checkpoint state by class.
+"""A small byte-level GPT, the text it learns (the Python standard library's sources) and a training loop.
 
-Random tensors compress unlike trained weights and AdamW moments, so every benchmark measures this state.
+Shared by the examples and the benchmarks: random tensors compress unlike trained weights and AdamW moments, so
+every measurement uses a model trained on real text.
 """
 
 from __future__ import annotations

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Create .venv (Python >= 3.10) with a CPU build of torch and lightning-nvcomp installed editable with its test
+# extras. Idempotent: a second run only checks. Real users install with `pip install lightning-nvcomp[cu12]`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+# torch first, pinned to the CPU build that this machine's pip serves from local disk (the package itself
+# only asks for torch>=2.4, which would otherwise pull a multi-GB CUDA build).
+.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q "torch==2.13.0"
+.venv/bin/pip install -q -e ".[dev]"
