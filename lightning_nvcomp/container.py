@@ -12,6 +12,7 @@ share it like in ``torch.save``. So any ``torch.load`` - Lightning's, the user's
 from __future__ import annotations
 
 import contextvars
+import math
 import os
 import pickle
 import time
@@ -29,8 +30,9 @@ from lightning_nvcomp.storage import atomic_write
 
 #: Codec names :func:`save` accepts.
 SAVE_CODECS = ("auto", "ans", "zstd", "none")
-_SMALL_NBYTES = 1 << 20
-_GROUP_NBYTES = 64 << 20
+#: Storages below this size share records of up to _GROUP_NBYTES: few large records keep nvCOMP calls few.
+_SMALL_NBYTES = 64 << 20
+_GROUP_NBYTES = 256 << 20
 _ALIGN = 64
 _MAX_DIMS = 64
 
@@ -58,8 +60,8 @@ _describe: contextvars.ContextVar[Callable[..., Any] | None] = contextvars.Conte
 #: While set, called with the raw size of every record decoded (progress bars).
 _progress: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar("progress", default=None)
 #: Key under which a record dict keeps its decoded bytes while one load runs (torch.load's pickle memo hands every
-#: tensor of a record the same dict, and drops it when the load ends).
-_DECODED = "__decoded__"
+#: tensor of a record the same dict, and drops it when the load ends). An object, so no pickle can forge it.
+_DECODED = object()
 
 
 def _fail(name: object, message: str) -> CorruptCheckpointError:
@@ -69,14 +71,16 @@ def _fail(name: object, message: str) -> CorruptCheckpointError:
 def _int_tuple(value: object, name: object, what: str) -> tuple[int, ...]:
     if not isinstance(value, (tuple, list)) or len(value) > _MAX_DIMS:
         raise _fail(name, f"{what} {value!r} is not a short list of integers")
-    if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in value):
-        raise _fail(name, f"{what} {value!r} holds a negative or non-integer entry")
+    if any(not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 1 << 48 for v in value):
+        raise _fail(name, f"{what} {value!r} holds a negative, huge or non-integer entry")
+    if math.prod(value) >= 1 << 48:
+        raise _fail(name, f"{what} {value!r} describes an absurd number of elements")
     return tuple(value)
 
 
 def _decoded_record(blobs: list[torch.Tensor], rec: dict, name: str) -> torch.Tensor:
     cached = rec.get(_DECODED)
-    if isinstance(cached, torch.Tensor) and cached.dtype == torch.uint8 and cached.numel() == rec.get("nbytes"):
+    if cached is not None:
         return cached
     storages = rec.get("storages")
     nbytes = rec.get("nbytes")
@@ -120,7 +124,7 @@ def decode_tensor(
         raise _fail(name, "its compressed bytes are not a list of 1-D uint8 tensors")
     if not isinstance(rec, dict):
         raise _fail(name, "its record description is not a dict")
-    dtype = DTYPES.get(rec.get("dtype"))  # type: ignore[arg-type]
+    dtype = DTYPES.get(rec["dtype"]) if isinstance(rec.get("dtype"), str) else None
     if dtype is None:
         raise _fail(name, f"unknown dtype {rec.get('dtype')!r}")
     size = _int_tuple(size, name, "shape")
@@ -362,8 +366,10 @@ def load(
                 f"with weights_only=False.\n{err}"
             ) from None
         raise CorruptCheckpointError(f"{path} cannot be read as a checkpoint (truncated or damaged?): {err}") from err
-    except (RuntimeError, EOFError, ValueError, OSError) as err:
-        raise CorruptCheckpointError(f"{path} cannot be read as a checkpoint (truncated or damaged?): {err}") from err
+    except Exception as err:  # a damaged zip or pickle fails in many ways inside torch.load
+        raise CorruptCheckpointError(
+            f"{path} cannot be loaded ({type(err).__name__}: {err}); the file may be truncated or damaged"
+        ) from err
 
 
 def describe(path: str | os.PathLike) -> Any:

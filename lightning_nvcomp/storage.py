@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from typing import BinaryIO, Callable
 
 
@@ -22,8 +22,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"cannot save {path}: directory {directory} does not exist")
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+        # Mode 0o666 filtered by the umask, like any file open() creates (mkstemp would make it owner-only).
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     except OSError as err:
         raise OSError(err.errno, f"cannot save {path}: {err.strerror} (directory {directory})") from None
     try:
@@ -38,11 +40,23 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
             os.unlink(tmp)
         except OSError:
             pass
-        if isinstance(err, OSError) and err.errno is not None:
-            raise OSError(err.errno, f"cannot save {path}: {err.strerror}; any previous file there is intact") from err
+        cause = _os_error(err)  # torch.save wraps a failed write (disk full, quota) in a RuntimeError
+        if cause is not None:
+            raise OSError(cause.errno, f"cannot save {path}: {cause.strerror}; any previous file there is intact") from err
         raise
     _fsync_directory(directory)
     return size
+
+
+def _os_error(err: BaseException | None) -> OSError | None:
+    """The first OSError with an errno in ``err``'s chain of causes, if any."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError) and err.errno is not None:
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def _fsync_directory(directory: str) -> None:

@@ -9,12 +9,18 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from conftest import (
+    FLOAT_DTYPES_WITH_SPECIALS,
+    assert_bit_exact,
+    random_tensor,
+    special_floats,
+    tensor_bytes,
+    trained_like,
+)
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import FLOAT_DTYPES_WITH_SPECIALS, assert_bit_exact, random_tensor, special_floats, tensor_bytes, trained_like
-from lightning_nvcomp.codec import planes
-from lightning_nvcomp.codec import record
+from lightning_nvcomp.codec import planes, record
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.container import DTYPES
 from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError, CorruptCheckpointError

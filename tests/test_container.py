@@ -9,10 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-import lightning_nvcomp
 from conftest import (
     CHILD_DIGEST_SRC,
     assert_bit_exact,
@@ -25,7 +21,12 @@ from conftest import (
     tensor_digest,
     trained_like,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import lightning_nvcomp
 from lightning_nvcomp import container
+from lightning_nvcomp.codec import record
 from lightning_nvcomp.container import DTYPES, SaveStats, TensorInfo, describe
 from lightning_nvcomp.errors import CheckpointError
 
@@ -99,9 +100,12 @@ def check_roundtrip(obj: dict, shared: list, loaded: object) -> None:
 def test_roundtrip_hypothesis(case, codec, small_groups):
     obj, shared = case
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
-        if small_groups:  # many records: every storage above 64 bytes on its own, groups of at most 256 bytes
+        if small_groups:  # many records (storages above 64 bytes alone, groups of <= 256 bytes), many segments
             mp.setattr(container, "_SMALL_NBYTES", 64)
             mp.setattr(container, "_GROUP_NBYTES", 256)
+            mp.setattr(record, "SEGMENT_NBYTES", 1024)
+            for key in list(record.CHUNK_NBYTES):
+                mp.setitem(record.CHUNK_NBYTES, key, 128)
         path = Path(tmp) / "ck.pt"
         stats = lightning_nvcomp.save(obj, path, codec=codec)
         assert stats.codec == codec and stats.file_nbytes == path.stat().st_size
@@ -120,7 +124,7 @@ def test_torch_load_variants(tmp_path, codec, how):
         "w": torch.nn.Parameter(trained_like(4000, torch.bfloat16).reshape(40, 100)),
         "base": base,
         "view": base.t()[2:, ::3],
-        "big": trained_like(300_000, torch.float32),  # >= 1 MiB: a record of its own
+        "big": trained_like(300_000, torch.float32),  # 1.2 MB
         "big_view": None,
         "scalar": torch.tensor(3, dtype=torch.int64),
         "empty": torch.empty(0, 3, dtype=torch.float16),

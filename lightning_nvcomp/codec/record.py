@@ -34,9 +34,13 @@ from lightning_nvcomp.errors import CodecUnavailableError, CorruptCheckpointErro
 FORMAT_VERSION = 1
 #: Codecs a save can ask for. ``"raw"`` stores bytes as they are (still checksummed).
 CODECS = ("ans", "zstd", "raw")
-SEGMENT_NBYTES = 64 << 20
-#: Uncompressed chunk size per (codec, device type): small enough for GPU parallelism and nvCOMP's limits.
-CHUNK_NBYTES = {("ans", "cuda"): 4 << 20, ("zstd", "cuda"): 128 << 10, ("zstd", "cpu"): 1 << 20, ("raw", "cpu"): 1 << 20}
+#: Default segment size: the bytes coded by one engine call (nvCOMP calls have a fixed cost, up to ~20 ms for Zstd)
+#: and the GPU scratch a save borrows (planes + compressed output, about 2x this).
+SEGMENT_NBYTES = 256 << 20
+#: Uncompressed chunk size per (codec, device type), measured best on an H200 (benchmarks/results), within nvCOMP's
+#: limits (gANS <= 16 MiB); typed gANS (``<f4``) runs fastest on larger chunks.
+CHUNK_NBYTES = {("ans", "cuda"): 1 << 20, ("zstd", "cuda"): 64 << 10, ("zstd", "cpu"): 1 << 20, ("raw", "cpu"): 1 << 20}
+TYPED_ANS_CHUNK_NBYTES = 4 << 20
 #: gANS data types worth trying on whole numbers instead of byte planes (``<f2`` is never used: lossy on bf16).
 _TYPED_ANS = {torch.float32: "<f4", torch.float8_e4m3fn: "|f1"}
 _DATA_TYPES = ("|u1", "<f4", "|f1")
@@ -134,7 +138,7 @@ def _choose_layout(engine: ChunkEngine | None, data: torch.Tensor, dtype: torch.
     # Pick gANS's typed model over byte planes only where it is smaller on a sample AND round-trips bit-exactly.
     start = (data.numel() // 2 - _TYPED_SAMPLE_NBYTES // 2) // 64 * 64
     sample = data[max(0, start) : max(0, start) + _TYPED_SAMPLE_NBYTES]
-    typed_layout = _Layout(1, ("ans",), typed, chunk)
+    typed_layout = _Layout(1, ("ans",), typed, TYPED_ANS_CHUNK_NBYTES)
     typed_pieces = _encode_segment(engine, sample, typed_layout)
     planes_size = sum(p.numel() for p in _encode_segment(engine, sample, layout))
     if sum(p.numel() for p in typed_pieces) >= planes_size:
@@ -158,26 +162,38 @@ def _checksum_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="lnv-crc")
 
 
-def _crc32(blob: torch.Tensor) -> int:
+def _crc32(blob: torch.Tensor, ready: torch.cuda.Event | None = None) -> int:
+    if ready is not None:  # the device-to-host copy into `blob` must have landed
+        ready.synchronize()
     return zlib.crc32(blob.numpy())  # zlib releases the GIL: segments are checked in parallel
 
 
-def encode(data: torch.Tensor, dtype: torch.dtype, codec: str) -> tuple[list[torch.Tensor], dict]:
+def encode(
+    data: torch.Tensor, dtype: torch.dtype, codec: str, segment: int | None = None
+) -> tuple[list[torch.Tensor], dict]:
     """Compress ``data`` (1-D contiguous uint8: the bytes of numbers of ``dtype``) with ``codec``.
 
-    Returns one CPU uint8 blob per segment (pinned when coded on the GPU) and the record dict describing them.
+    ``segment`` (default :data:`SEGMENT_NBYTES`, a multiple of 512) bounds the bytes coded per engine call and so
+    the scratch memory. Returns one CPU uint8 blob per segment (pinned when coded on the GPU) and the record dict.
     """
+    segment = segment or SEGMENT_NBYTES
+    if segment <= 0 or segment % 512:
+        raise ValueError(f"segment size {segment} must be a positive multiple of 512 bytes")
     engine = engine_for(codec, data.device)
     if engine is not None and data.device.type != engine.device_type:
         data = data.to("cuda" if engine.device_type == "cuda" else "cpu")
     layout = _choose_layout(engine, data, dtype, codec)
-    blobs, sizes = [], []
-    for start, length in _segments(data.numel(), SEGMENT_NBYTES):
+    blobs, sizes, crcs = [], [], []
+    for start, length in _segments(data.numel(), segment):
         pieces = _encode_segment(engine, data[start : start + length], layout)
-        blobs.append(_to_host(_pack(pieces)))
+        blob = _to_host(_pack(pieces))
+        ready = torch.cuda.Event() if data.device.type == "cuda" else None
+        if ready is not None:
+            ready.record()
+        # Checksums run on CPU threads while the GPU codes the next segment.
+        crcs.append(_checksum_pool().submit(_crc32, blob, ready))
+        blobs.append(blob)
         sizes.extend(p.numel() for p in pieces)
-    if data.device.type == "cuda":
-        torch.cuda.current_stream(data.device).synchronize()
     meta = {
         "format": FORMAT_VERSION,
         "dtype": str(dtype).removeprefix("torch."),
@@ -186,9 +202,9 @@ def encode(data: torch.Tensor, dtype: torch.dtype, codec: str) -> tuple[list[tor
         "data_type": layout.data_type,
         "codecs": list(layout.codecs),
         "chunk": layout.chunk,
-        "segment": SEGMENT_NBYTES,
+        "segment": segment,
         "sizes": sizes,
-        "crc32": list(_checksum_pool().map(_crc32, blobs)),
+        "crc32": [crc.result() for crc in crcs],
         "nvcomp": nvcomp_version() if "ans" in layout.codecs else None,
     }
     return blobs, meta
