@@ -17,6 +17,7 @@ import os
 import pickle
 import time
 import types
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
@@ -355,6 +356,7 @@ def load(
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path} does not exist")
+    _check_pickle_crc(path)
     try:
         return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap)
     except CheckpointError as err:
@@ -370,6 +372,20 @@ def load(
         raise CorruptCheckpointError(
             f"{path} cannot be loaded ({type(err).__name__}: {err}); the file may be truncated or damaged"
         ) from err
+
+
+def _check_pickle_crc(path: str) -> None:
+    """Check the CRC-32 that torch.save's zip writer records for the pickle (shapes, strides, all non-tensor values);
+    torch.load does not. Legacy (non-zip) torch files have none to check."""
+    try:
+        if not zipfile.is_zipfile(path):
+            return
+        with zipfile.ZipFile(path) as archive:
+            for name in archive.namelist():
+                if name.endswith("/data.pkl"):
+                    archive.read(name)  # raises BadZipFile on a CRC mismatch
+    except Exception as err:  # zipfile fails a damaged directory in many ways (BadZipFile, NotImplementedError...)
+        raise CorruptCheckpointError(f"{path}: the checkpoint's structure is damaged ({err})") from None
 
 
 def describe(path: str | os.PathLike) -> Any:

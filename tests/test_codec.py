@@ -25,7 +25,7 @@ from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.container import DTYPES
 from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError, CorruptCheckpointError
 
-SETTINGS = settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 CPU_CODECS = ("zstd", "raw")
 #: Small segment/chunk sizes that keep the validator's rules (segment % (64 * planes), chunk % 64) and make a
 #: few hundred bytes span several segments, planes and chunks.

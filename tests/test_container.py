@@ -30,7 +30,7 @@ from lightning_nvcomp.codec import record
 from lightning_nvcomp.container import DTYPES, SaveStats, TensorInfo, describe
 from lightning_nvcomp.errors import CheckpointError
 
-SETTINGS = settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 GRAD_DTYPES = {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64}
 
 
@@ -89,6 +89,17 @@ def tensor_dicts(draw):
     return obj, shared
 
 
+def obj_leaves(obj: object):
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from obj_leaves(v)
+    elif isinstance(obj, (list, tuple)) and not isinstance(obj, TensorInfo):
+        for v in obj:
+            yield from obj_leaves(v)
+    else:
+        yield obj
+
+
 def check_roundtrip(obj: dict, shared: list, loaded: object) -> None:
     assert_tree_bit_exact(obj, loaded, check_type=True)
     for a, b in shared:
@@ -111,6 +122,9 @@ def test_roundtrip_hypothesis(case, codec, small_groups):
         assert stats.codec == codec and stats.file_nbytes == path.stat().st_size
         check_roundtrip(obj, shared, lightning_nvcomp.load(path))
         check_roundtrip(obj, shared, torch.load(path, weights_only=True))
+        if small_groups and codec == "zstd":  # the small layout really reached the file
+            infos = [v for v in obj_leaves(describe(path)) if isinstance(v, TensorInfo)]
+            assert all(info.record["segment"] == 1024 for info in infos)
 
 
 @pytest.mark.parametrize("codec", ["zstd", "none"])
