@@ -37,6 +37,8 @@ CODECS = ("ans", "zstd", "raw")
 #: Default segment size: the bytes coded by one engine call (nvCOMP calls have a fixed cost, up to ~20 ms for Zstd)
 #: and the GPU scratch a save borrows (planes + compressed output, about 2x this).
 SEGMENT_NBYTES = 256 << 20
+#: On the CPU, segments are coded in parallel on threads: smaller ones keep every core busy.
+CPU_SEGMENT_NBYTES = 16 << 20
 #: Uncompressed chunk size per (codec, device type), measured best on an H200 (benchmarks/results), within nvCOMP's
 #: limits (gANS <= 16 MiB); typed gANS (``<f4``) runs fastest on larger chunks.
 CHUNK_NBYTES = {("ans", "cuda"): 1 << 20, ("zstd", "cuda"): 64 << 10, ("zstd", "cpu"): 1 << 20, ("raw", "cpu"): 1 << 20}
@@ -158,6 +160,12 @@ def _to_host(packed: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
+def _segment_pool() -> ThreadPoolExecutor:
+    # Separate from the chunk pool the CPU engine uses inside each segment, so the two never wait on each other.
+    return ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="lnv-segment")
+
+
+@functools.cache
 def _checksum_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="lnv-crc")
 
@@ -173,27 +181,30 @@ def encode(
 ) -> tuple[list[torch.Tensor], dict]:
     """Compress ``data`` (1-D contiguous uint8: the bytes of numbers of ``dtype``) with ``codec``.
 
-    ``segment`` (default :data:`SEGMENT_NBYTES`, a multiple of 512) bounds the bytes coded per engine call and so
-    the scratch memory. Returns one CPU uint8 blob per segment (pinned when coded on the GPU) and the record dict.
+    ``segment`` (a multiple of 512; default :data:`SEGMENT_NBYTES` on the GPU, at most :data:`CPU_SEGMENT_NBYTES`
+    on the CPU) bounds the bytes coded per engine call and so the scratch memory. Returns one CPU uint8 blob per
+    segment (pinned when coded on the GPU) and the record dict.
     """
-    segment = segment or SEGMENT_NBYTES
+    engine = engine_for(codec, data.device)
+    on_gpu = engine is not None and engine.device_type == "cuda"
+    segment = segment or (SEGMENT_NBYTES if on_gpu else min(SEGMENT_NBYTES, CPU_SEGMENT_NBYTES))
     if segment <= 0 or segment % 512:
         raise ValueError(f"segment size {segment} must be a positive multiple of 512 bytes")
-    engine = engine_for(codec, data.device)
-    if engine is not None and data.device.type != engine.device_type:
-        data = data.to("cuda" if engine.device_type == "cuda" else "cpu")
+    data = data.to("cuda" if on_gpu else "cpu")
     layout = _choose_layout(engine, data, dtype, codec)
-    blobs, sizes, crcs = [], [], []
-    for start, length in _segments(data.numel(), segment):
-        pieces = _encode_segment(engine, data[start : start + length], layout)
-        blob = _to_host(_pack(pieces))
-        ready = torch.cuda.Event() if data.device.type == "cuda" else None
-        if ready is not None:
+    if on_gpu:
+        results = []
+        for start, length in _segments(data.numel(), segment):
+            pieces = _encode_segment(engine, data[start : start + length], layout)
+            blob = _to_host(_pack(pieces))
+            ready = torch.cuda.Event()
             ready.record()
-        # Checksums run on CPU threads while the GPU codes the next segment.
-        crcs.append(_checksum_pool().submit(_crc32, blob, ready))
-        blobs.append(blob)
-        sizes.extend(p.numel() for p in pieces)
+            # Checksums run on CPU threads while the GPU codes the next segment.
+            results.append((blob, [p.numel() for p in pieces], _checksum_pool().submit(_crc32, blob, ready)))
+        results = [(blob, sizes, crc.result()) for blob, sizes, crc in results]
+    else:
+        results = list(_segment_pool().map(lambda span: _encode_cpu_segment(engine, data, span, layout),
+                                           _segments(data.numel(), segment)))
     meta = {
         "format": FORMAT_VERSION,
         "dtype": str(dtype).removeprefix("torch."),
@@ -203,11 +214,19 @@ def encode(
         "codecs": list(layout.codecs),
         "chunk": layout.chunk,
         "segment": segment,
-        "sizes": sizes,
-        "crc32": [crc.result() for crc in crcs],
+        "sizes": [n for _, sizes, _ in results for n in sizes],
+        "crc32": [crc for _, _, crc in results],
         "nvcomp": nvcomp_version() if "ans" in layout.codecs else None,
     }
-    return blobs, meta
+    return [blob for blob, _, _ in results], meta
+
+
+def _encode_cpu_segment(
+    engine: ChunkEngine | None, data: torch.Tensor, span: tuple[int, int], layout: _Layout
+) -> tuple[torch.Tensor, list[int], int]:
+    pieces = _encode_segment(engine, data[span[0] : span[0] + span[1]], layout)
+    blob = _pack(pieces)
+    return blob, [p.numel() for p in pieces], _crc32(blob)
 
 
 def _chunk_lengths(length: int, layout: _Layout) -> list[int]:
@@ -333,13 +352,24 @@ def decode(blobs: list[torch.Tensor], meta: dict, device: torch.device | str = "
         if got != want:
             raise CorruptCheckpointError(f"checksum mismatch in segment {s} of the record: the file is damaged")
     out = torch.empty(meta["nbytes"], dtype=torch.uint8, device=work)
-    pos = 0
+    jobs, pos = [], 0
     for s, (start, length) in enumerate(_segments(meta["nbytes"], meta["segment"])):
         count = len(_chunk_lengths(length, layout)) * layout.planes
-        stored = blobs[s] if blobs[s].device == work else hosts[s].to(work)
+        jobs.append((s, blobs[s] if blobs[s].device == work else hosts[s], meta["sizes"][pos : pos + count],
+                     out[start : start + length]))
+        pos += count
+
+    def run(job: tuple) -> None:
+        s, stored, sizes, target = job
         try:
-            _decode_segment(engine, stored, meta["sizes"][pos : pos + count], out[start : start + length], layout)
+            _decode_segment(engine, stored.to(work), sizes, target, layout)
         except ValueError as err:
             raise CorruptCheckpointError(f"segment {s} of the record does not decode: {err}") from None
-        pos += count
+
+    if work.type == "cuda":
+        for job in jobs:
+            run(job)
+    else:
+        for _ in _segment_pool().map(run, jobs):
+            pass
     return out.to(device)
