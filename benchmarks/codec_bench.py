@@ -71,7 +71,7 @@ def gpu_codec_rows(data: torch.Tensor, dtype: torch.dtype, codec: str) -> dict:
         "ratio": data.numel() / stored.numel(),
         "enc": data.numel() / enc_s / 1e9,
         "dec": data.numel() / dec_s / 1e9,
-        "layout": f"{layout.planes}p {layout.data_type} {'/'.join(layout.codecs)}",
+        "layout": f"{layout.planes}p {layout.data_type.lstrip('|')} {'/'.join(layout.codecs)}",
     }
 
 
