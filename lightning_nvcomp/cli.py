@@ -29,6 +29,7 @@ import torch
 from tqdm import tqdm
 
 from lightning_nvcomp import __version__, container
+from lightning_nvcomp import estimate as costs
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.container import DTYPES, TensorInfo
 from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError
@@ -224,6 +225,17 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_estimate(args: argparse.Namespace) -> int:
+    """Print what synchronous checkpoints cost in idle GPU time and dollars, uncompressed and with each codec."""
+    result = costs.estimate(
+        args.params, args.gpus, args.storage_gbps, args.interval_min, args.gpu_hour_usd,
+        precision=args.precision, optimizer=args.optimizer, master_weights=args.master_weights,
+        gradients=args.gradients, mtbf_hours=args.mtbf_hours, ratios=dict(args.ratio or []),
+    )
+    print(costs.render(result))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser: one subcommand per ``cmd_*`` function, each setting ``run`` to it."""
     parser = argparse.ArgumentParser(
@@ -282,6 +294,46 @@ def build_parser() -> argparse.ArgumentParser:
         "available and --codec is not none, else cpu; with none, the plain file records this device)",
     )
     convert.set_defaults(run=cmd_convert)
+
+    estimate = commands.add_parser(
+        "estimate",
+        help="estimate idle GPU time and dollars spent on checkpoints, uncompressed vs gANS / zstd",
+        description="Estimate the checkpoint size by component, the GPU time a synchronous save leaves idle and what "
+        "it costs per month, uncompressed and with each codec (ratios measured on an H200, "
+        "benchmarks/results/codec.md), and with --mtbf-hours the Young/Daly interval and the work lost to failures. "
+        "Units: sizes in GiB (2^30 bytes), storage bandwidth in GiB/s. The defaults are the published case "
+        "(70B, bf16-mixed, AdamW, gradients included: ~782 GiB, ~156 s at 5 GiB/s). Assumes a sharded save "
+        "(each GPU compresses its own shard) with compression hidden behind the write; a month is 30 days.",
+    )
+    estimate.add_argument("--params", type=costs.arg_params, default=70e9,
+                          help="model parameters, e.g. 70e9 or 70B (default: 70e9)")
+    estimate.add_argument("--gpus", type=costs.arg_positive_int, default=128,
+                          help="GPUs in the job, all idle during a save (default: 128)")
+    estimate.add_argument("--storage-gbps", type=costs.arg_positive_float, default=5.0, metavar="GIB_PER_S",
+                          help="aggregate storage bandwidth shared by all GPUs, read as GiB/s (2^30 bytes/s), "
+                          "used for writes and restart reads (default: 5)")
+    estimate.add_argument("--interval-min", type=costs.arg_positive_float, default=30.0, metavar="MIN",
+                          help="minutes between checkpoints (default: 30)")
+    estimate.add_argument("--gpu-hour-usd", type=costs.arg_positive_float, default=4.40, metavar="USD",
+                          help="price of one GPU-hour in dollars (default: 4.40)")
+    estimate.add_argument("--optimizer", choices=costs.OPTIMIZERS, default="adamw",
+                          help="adamw: fp32 m and v (8 bytes/param); sgd: fp32 momentum (4); none (default: adamw)")
+    estimate.add_argument("--precision", choices=costs.PRECISIONS, default="bf16-mixed",
+                          help="bf16-mixed: bf16 weights and gradients; fp32: fp32 weights and gradients; fp8: fp8 "
+                          "weights, bf16 gradients (default: bf16-mixed)")
+    estimate.add_argument("--master-weights", action="store_true",
+                          help="add fp32 master weights (4 bytes/param), as real mixed precision keeps; off by "
+                          "default to match the published case; no effect with fp32")
+    estimate.add_argument("--no-grads", dest="gradients", action="store_false",
+                          help="leave gradients out (the published case includes them; Lightning checkpoints don't)")
+    estimate.add_argument("--mtbf-hours", type=costs.arg_positive_float, metavar="H",
+                          help="mean time between failures of the whole job, hours: adds the Young/Daly interval "
+                          "sqrt(2 * write time * MTBF) and the work lost per failure (half an interval + the "
+                          "restart read) and per month")
+    estimate.add_argument("--ratio", type=costs.arg_ratio, action="extend", nargs="+", metavar="CODEC=R",
+                          help="whole-checkpoint compression ratio replacing a measured default (gans or ans, "
+                          "zstd) or adding a codec (any other name, e.g. blog=1.18); R > 0")
+    estimate.set_defaults(run=cmd_estimate)
     return parser
 
 

@@ -12,6 +12,7 @@ share it like in ``torch.save``. So any ``torch.load`` - Lightning's, the user's
 from __future__ import annotations
 
 import contextvars
+import functools
 import math
 import os
 import pickle
@@ -25,9 +26,9 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from lightning_nvcomp.codec import record as records
-from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
-from lightning_nvcomp.storage import atomic_write
+from lightning_nvcomp.policy import CodecPolicy, Prediction
+from lightning_nvcomp.storage import Storage
 
 #: Codec names :func:`save` accepts.
 SAVE_CODECS = ("auto", "ans", "zstd", "none")
@@ -283,63 +284,120 @@ def _encode_record(rec: _Record, codec: str) -> tuple[list[torch.Tensor], dict]:
 
 @dataclass(frozen=True)
 class SaveStats:
-    """What one :func:`save` did."""
+    """What one save did. ``prediction`` is the policy's forecast when the codec was chosen automatically."""
 
     path: str
     codec: str
     raw_nbytes: int
     file_nbytes: int
-    seconds: float
+    encode_s: float
+    write_s: float
+    prediction: Prediction | None = None
+
+    @property
+    def seconds(self) -> float:
+        return self.encode_s + self.write_s
 
     @property
     def ratio(self) -> float:
         return self.raw_nbytes / self.file_nbytes if self.file_nbytes else 1.0
 
 
-def resolve_codec(codec: str) -> str:
-    """Turn a requested codec into the one used: ``auto`` is gANS with a GPU and nvCOMP, else CPU zstd."""
+def resolve_codec(
+    codec: str, tensors: list[torch.Tensor], directory: str, policy: CodecPolicy | None = None
+) -> tuple[str, Prediction | None]:
+    """The codec a save uses. ``auto`` asks ``policy`` (default: this process's :func:`default_policy`), which
+    measures the storage and the codecs and predicts the fastest save."""
     if codec not in SAVE_CODECS:
         raise ValueError(f"codec must be one of {SAVE_CODECS}, not {codec!r}")
-    if codec == "auto":
-        return "ans" if gpu_available() else "zstd"
-    return codec
+    if codec != "auto":
+        return codec, None
+    chosen, _ = (policy or default_policy()).decide(tensors, directory)
+    return chosen.codec, chosen
 
 
-def save(obj: object, path: str | os.PathLike, codec: str = "auto") -> SaveStats:
+@functools.cache
+def default_policy() -> CodecPolicy:
+    """The policy ``codec="auto"`` uses when none is given: sync mode, measurements cached for the process."""
+    return CodecPolicy()
+
+
+class Snapshot:
+    """A checkpoint whose tensors are compressed into host memory, ready to be written (by any thread).
+
+    The snapshot holds the saved object and its compressed blobs; tensors in the object are not read again.
+    """
+
+    def __init__(self, obj: object, codec: str, raw_nbytes: int, encode_s: float, reductions: dict[int, tuple]) -> None:
+        self.obj, self.codec, self.raw_nbytes, self.encode_s = obj, codec, raw_nbytes, encode_s
+        self._reductions = reductions
+
+    def write(self, path: str | os.PathLike, storage: Storage | None = None, prediction: Prediction | None = None) -> SaveStats:
+        """Write the file atomically and durably; return what the whole save did."""
+        storage = storage or Storage()
+        begin = time.perf_counter()
+        if self.codec == "none":
+            size = storage.write(path, lambda f: torch.save(self.obj, f))
+        else:
+            reductions = self._reductions
+
+            class Pickler(pickle.Pickler):
+                def reducer_override(self, item: object) -> object:
+                    return reductions.get(id(item), NotImplemented)
+
+            pickle_module = types.SimpleNamespace(__name__="lightning_nvcomp.container", Pickler=Pickler)
+            size = storage.write(path, lambda f: torch.save(self.obj, f, pickle_module=pickle_module))
+        return SaveStats(os.fspath(path), self.codec, self.raw_nbytes, size, self.encode_s,
+                         time.perf_counter() - begin, prediction)
+
+
+def snapshot(obj: object, codec: str, tensors: list[torch.Tensor] | None = None) -> Snapshot:
+    """Compress every tensor of ``obj`` with ``codec`` (``ans``, ``zstd`` or ``none``) into host memory."""
+    begin = time.perf_counter()
+    tensors = _find_tensors(obj) if tensors is None else tensors
+    raw = sum(t.untyped_storage().nbytes() for t in {t.untyped_storage()._cdata: t for t in tensors}.values())
+    reductions: dict[int, tuple] = {}
+    if codec != "none":
+        names = _tensor_names(obj)
+        plan, where = _plan(tensors, names)
+        encoded = [_encode_record(rec, codec) for rec in plan]
+        for t in tensors:
+            slot, index = where[t.untyped_storage()._cdata]
+            blobs, meta = encoded[slot]
+            args = (blobs, meta, index, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.requires_grad,
+                    type(t) is torch.nn.Parameter, names.get(id(t), "<unnamed>"))
+            reductions[id(t)] = (decode_tensor, args)
+    return Snapshot(obj, codec, raw, time.perf_counter() - begin, reductions)
+
+
+def save(
+    obj: object,
+    path: str | os.PathLike,
+    codec: str = "auto",
+    *,
+    policy: CodecPolicy | None = None,
+    storage: Storage | None = None,
+) -> SaveStats:
     """Save ``obj`` like ``torch.save``, its tensors compressed losslessly, atomically and durably.
 
     Args:
         obj: anything ``torch.save`` accepts; plain dense tensors and parameters are compressed.
         path: the file to write. It appears complete or not at all; a previous file there survives failures.
         codec: ``"ans"`` (nvCOMP gANS on the GPU: fastest, needs a GPU to load), ``"zstd"`` (GPU or CPU, loads
-            anywhere), ``"none"`` (a plain ``torch.save`` file), or ``"auto"`` (``ans`` with a GPU and nvCOMP, else
-            ``zstd``).
+            anywhere), ``"none"`` (a plain ``torch.save`` file), or ``"auto"``: the codec with the shortest
+            predicted save, from this directory's measured write bandwidth and the codecs measured on this state
+            (see :mod:`lightning_nvcomp.policy`; the first auto save to a directory probes it).
+        policy: the :class:`~lightning_nvcomp.policy.CodecPolicy` behind ``"auto"`` (default: one per process).
+        storage: how the file is written (default: durably through the OS).
     """
-    begin = time.perf_counter()
-    codec = resolve_codec(codec)
     tensors = _find_tensors(obj)
-    raw = sum(t.untyped_storage().nbytes() for t in {t.untyped_storage()._cdata: t for t in tensors}.values())
-    if codec == "none":
-        size = atomic_write(path, lambda f: torch.save(obj, f))
-        return SaveStats(os.fspath(path), codec, raw, size, time.perf_counter() - begin)
-    names = _tensor_names(obj)
-    plan, where = _plan(tensors, names)
-    encoded = [_encode_record(rec, "raw" if codec == "none" else codec) for rec in plan]
-    reductions: dict[int, tuple] = {}
-    for t in tensors:
-        slot, index = where[t.untyped_storage()._cdata]
-        blobs, meta = encoded[slot]
-        args = (blobs, meta, index, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.requires_grad,
-                type(t) is torch.nn.Parameter, names.get(id(t), "<unnamed>"))
-        reductions[id(t)] = (decode_tensor, args)
-
-    class Pickler(pickle.Pickler):
-        def reducer_override(self, item: object) -> object:
-            return reductions.get(id(item), NotImplemented)
-
-    pickle_module = types.SimpleNamespace(__name__="lightning_nvcomp.container", Pickler=Pickler)
-    size = atomic_write(path, lambda f: torch.save(obj, f, pickle_module=pickle_module))
-    return SaveStats(os.fspath(path), codec, raw, size, time.perf_counter() - begin)
+    directory = os.path.dirname(os.path.abspath(os.fspath(path)))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"cannot save {os.fspath(path)}: directory {directory} does not exist")
+    codec, prediction = resolve_codec(codec, tensors, directory, policy)
+    stats = snapshot(obj, codec, tensors).write(path, storage, prediction)
+    (policy or default_policy()).observe_write(directory, stats.file_nbytes, stats.write_s)
+    return stats
 
 
 def load(

@@ -4,7 +4,57 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from typing import BinaryIO, Callable
+
+
+class Storage:
+    """Writes checkpoint files durably through the operating system (local disks, network file systems).
+
+    Subclasses change how bytes reach the file by overriding :meth:`wrap`.
+    """
+
+    def write(self, path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> int:
+        """Atomically write ``path`` through ``write(f)`` (see :func:`atomic_write`); returns the size in bytes."""
+        return atomic_write(path, lambda f: write(self.wrap(f)))
+
+    def wrap(self, f: BinaryIO) -> BinaryIO:
+        """The file object ``write`` gets; the default is the file itself."""
+        return f
+
+
+class ThrottledStorage(Storage):
+    """Storage whose writes are held to ``mb_per_s`` (10^6 bytes/s): a stand-in for slow or shared storage, to
+    test and benchmark how the codec choice reacts to bandwidth. Real files, really slowed down.
+
+    Args:
+        mb_per_s: the write rate to hold to.
+    """
+
+    def __init__(self, mb_per_s: float) -> None:
+        if mb_per_s <= 0:
+            raise ValueError(f"mb_per_s must be positive, not {mb_per_s}")
+        self.bytes_per_s = mb_per_s * 1e6
+
+    def wrap(self, f: BinaryIO) -> BinaryIO:
+        return _ThrottledFile(f, self.bytes_per_s)
+
+
+class _ThrottledFile:
+    def __init__(self, f: BinaryIO, bytes_per_s: float) -> None:
+        self._f, self._rate = f, bytes_per_s
+        self._begin, self._written = time.perf_counter(), 0
+
+    def write(self, data) -> int:
+        written = self._f.write(data)
+        self._written += memoryview(data).nbytes
+        ahead = self._written / self._rate - (time.perf_counter() - self._begin)
+        if ahead > 0:
+            time.sleep(ahead)
+        return written
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> int:

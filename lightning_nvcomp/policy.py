@@ -1,0 +1,231 @@
+"""What ``codec="auto"`` means: measure the storage and the codecs, predict each codec's save time, pick the fastest.
+
+The model (see README "Choosing the codec"): a save of ``R`` raw bytes with a codec of ratio ``r`` and encode
+throughput ``E`` (GPU coding, device-to-host copy and checksums, measured together) to storage that takes ``W``
+bytes/s per writer costs
+
+* ``encode = R / E`` and ``write = R / r / W``;
+* sync mode: training is blocked ``encode + write`` (the file is durable when the save returns);
+* async mode: training is blocked ``encode`` (the snapshot is in host memory), plus any part of the previous write
+  still running when the next save starts: ``max(0, write - interval)``.
+
+The codec with the smallest blocked time wins; predictions within 5% count as a tie, won by the better ratio.
+Uncompressed saves (``none``) have ``E = inf`` and ``r = 1``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import time
+from dataclasses import dataclass
+
+import torch
+
+from lightning_nvcomp.codec import record
+from lightning_nvcomp.codec.gpu import gpu_available
+from lightning_nvcomp.storage import Storage
+
+#: Default size of the storage probe: large enough that fsync dominates caches, small enough to take seconds.
+PROBE_NBYTES = 256 << 20
+#: Weight of a new measurement in the moving average of a directory's write bandwidth.
+EMA_WEIGHT = 0.3
+_TIE = 0.05
+
+
+@dataclass(frozen=True)
+class CodecProfile:
+    """A codec measured on a sample of the actual state, on the actual device."""
+
+    codec: str
+    ratio: float
+    encode_gbps: float  # raw GB/s through the whole encode (inf for "none")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted cost of one save with one codec (seconds)."""
+
+    codec: str
+    ratio: float
+    encode_s: float
+    write_s: float
+    blocked_s: float
+
+
+def predict(
+    raw_nbytes: int, profile: CodecProfile, write_gbps: float, mode: str = "sync", interval_s: float | None = None
+) -> Prediction:
+    """Predict what saving ``raw_nbytes`` with ``profile``'s codec costs in ``mode`` ("sync" or "async")."""
+    if mode not in ("sync", "async"):
+        raise ValueError(f"mode must be 'sync' or 'async', not {mode!r}")
+    if write_gbps <= 0 or raw_nbytes < 0:
+        raise ValueError(f"write bandwidth ({write_gbps} GB/s) must be positive and size ({raw_nbytes}) >= 0")
+    encode_s = raw_nbytes / (profile.encode_gbps * 1e9) if math.isfinite(profile.encode_gbps) else 0.0
+    write_s = raw_nbytes / profile.ratio / (write_gbps * 1e9)
+    if mode == "sync":
+        blocked = encode_s + write_s
+    else:
+        blocked = encode_s + max(0.0, write_s - (interval_s if interval_s is not None else math.inf))
+    return Prediction(profile.codec, profile.ratio, encode_s, write_s, blocked)
+
+
+def choose(predictions: list[Prediction]) -> Prediction:
+    """The prediction with the least blocked time; within 5% of it, the one with the best ratio."""
+    if not predictions:
+        raise ValueError("no codec to choose from")
+    best = min(p.blocked_s for p in predictions)
+    close = [p for p in predictions if p.blocked_s <= best * (1 + _TIE) + 1e-9]
+    return max(close, key=lambda p: (p.ratio, -p.blocked_s))
+
+
+def candidate_codecs(device: torch.device) -> list[str]:
+    """Codecs worth calibrating for state on ``device``: gANS needs a GPU and nvCOMP; zstd and none run anywhere."""
+    if device.type == "cuda" and gpu_available():
+        return ["ans", "zstd", "none"]
+    return ["zstd", "none"]
+
+
+def sample_state(tensors: list[torch.Tensor], nbytes: int = 64 << 20) -> dict[torch.dtype, torch.Tensor]:
+    """Up to ``nbytes`` of the state per dtype, taken evenly from its tensors, as flat uint8 buffers (on the
+    tensors' device) for calibration."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        if t.numel() and t.is_contiguous():
+            by_dtype.setdefault(t.dtype, []).append(t)
+    samples = {}
+    for dtype, group in by_dtype.items():
+        total = sum(t.numel() * t.element_size() for t in group)
+        share = min(1.0, nbytes / total)
+        parts = []
+        for t in group:
+            flat = t.detach().reshape(-1).view(torch.uint8)
+            take = int(flat.numel() * share) // t.element_size() * t.element_size()
+            start = (flat.numel() - take) // 2 // t.element_size() * t.element_size()
+            parts.append(flat[start : start + take])
+        samples[dtype] = torch.cat(parts)
+    return samples
+
+
+def calibrate(samples: dict[torch.dtype, torch.Tensor], codecs: list[str]) -> list[CodecProfile]:
+    """Encode the samples with each codec (once to warm up, once timed); return ratio and throughput."""
+    profiles = []
+    raw = sum(s.numel() for s in samples.values())
+    for codec in codecs:
+        if codec == "none" or raw == 0:
+            profiles.append(CodecProfile(codec, 1.0, math.inf))
+            continue
+        stored = seconds = 0.0
+        for dtype, data in samples.items():
+            record.encode(data, dtype, codec)  # warm-up: codec setup, pinned memory
+            if data.is_cuda:
+                torch.cuda.synchronize(data.device)
+            begin = time.perf_counter()
+            blobs, _ = record.encode(data, dtype, codec)
+            seconds += time.perf_counter() - begin
+            stored += sum(b.numel() for b in blobs)
+        profiles.append(CodecProfile(codec, raw / stored, raw / seconds / 1e9))
+    return profiles
+
+
+def probe_bandwidth(directory: str, nbytes: int = PROBE_NBYTES, storage: Storage | None = None) -> float:
+    """Write and fsync a probe file of ``nbytes`` in ``directory``; return the GB/s achieved. Under an initialised
+    torch.distributed, every rank must call this together: all write at once and each gets the bandwidth of the
+    slowest writer, which is what each writer gets while all write."""
+    storage = storage or Storage()
+    block = torch.randint(0, 256, (min(nbytes, 16 << 20),), dtype=torch.uint8).numpy().tobytes()
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    rank = torch.distributed.get_rank() if distributed else 0
+    path = os.path.join(directory, f".lightning-nvcomp-probe-{rank}-{secrets.token_hex(4)}")
+
+    def write(f) -> None:
+        left = nbytes
+        while left > 0:
+            f.write(block[: min(left, len(block))])
+            left -= len(block)
+
+    if distributed:
+        torch.distributed.barrier()
+    begin = time.perf_counter()
+    try:
+        storage.write(path, write)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+    seconds = time.perf_counter() - begin
+    if distributed:
+        worst = torch.tensor([seconds], dtype=torch.float64)
+        if torch.distributed.get_backend() == "nccl":
+            worst = worst.cuda()
+        torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX)
+        seconds = float(worst.item())
+    return nbytes / seconds / 1e9
+
+
+class CodecPolicy:
+    """Chooses the codec for each save from measured storage bandwidth and codec throughput.
+
+    Measurements are cached for the run: the storage probe per directory (refined by every real write through
+    :meth:`observe_write`), the codec calibration per (device, dtypes).
+
+    Args:
+        mode: ``"sync"`` or ``"async"`` - which time matters (see the module docstring).
+        interval_s: seconds between saves, for async mode (a write longer than that blocks the next save).
+        probe_nbytes: size of the storage probe.
+        storage: how files are written (for the probe); the default writes local files durably.
+        write_gbps: skip the probe and use this bandwidth (e.g. known shared-storage bandwidth per writer).
+        profiles: skip calibration and use these codec measurements (e.g. from an earlier run or for what-ifs).
+    """
+
+    def __init__(
+        self,
+        mode: str = "sync",
+        interval_s: float | None = None,
+        probe_nbytes: int = PROBE_NBYTES,
+        storage: Storage | None = None,
+        write_gbps: float | None = None,
+        profiles: list[CodecProfile] | None = None,
+    ) -> None:
+        if mode not in ("sync", "async"):
+            raise ValueError(f"mode must be 'sync' or 'async', not {mode!r}")
+        if probe_nbytes <= 0 or (write_gbps is not None and write_gbps <= 0):
+            raise ValueError("probe_nbytes and write_gbps must be positive")
+        self.mode, self.interval_s, self.probe_nbytes = mode, interval_s, probe_nbytes
+        self.storage = storage or Storage()
+        self._fixed_gbps = write_gbps
+        self._bandwidth: dict[str, float] = {}
+        self._fixed_profiles = profiles
+        self._profiles: dict[tuple, list[CodecProfile]] = {}
+
+    def write_gbps(self, directory: str) -> float:
+        """The directory's write bandwidth per writer (probed once, then a moving average of real writes)."""
+        if self._fixed_gbps is not None:
+            return self._fixed_gbps
+        key = os.path.realpath(directory)
+        if key not in self._bandwidth:
+            self._bandwidth[key] = probe_bandwidth(key, self.probe_nbytes, self.storage)
+        return self._bandwidth[key]
+
+    def observe_write(self, directory: str, nbytes: int, seconds: float) -> None:
+        """Fold a real checkpoint write into the directory's bandwidth estimate."""
+        key = os.path.realpath(directory)
+        if seconds > 0 and key in self._bandwidth:
+            self._bandwidth[key] = (1 - EMA_WEIGHT) * self._bandwidth[key] + EMA_WEIGHT * nbytes / seconds / 1e9
+
+    def profiles(self, tensors: list[torch.Tensor]) -> list[CodecProfile]:
+        """Codec calibration on a sample of ``tensors`` (cached per device and dtypes)."""
+        if self._fixed_profiles is not None:
+            return self._fixed_profiles
+        device = tensors[0].device if tensors else torch.device("cpu")
+        key = (str(device), tuple(sorted({str(t.dtype) for t in tensors})))
+        if key not in self._profiles:
+            self._profiles[key] = calibrate(sample_state(tensors), candidate_codecs(device))
+        return self._profiles[key]
+
+    def decide(self, tensors: list[torch.Tensor], directory: str) -> tuple[Prediction, list[Prediction]]:
+        """The chosen codec's prediction and every candidate's, for saving ``tensors`` into ``directory``."""
+        raw = sum(t.numel() * t.element_size() for t in tensors)
+        gbps = self.write_gbps(directory)
+        predictions = [predict(raw, p, gbps, self.mode, self.interval_s) for p in self.profiles(tensors)]
+        return choose(predictions), predictions
