@@ -464,12 +464,15 @@ def _count(n: float) -> str:
 
 
 def _num(x: float, decimals: int = 0) -> str:
-    """``35,246`` or ``156.5``: thousands separated."""
+    """``35,246`` or ``156.5``: thousands separated; small values keep 3 significant digits (``0.466``)."""
+    if 0 < abs(x) < 10 ** (2 - decimals):
+        return f"{x:.3g}"
     return f"{x:,.{decimals}f}"
 
 
 def _usd(x: float) -> str:
-    return f"${x:,.0f}"
+    """``$35,246``; below $100 with cents (``$54.12``)."""
+    return f"${x:,.0f}" if abs(x) >= 100 else f"${x:.2f}"
 
 
 def render(est: Estimate) -> str:
@@ -482,7 +485,7 @@ def render(est: Estimate) -> str:
     raw = est.nbytes
     per_month = est.rows[0].idle.checkpoints_per_month
     out.append(
-        f"Checkpoint cost: {_count(est.params)} params, {est.precision}, optimizer {est.optimizer}, {est.gpus} GPUs, "
+        f"Checkpoint cost: {_count(est.params)} params, {est.precision}, optimizer {est.optimizer}, {est.gpus} GPU{'s' if est.gpus > 1 else ''}, "
         f"storage {est.storage_gibps:g} GiB/s, every {est.interval_min:g} min ({per_month:,.6g} checkpoints per "
         f"30-day month), ${est.gpu_hour_usd:.2f}/GPU-hour"
     )
@@ -524,7 +527,7 @@ def render(est: Estimate) -> str:
         assert first is not None
         out.append("")
         out.append(
-            f"Failures: MTBF {est.mtbf_hours:g} h ({first.failures_per_month:.1f} per month). Lost per failure = half "
+            f"Failures: MTBF {est.mtbf_hours:g} h ({first.failures_per_month:,.6g} per month). Lost per failure = half "
             "an interval of compute + reading the checkpoint back (same bandwidth), all GPUs idle."
         )
         header = ["codec", "write s", "Young/Daly min", "lost s/failure", "lost $/month", "ckpt $/month",

@@ -198,3 +198,17 @@ def test_ans_checkpoint_converts_to_zstd_readable_on_cpu(tmp_path):
     lightning_nvcomp.save(back, tmp_path / "z.ckpt", codec="zstd")
     z = lightning_nvcomp.load(tmp_path / "z.ckpt")
     assert torch.equal(_bytes(z["w"]), _bytes(state["w"]))
+
+
+def test_auto_calibrates_gpu_codecs_and_saves_bit_exactly(tmp_path):
+    from lightning_nvcomp.policy import CodecPolicy
+    from lightning_nvcomp.storage import ThrottledStorage
+
+    state = {"w": _trained_like(4_000_000, torch.bfloat16), "m": _trained_like(2_000_000, torch.float32)}
+    policy = CodecPolicy(probe_nbytes=8 << 20, storage=ThrottledStorage(200))
+    codecs = {p.codec for p in policy.profiles(list(state.values()))}
+    assert codecs == {"ans", "zstd", "none"}
+    stats = lightning_nvcomp.save(state, tmp_path / "auto.ckpt", codec="auto", policy=policy)
+    assert stats.codec == "ans"  # at 200 MB/s the fastest coder with a good ratio wins
+    back = lightning_nvcomp.load(tmp_path / "auto.ckpt", map_location="cuda")
+    assert all(torch.equal(_bytes(back[k]), _bytes(v)) for k, v in state.items())

@@ -121,3 +121,31 @@ def test_distributed_probe_reports_the_slowest_writer(tmp_path):
     mp.spawn(_probe_worker, args=(2, str(tmp_path), port, results), nprocs=2, join=True)
     assert results[0] == results[1]  # both ranks agree
     assert results[0] <= 0.0105  # the rank writing at 10 MB/s sets the per-writer figure
+
+
+def test_bench_command_on_a_real_directory(tmp_path, capsys):
+    from lightning_nvcomp.cli import main
+
+    assert main(["bench", "--dir", str(tmp_path), "--state-mb", "8", "--probe-mb", "4", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "recommendation: codec=" in out and "zstd" in out and "none" in out
+    assert os.listdir(tmp_path) == []  # probe and trial saves cleaned up
+
+
+def test_bench_on_throttled_storage_recommends_compression(tmp_path, capsys):
+    from lightning_nvcomp.cli import main
+
+    args = ["bench", "--dir", str(tmp_path), "--state-mb", "8", "--probe-mb", "2", "--throttle-mbps", "10",
+            "--device", "cpu", "--no-measure"]
+    assert main(args) == 0
+    assert "recommendation: codec='zstd'" in capsys.readouterr().out
+
+
+def test_bench_bad_arguments(tmp_path, capsys):
+    from lightning_nvcomp.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--dir", str(tmp_path), "--throttle-mbps", "-5"])
+    assert exit_info.value.code == 2 and "--throttle-mbps" in capsys.readouterr().err
+    assert main(["bench", "--dir", str(tmp_path / "missing")]) == 1
+    assert "does not exist" in capsys.readouterr().err
