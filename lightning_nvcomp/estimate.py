@@ -385,13 +385,16 @@ def estimate(
     Raises:
         ValueError: a number out of range, an unknown precision or optimizer.
     """
-    for name, value in (("gpus", gpus), ("storage_gibps", storage_gibps), ("interval_min", interval_min),
-                        ("gpu_hour_usd", gpu_hour_usd), ("mtbf_hours", mtbf_hours)):
+    for name, value in (
+        ("gpus", gpus),
+        ("storage_gibps", storage_gibps),
+        ("interval_min", interval_min),
+        ("gpu_hour_usd", gpu_hour_usd),
+        ("mtbf_hours", mtbf_hours),
+    ):
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise ValueError(f"{name} must be a finite number > 0, got {value}")
-    components = checkpoint_components(
-        params, precision, optimizer, master_weights=master_weights, gradients=gradients
-    )
+    components = checkpoint_components(params, precision, optimizer, master_weights=master_weights, gradients=gradients)
     overrides = dict(ratios or {})
     for codec, ratio in overrides.items():
         if not (ratio > 0 and math.isfinite(ratio)):
@@ -438,8 +441,19 @@ def estimate(
             )
     if mtbf_hours is not None and rows[0].optimal is not None and rows[0].optimal.interval_s > mtbf_hours * 3600:
         notes.append("the Young/Daly interval exceeds the MTBF: its first-order formula is not valid here")
-    return Estimate(params, precision, optimizer, gpus, storage_gibps, interval_min, gpu_hour_usd, mtbf_hours,
-                    components, rows, notes)
+    return Estimate(
+        params=params,
+        precision=precision,
+        optimizer=optimizer,
+        gpus=gpus,
+        storage_gibps=storage_gibps,
+        interval_min=interval_min,
+        gpu_hour_usd=gpu_hour_usd,
+        mtbf_hours=mtbf_hours,
+        components=components,
+        rows=rows,
+        notes=notes,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- rendering
@@ -495,8 +509,13 @@ def render(est: Estimate) -> str:
     shown = [c for c in CODECS if not any(r.codec == c and r.overridden for r in est.rows)]
     header = ["component", "dtype", "bytes/param", "size GiB", *(f"{CODEC_NAMES[c]} ratio" for c in shown)]
     rows = [
-        [c.name, c.dtype, f"{c.bytes_per_param:g}", _num(c.nbytes / GIB, 1),
-         *(f"{c.ratios[codec]:.3f}{'*' if c.assumed else ' '}" for codec in shown)]
+        [
+            c.name,
+            c.dtype,
+            f"{c.bytes_per_param:g}",
+            _num(c.nbytes / GIB, 1),
+            *(f"{c.ratios[codec]:.3f}{'*' if c.assumed else ' '}" for codec in shown),
+        ]
         for c in est.components
     ]
     totals = {r.codec: r.ratio for r in est.rows}
@@ -512,14 +531,23 @@ def render(est: Estimate) -> str:
         "Synchronous saves (every GPU idle until the bytes are on storage; compression assumed hidden behind the "
         "write, as benchmarked):"
     )
-    header = ["codec", "ratio", "size GiB", "idle s/ckpt", "GPU-s/ckpt", "idle GPU-h/month", "$/month",
-              "saved $/month"]
+    header = ["codec", "ratio", "size GiB", "idle s/ckpt", "GPU-s/ckpt", "idle GPU-h/month", "$/month", "saved $/month"]
     rows = []
     for r in est.rows:
         ratio = f"{r.ratio:.3f}{' (--ratio)' if r.overridden else ''}"
         saved = "" if r.codec == "none" else _usd(base.idle.usd_month - r.idle.usd_month)
-        rows.append([r.label, ratio, _num(r.nbytes / GIB, 1), _num(r.idle.write_s, 1),
-                     _num(r.idle.write_s * est.gpus), _num(r.idle.gpu_hours_month), _usd(r.idle.usd_month), saved])
+        rows.append(
+            [
+                r.label,
+                ratio,
+                _num(r.nbytes / GIB, 1),
+                _num(r.idle.write_s, 1),
+                _num(r.idle.write_s * est.gpus),
+                _num(r.idle.gpu_hours_month),
+                _usd(r.idle.usd_month),
+                saved,
+            ]
+        )
     out.append(_table(header, rows))
 
     if est.mtbf_hours is not None:
@@ -530,8 +558,16 @@ def render(est: Estimate) -> str:
             f"Failures: MTBF {est.mtbf_hours:g} h ({first.failures_per_month:,.6g} per month). Lost per failure = half "
             "an interval of compute + reading the checkpoint back (same bandwidth), all GPUs idle."
         )
-        header = ["codec", "write s", "Young/Daly min", "lost s/failure", "lost $/month", "ckpt $/month",
-                  "total $/month", "saved $/month"]
+        header = [
+            "codec",
+            "write s",
+            "Young/Daly min",
+            "lost s/failure",
+            "lost $/month",
+            "ckpt $/month",
+            "total $/month",
+            "saved $/month",
+        ]
         rows = []
         base_total = 0.0
         for r in est.rows:
@@ -539,23 +575,46 @@ def render(est: Estimate) -> str:
             total = r.optimal.usd_month + r.optimal_idle.usd_month
             if r.codec == "none":
                 base_total = total
-            rows.append([r.label, _num(r.idle.write_s, 1), _num(r.optimal.interval_s / 60, 1),
-                         _num(r.optimal.lost_s_per_failure), _usd(r.optimal.usd_month),
-                         _usd(r.optimal_idle.usd_month), _usd(total),
-                         "" if r.codec == "none" else _usd(base_total - total)])
+            rows.append(
+                [
+                    r.label,
+                    _num(r.idle.write_s, 1),
+                    _num(r.optimal.interval_s / 60, 1),
+                    _num(r.optimal.lost_s_per_failure),
+                    _usd(r.optimal.usd_month),
+                    _usd(r.optimal_idle.usd_month),
+                    _usd(total),
+                    "" if r.codec == "none" else _usd(base_total - total),
+                ]
+            )
         out.append("At the Young/Daly interval sqrt(2 * write s * MTBF):")
         out.append(_table(header, rows))
-        header = ["codec", "lost s/failure", "lost GPU-h/month", "lost $/month", "ckpt $/month", "total $/month",
-                  "saved $/month"]
+        header = [
+            "codec",
+            "lost s/failure",
+            "lost GPU-h/month",
+            "lost $/month",
+            "ckpt $/month",
+            "total $/month",
+            "saved $/month",
+        ]
         rows = []
         for r in est.rows:
             assert r.at_interval is not None
             total = r.at_interval.usd_month + r.idle.usd_month
             if r.codec == "none":
                 base_total = total
-            rows.append([r.label, _num(r.at_interval.lost_s_per_failure), _num(r.at_interval.gpu_hours_month),
-                         _usd(r.at_interval.usd_month), _usd(r.idle.usd_month), _usd(total),
-                         "" if r.codec == "none" else _usd(base_total - total)])
+            rows.append(
+                [
+                    r.label,
+                    _num(r.at_interval.lost_s_per_failure),
+                    _num(r.at_interval.gpu_hours_month),
+                    _usd(r.at_interval.usd_month),
+                    _usd(r.idle.usd_month),
+                    _usd(total),
+                    "" if r.codec == "none" else _usd(base_total - total),
+                ]
+            )
         out.append(f"At --interval-min {est.interval_min:g}:")
         out.append(_table(header, rows))
 
@@ -595,9 +654,7 @@ def arg_params(text: str) -> float:
     try:
         return parse_count(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a parameter count > 0 such as 70e9 or 70B, got {text!r}"
-        ) from None
+        raise argparse.ArgumentTypeError(f"expected a parameter count > 0 such as 70e9 or 70B, got {text!r}") from None
 
 
 def arg_positive_float(text: str) -> float:

@@ -169,7 +169,12 @@ def test_compression_hidden_check():
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("gans=1.3", ("gans", 1.3)), ("ANS=1.3", ("gans", 1.3)), ("zstd=0.99", ("zstd", 0.99)), ("blog=1.18", ("blog", 1.18))],
+    [
+        ("gans=1.3", ("gans", 1.3)),
+        ("ANS=1.3", ("gans", 1.3)),
+        ("zstd=0.99", ("zstd", 0.99)),
+        ("blog=1.18", ("blog", 1.18)),
+    ],
 )
 def test_arg_ratio_accepts(text, expected):
     assert costs.arg_ratio(text) == expected
@@ -200,16 +205,49 @@ def test_command_prints_the_published_case(capsys):
     status, out, err = run(capsys)  # every default: 70e9, 128 GPUs, 5 GiB/s, 30 min, $4.40
     assert status == 0 and err == ""
     usd = 70e9 * 12 / (5 * GIB) * 1440 / 3600 * 128 * 4.40
-    for text in ("GiB", "GiB/s", "782.3", "156.5", "130.4", "260.8", f"${usd:,.0f}", "1,440 checkpoints",
-                 "weights", "Adam m", "Adam v", "gradients", "gANS", "zstd", "uncompressed", "saved $/month",
-                 "codec.md"):
+    for text in (
+        "GiB",
+        "GiB/s",
+        "782.3",
+        "156.5",
+        "130.4",
+        "260.8",
+        f"${usd:,.0f}",
+        "1,440 checkpoints",
+        "weights",
+        "Adam m",
+        "Adam v",
+        "gradients",
+        "gANS",
+        "zstd",
+        "uncompressed",
+        "saved $/month",
+        "codec.md",
+    ):
         assert text in out, text
     assert "Young/Daly" not in out
 
 
 def test_command_explicit_arguments_and_failures(capsys):
-    status, out, _ = run(capsys, "--params", "1e9", "--gpus", 8, "--storage-gbps", 2, "--interval-min", 10,
-                         "--gpu-hour-usd", 2, "--precision", "fp32", "--optimizer", "sgd", "--mtbf-hours", 10)
+    status, out, _ = run(
+        capsys,
+        "--params",
+        "1e9",
+        "--gpus",
+        8,
+        "--storage-gbps",
+        2,
+        "--interval-min",
+        10,
+        "--gpu-hour-usd",
+        2,
+        "--precision",
+        "fp32",
+        "--optimizer",
+        "sgd",
+        "--mtbf-hours",
+        10,
+    )
     assert status == 0
     c = 12e9 / (2 * GIB)
     assert "SGD momentum" in out and "Adam" not in out
@@ -233,6 +271,8 @@ def test_command_options_change_the_checkpoint(capsys):
     [
         (["--params", "-70e9"], "--params"),
         (["--params", "0"], "--params"),
+        (["--params=-70e9"], "--params"),
+        (["--params", "-70"], "--params"),
         (["--params", "lots"], "--params"),
         (["--gpus", "0"], "--gpus"),
         (["--gpus", "-4"], "--gpus"),
