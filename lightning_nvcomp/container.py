@@ -335,38 +335,63 @@ class Snapshot:
     def write(self, path: str | os.PathLike, storage: Storage | None = None, prediction: Prediction | None = None) -> SaveStats:
         """Write the file atomically and durably; return what the whole save did."""
         storage = storage or Storage()
+        reductions = self._reductions
+
+        class Pickler(pickle.Pickler):
+            def reducer_override(self, item: object) -> object:
+                return reductions.get(id(item), NotImplemented)
+
+        pickle_module = types.SimpleNamespace(__name__="lightning_nvcomp.container", Pickler=Pickler)
         begin = time.perf_counter()
-        if self.codec == "none":
-            size = storage.write(path, lambda f: torch.save(self.obj, f))
-        else:
-            reductions = self._reductions
-
-            class Pickler(pickle.Pickler):
-                def reducer_override(self, item: object) -> object:
-                    return reductions.get(id(item), NotImplemented)
-
-            pickle_module = types.SimpleNamespace(__name__="lightning_nvcomp.container", Pickler=Pickler)
-            size = storage.write(path, lambda f: torch.save(self.obj, f, pickle_module=pickle_module))
+        size = storage.write(path, lambda f: torch.save(self.obj, f, pickle_module=pickle_module))
         return SaveStats(os.fspath(path), self.codec, self.raw_nbytes, size, self.encode_s,
                          time.perf_counter() - begin, prediction)
 
 
-def snapshot(obj: object, codec: str, tensors: list[torch.Tensor] | None = None) -> Snapshot:
-    """Compress every tensor of ``obj`` with ``codec`` (``ans``, ``zstd`` or ``none``) into host memory."""
+def _host_copies(tensors: list[torch.Tensor], isolate: bool) -> dict[int, tuple]:
+    """Reductions that pickle each tensor as a plain CPU tensor: GPU storages copied to pinned host memory (fast,
+    and safe from later GPU updates), CPU storages copied only when ``isolate``. Views keep sharing storage."""
+    copies: dict[int, torch.UntypedStorage] = {}
+    reductions = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key not in copies:
+            if storage.device.type == "cpu" and not isolate:
+                copies[key] = storage
+            else:
+                host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=storage.device.type == "cuda")
+                host.copy_(_storage_bytes(storage), non_blocking=True)
+                copies[key] = host.untyped_storage()
+        twin = torch.empty(0, dtype=t.dtype).set_(copies[key], t.storage_offset(), t.shape, t.stride())
+        twin = torch.nn.Parameter(twin, t.requires_grad) if type(t) is torch.nn.Parameter else twin.requires_grad_(t.requires_grad)
+        reductions[id(t)] = twin.__reduce_ex__(2)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return reductions
+
+
+def snapshot(obj: object, codec: str, tensors: list[torch.Tensor] | None = None, isolate: bool = False) -> Snapshot:
+    """Copy every tensor of ``obj`` into host memory, compressed with ``codec`` (``ans``, ``zstd``; ``none``: as is).
+
+    Compressed blobs are always fresh copies; with ``none``, CPU tensors are copied only when ``isolate`` (for saves
+    written while training goes on).
+    """
     begin = time.perf_counter()
     tensors = _find_tensors(obj) if tensors is None else tensors
     raw = sum(t.untyped_storage().nbytes() for t in {t.untyped_storage()._cdata: t for t in tensors}.values())
+    if codec == "none":
+        return Snapshot(obj, codec, raw, time.perf_counter() - begin, _host_copies(tensors, isolate))
     reductions: dict[int, tuple] = {}
-    if codec != "none":
-        names = _tensor_names(obj)
-        plan, where = _plan(tensors, names)
-        encoded = [_encode_record(rec, codec) for rec in plan]
-        for t in tensors:
-            slot, index = where[t.untyped_storage()._cdata]
-            blobs, meta = encoded[slot]
-            args = (blobs, meta, index, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.requires_grad,
-                    type(t) is torch.nn.Parameter, names.get(id(t), "<unnamed>"))
-            reductions[id(t)] = (decode_tensor, args)
+    names = _tensor_names(obj)
+    plan, where = _plan(tensors, names)
+    encoded = [_encode_record(rec, codec) for rec in plan]
+    for t in tensors:
+        slot, index = where[t.untyped_storage()._cdata]
+        blobs, meta = encoded[slot]
+        args = (blobs, meta, index, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.requires_grad,
+                type(t) is torch.nn.Parameter, names.get(id(t), "<unnamed>"))
+        reductions[id(t)] = (decode_tensor, args)
     return Snapshot(obj, codec, raw, time.perf_counter() - begin, reductions)
 
 

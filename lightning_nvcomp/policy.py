@@ -10,7 +10,7 @@ bytes/s per writer costs
   still running when the next save starts: ``max(0, write - interval)``.
 
 The codec with the smallest blocked time wins; predictions within 5% count as a tie, won by the better ratio.
-Uncompressed saves (``none``) have ``E = inf`` and ``r = 1``.
+Uncompressed saves (``none``) have ``r = 1`` and ``E`` = the device-to-host copy rate (``inf`` for CPU state).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def calibrate(samples: dict[torch.dtype, torch.Tensor], codecs: list[str]) -> li
     raw = sum(s.numel() for s in samples.values())
     for codec in codecs:
         if codec == "none" or raw == 0:
-            profiles.append(CodecProfile(codec, 1.0, math.inf))
+            profiles.append(CodecProfile(codec, 1.0, _host_copy_gbps(samples) if raw else math.inf))
             continue
         stored = seconds = 0.0
         for dtype, data in samples.items():
@@ -127,6 +127,23 @@ def calibrate(samples: dict[torch.dtype, torch.Tensor], codecs: list[str]) -> li
             stored += sum(b.numel() for b in blobs)
         profiles.append(CodecProfile(codec, raw / stored, raw / seconds / 1e9))
     return profiles
+
+
+def _host_copy_gbps(samples: dict[torch.dtype, torch.Tensor]) -> float:
+    """What an uncompressed save pays before writing: the copy of GPU state to pinned host memory (inf on the CPU)."""
+    gpu = [s for s in samples.values() if s.is_cuda]
+    if not gpu:
+        return math.inf
+    hosts = [torch.empty(s.numel(), dtype=torch.uint8, pin_memory=True) for s in gpu]
+    seconds = math.inf
+    for _ in range(2):  # the first round warms up
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
+        for host, s in zip(hosts, gpu):
+            host.copy_(s, non_blocking=True)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - begin
+    return sum(s.numel() for s in gpu) / seconds / 1e9
 
 
 def probe_bandwidth(directory: str, nbytes: int = PROBE_NBYTES, storage: Storage | None = None) -> float:

@@ -443,3 +443,19 @@ def test_auto_codec_without_gpu_measures_and_never_picks_ans(tmp_path):
     assert stats.codec in ("zstd", "none")
     assert stats.prediction is not None and stats.prediction.codec == stats.codec
     assert_bit_exact(lightning_nvcomp.load(tmp_path / "ck.pt")["x"], torch.ones(10))
+
+
+@pytest.mark.parametrize("codec", ["zstd", "none"])
+def test_isolated_snapshot_is_unaffected_by_later_training(tmp_path, codec):
+    from lightning_nvcomp.container import snapshot
+
+    w = torch.randn(1000)
+    state = {"w": w, "view": w[10:20]}
+    before = {k: v.clone() for k, v in state.items()}
+    snap = snapshot(state, codec, isolate=True)
+    w.add_(1.0)  # training goes on before the background write
+    snap.write(tmp_path / "ck.pt")
+    loaded = lightning_nvcomp.load(tmp_path / "ck.pt")
+    assert_bit_exact(loaded["w"], before["w"])
+    assert_bit_exact(loaded["view"], before["view"])
+    assert loaded["view"].untyped_storage().data_ptr() == loaded["w"].untyped_storage().data_ptr()

@@ -212,3 +212,11 @@ def test_auto_calibrates_gpu_codecs_and_saves_bit_exactly(tmp_path):
     assert stats.codec == "ans"  # at 200 MB/s the fastest coder with a good ratio wins
     back = lightning_nvcomp.load(tmp_path / "auto.ckpt", map_location="cuda")
     assert all(torch.equal(_bytes(back[k]), _bytes(v)) for k, v in state.items())
+
+
+def test_uncompressed_save_of_gpu_state_is_a_plain_torch_file(tmp_path):
+    state = {"w": _trained_like(100_000, torch.float32), "p": torch.nn.Parameter(_trained_like(10, torch.bfloat16))}
+    lightning_nvcomp.save(state, tmp_path / "n.ckpt", codec="none")
+    back = torch.load(tmp_path / "n.ckpt", weights_only=True)  # no lightning_nvcomp global inside
+    assert back["w"].device.type == "cpu" and isinstance(back["p"], torch.nn.Parameter)
+    assert torch.equal(_bytes(back["w"]), _bytes(state["w"])) and torch.equal(_bytes(back["p"]), _bytes(state["p"]))
