@@ -8,10 +8,22 @@ from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError, Corr
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # The Lightning integration imports lightning: load it only when asked for.
+    if name in ("NvcompCheckpointIO", "NvcompSavings"):
+        from lightning_nvcomp.integrations import lightning as integration
+
+        return getattr(integration, name)
+    raise AttributeError(f"module 'lightning_nvcomp' has no attribute {name!r}")
+
+
 __all__ = [
     "CheckpointError",
     "CodecUnavailableError",
     "CorruptCheckpointError",
+    "NvcompCheckpointIO",
+    "NvcompSavings",
     "SaveStats",
     "decode_tensor",
     "load",

@@ -226,8 +226,12 @@ class _Record:
     nbytes: int = 0
 
 
-def _plan(tensors: list[torch.Tensor], names: dict[int, str]) -> tuple[list[_Record], dict[int, tuple[int, int]]]:
+def _plan(
+    tensors: list[torch.Tensor], names: dict[int, str], group_nbytes: int | None = None
+) -> tuple[list[_Record], dict[int, tuple[int, int]]]:
     """Group the tensors' storages into records. Returns the records and, per storage, (record, index)."""
+    group_limit = group_nbytes or _GROUP_NBYTES
+    small_limit = min(_SMALL_NBYTES, group_limit)
     dtypes: dict[int, tuple[torch.dtype, str]] = {}
     unique: dict[int, torch.UntypedStorage] = {}
     for t in tensors:
@@ -247,12 +251,12 @@ def _plan(tensors: list[torch.Tensor], names: dict[int, str]) -> tuple[list[_Rec
         dtype = dtypes[key][0]
         nbytes = storage.nbytes()
         group_key = (storage.device, dtype)
-        if nbytes >= _SMALL_NBYTES:
+        if nbytes >= small_limit:
             plan.append(_Record(storage.device, dtype, [storage], nbytes))
             where[key] = (len(plan) - 1, 0)
             continue
         slot = open_groups.get(group_key)
-        if slot is None or plan[slot].nbytes + nbytes > _GROUP_NBYTES:
+        if slot is None or plan[slot].nbytes + nbytes > group_limit:
             plan.append(_Record(storage.device, dtype, []))
             slot = open_groups[group_key] = len(plan) - 1
         group = plan[slot]
@@ -266,7 +270,7 @@ def _storage_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (storage.nbytes(),), (1,))
 
 
-def _encode_record(rec: _Record, codec: str) -> tuple[list[torch.Tensor], dict]:
+def _encode_record(rec: _Record, codec: str, segment: int | None = None) -> tuple[list[torch.Tensor], dict]:
     parts, table, pos = [], [], 0
     for storage in rec.storages:
         data = _storage_bytes(storage)
@@ -277,7 +281,7 @@ def _encode_record(rec: _Record, codec: str) -> tuple[list[torch.Tensor], dict]:
             parts.append(torch.zeros(pad, dtype=torch.uint8, device=rec.device))
         pos += data.numel() + pad
     data = parts[0] if len(parts) == 1 else torch.cat(parts)
-    blobs, meta = records.encode(data, rec.dtype, codec)
+    blobs, meta = records.encode(data, rec.dtype, codec, segment)
     meta["storages"] = table
     return blobs, meta
 
@@ -371,11 +375,18 @@ def _host_copies(tensors: list[torch.Tensor], isolate: bool) -> dict[int, tuple]
     return reductions
 
 
-def snapshot(obj: object, codec: str, tensors: list[torch.Tensor] | None = None, isolate: bool = False) -> Snapshot:
+def snapshot(
+    obj: object,
+    codec: str,
+    tensors: list[torch.Tensor] | None = None,
+    isolate: bool = False,
+    staging_nbytes: int | None = None,
+) -> Snapshot:
     """Copy every tensor of ``obj`` into host memory, compressed with ``codec`` (``ans``, ``zstd``; ``none``: as is).
 
     Compressed blobs are always fresh copies; with ``none``, CPU tensors are copied only when ``isolate`` (for saves
-    written while training goes on).
+    written while training goes on). ``staging_nbytes`` (a multiple of 512) bounds the records and segments coded at
+    once, so a GPU save borrows about three times that much GPU memory (default: 256 MiB).
     """
     begin = time.perf_counter()
     tensors = _find_tensors(obj) if tensors is None else tensors
@@ -384,8 +395,8 @@ def snapshot(obj: object, codec: str, tensors: list[torch.Tensor] | None = None,
         return Snapshot(obj, codec, raw, time.perf_counter() - begin, _host_copies(tensors, isolate))
     reductions: dict[int, tuple] = {}
     names = _tensor_names(obj)
-    plan, where = _plan(tensors, names)
-    encoded = [_encode_record(rec, codec) for rec in plan]
+    plan, where = _plan(tensors, names, staging_nbytes)
+    encoded = [_encode_record(rec, codec, staging_nbytes) for rec in plan]
     for t in tensors:
         slot, index = where[t.untyped_storage()._cdata]
         blobs, meta = encoded[slot]

@@ -1,0 +1,1 @@
+"""Framework integrations: Lightning (CheckpointIO + savings callback); more to come."""
