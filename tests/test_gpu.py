@@ -220,3 +220,37 @@ def test_uncompressed_save_of_gpu_state_is_a_plain_torch_file(tmp_path):
     back = torch.load(tmp_path / "n.ckpt", weights_only=True)  # no lightning_nvcomp global inside
     assert back["w"].device.type == "cpu" and isinstance(back["p"], torch.nn.Parameter)
     assert torch.equal(_bytes(back["w"]), _bytes(state["w"])) and torch.equal(_bytes(back["p"]), _bytes(state["p"]))
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_lightning_fit_resume_and_load_with_ans_on_gpu(tmp_path, async_save):
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+
+        def training_step(self, batch, _):
+            return self.net(batch[0]).square().mean()
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    data = DataLoader(TensorDataset(torch.randn(256, 64)), batch_size=32)
+    io = lightning_nvcomp.NvcompCheckpointIO(codec="ans", async_save=async_save, probe_mb=8)
+    ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=4, save_top_k=-1)
+    trainer = L.Trainer(accelerator="gpu", devices=1, max_steps=8, plugins=[io], callbacks=[ckpt],
+                        enable_progress_bar=False, logger=False, default_root_dir=tmp_path)
+    model = Tiny()
+    trainer.fit(model, data)
+    path = str(tmp_path / "epoch=0-step=8.ckpt")
+    raw = torch.load(path, map_location="cuda", weights_only=True)
+    assert raw["global_step"] == 8
+    for k, v in model.state_dict().items():
+        assert torch.equal(_bytes(raw["state_dict"][k]), _bytes(v)), k
+    resumed = L.Trainer(accelerator="gpu", devices=1, max_steps=10, plugins=[lightning_nvcomp.NvcompCheckpointIO("ans")],
+                        enable_progress_bar=False, logger=False, enable_checkpointing=False)
+    resumed.fit(Tiny(), data, ckpt_path=str(tmp_path / "epoch=0-step=4.ckpt"))
+    assert resumed.global_step == 10
