@@ -107,8 +107,12 @@ class StdlibText(L.LightningDataModule):
         # Called after a checkpoint is restored: start at the batch the checkpoint stopped before.
         start = trainer.global_step * trainer.accumulate_grad_batches
         windows = RandomWindows(
-            self.corpus, trainer.lightning_module.model.context + 1, self.hparams.batch_size, self.hparams.seed,
-            trainer.global_rank, start,
+            self.corpus,
+            trainer.lightning_module.model.context + 1,
+            self.hparams.batch_size,
+            self.hparams.seed,
+            trainer.global_rank,
+            start,
         )
         return DataLoader(windows, batch_size=None)
 

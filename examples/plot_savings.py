@@ -18,8 +18,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 CODECS = {0: "none", 1: "zstd", 2: "ans"}
@@ -51,8 +51,10 @@ def label(path: str, run: Run) -> str:
     last = max(run["saved_s_total"])
     raw, stored = sum(run["raw_gb"].values()), sum(run["stored_gb"].values())
     unit, scale = ("GB", 1) if raw >= 1 else ("MB", 1e3)
-    text = (f"{path}: {codecs}, {len(run['ratio'])} checkpoints, {raw * scale:.1f} -> {stored * scale:.1f} {unit} "
-            f"({raw / stored:.3f}x), saved {run['saved_s_total'][last]:.3g} s")
+    text = (
+        f"{path}: {codecs}, {len(run['ratio'])} checkpoints, {raw * scale:.1f} -> {stored * scale:.1f} {unit} "
+        f"({raw / stored:.3f}x), saved {run['saved_s_total'][last]:.3g} s"
+    )
     if "saved_usd_total" in run:
         text += f" = ${run['saved_usd_total'][last]:.3g}"
     return text
@@ -106,7 +108,10 @@ def main() -> None:
                 runs[label(path, run)] = run
     runs = dict(sorted(runs.items(), key=lambda item: min(item[1]["ratio"])))  # in order of their first step
     if not runs:
-        raise SystemExit(f"no nvcomp/ metrics under {', '.join(args.logdirs)}: was the run saved with NvcompCheckpointIO?")
+        raise SystemExit(
+            f"no nvcomp/ metrics under {', '.join(args.logdirs)}: were checkpoints saved with "
+            "NvcompCheckpointIO, with the NvcompSavings callback attached?"
+        )
     if os.path.dirname(args.output):
         os.makedirs(os.path.dirname(args.output), exist_ok=True)
     plot(runs, args.output)

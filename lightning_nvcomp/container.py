@@ -13,18 +13,21 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import io
 import math
 import os
 import pickle
 import time
-import types
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, BinaryIO, Callable, NamedTuple
 
 import torch
 
+from lightning_nvcomp.archive import ArchiveWriter
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.policy import CodecPolicy, Prediction
@@ -270,7 +273,9 @@ def _storage_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (storage.nbytes(),), (1,))
 
 
-def _encode_record(rec: _Record, codec: str, segment: int | None = None) -> tuple[list[torch.Tensor], dict]:
+def _encode_record(
+    rec: _Record, codec: str, segment: int | None, on_blob: Callable[[torch.Tensor, Any], None]
+) -> tuple[list[torch.Tensor], dict]:
     parts, table, pos = [], [], 0
     for storage in rec.storages:
         data = _storage_bytes(storage)
@@ -281,7 +286,7 @@ def _encode_record(rec: _Record, codec: str, segment: int | None = None) -> tupl
             parts.append(torch.zeros(pad, dtype=torch.uint8, device=rec.device))
         pos += data.numel() + pad
     data = parts[0] if len(parts) == 1 else torch.cat(parts)
-    blobs, meta = records.encode(data, rec.dtype, codec, segment)
+    blobs, meta = records.encode(data, rec.dtype, codec, segment, on_blob, wait_checksums=False)
     meta["storages"] = table
     return blobs, meta
 
@@ -326,28 +331,93 @@ def default_policy() -> CodecPolicy:
     return CodecPolicy()
 
 
+class _StorageKey:
+    """A storage already (or soon) written as ``data/<key>``: the archive pickler's persistent id for it."""
+
+    __slots__ = ("key", "nbytes")
+
+    def __init__(self, key: str, nbytes: int) -> None:
+        self.key, self.nbytes = key, nbytes
+
+
+class _StoredBlob:
+    """Pickles as a CPU uint8 tensor whose bytes are the entry ``data/<key>``, without holding them: a compressed
+    segment can be written and freed long before the pickle is."""
+
+    __slots__ = ("storage",)
+
+    def __init__(self, key: str, nbytes: int) -> None:
+        self.storage = _StorageKey(key, nbytes)
+
+    def __reduce__(self) -> tuple:
+        n = self.storage.nbytes
+        return torch._utils._rebuild_tensor_v2, (self.storage, 0, (n,), (1,), False, OrderedDict())
+
+
+class _ArchivePickler(pickle.Pickler):
+    """torch.save's pickling: storages become persistent ids (``data/<key>`` entries), our tensors decode calls."""
+
+    def __init__(self, file: io.BytesIO, reductions: dict[int, tuple], first_key: int) -> None:
+        super().__init__(file, protocol=2)
+        self.reductions = reductions
+        self.storages: dict[str, torch.UntypedStorage] = {}  # found while pickling: written after the pickle
+        self._keys: dict[int, str] = {}
+        self._next = first_key
+
+    def persistent_id(self, obj: object) -> tuple | None:
+        if isinstance(obj, _StorageKey):
+            return ("storage", torch.ByteStorage, obj.key, "cpu", obj.nbytes)
+        if not (isinstance(obj, torch.storage.TypedStorage) or torch.is_storage(obj)):
+            return None
+        if isinstance(obj, torch.storage.TypedStorage):
+            storage, kind, numel = obj._untyped_storage, getattr(torch, obj._pickle_storage_type()), obj._size()
+        else:
+            storage, kind, numel = obj, torch.serialization.normalize_storage_type(type(obj)), obj.nbytes()
+        if storage._cdata not in self._keys:
+            self._keys[storage._cdata] = str(self._next)
+            self._next += 1
+        key = self._keys[storage._cdata]
+        self.storages[key] = storage
+        return ("storage", kind, key, torch.serialization.location_tag(storage), numel)
+
+    def reducer_override(self, obj: object) -> object:
+        return self.reductions.get(id(obj), NotImplemented)
+
+
+def _value(crc: Any) -> int:
+    return crc.result() if hasattr(crc, "result") else crc
+
+
 class Snapshot:
-    """A checkpoint whose tensors are compressed into host memory, ready to be written (by any thread).
+    """A checkpoint whose tensors are compressed into host memory (or already written), ready to be written by
+    any thread. Tensors in the saved object are not read again."""
 
-    The snapshot holds the saved object and its compressed blobs; tensors in the object are not read again.
-    """
-
-    def __init__(self, obj: object, codec: str, raw_nbytes: int, encode_s: float, reductions: dict[int, tuple]) -> None:
+    def __init__(self, obj: object, codec: str, raw_nbytes: int, encode_s: float, reductions: dict[int, tuple],
+                 pending: list[tuple[str, torch.Tensor, Any]], metas: list[dict]) -> None:
         self.obj, self.codec, self.raw_nbytes, self.encode_s = obj, codec, raw_nbytes, encode_s
-        self._reductions = reductions
+        self._reductions, self._pending, self._metas = reductions, pending, metas
+        self._blob_count = sum(len(meta["crc32"]) for meta in metas)
+
+    def write_to(self, writer: ArchiveWriter) -> None:
+        """Write the blobs not yet written, the pickle and the rest of the archive."""
+        for key, blob, crc in self._pending:
+            writer.add(f"data/{key}", blob.numpy(), _value(crc))
+        self._pending = []
+        for meta in self._metas:
+            records.resolve_checksums(meta)
+        buffer = io.BytesIO()
+        pickler = _ArchivePickler(buffer, self._reductions, self._blob_count)
+        pickler.dump(self.obj)
+        for key, storage in pickler.storages.items():
+            writer.add(f"data/{key}", _storage_bytes(storage).cpu().numpy())
+        writer.add_torch_metadata()
+        writer.add("data.pkl", buffer.getbuffer())
+        writer.finish("data.pkl")
 
     def write(self, path: str | os.PathLike, storage: Storage | None = None, prediction: Prediction | None = None) -> SaveStats:
         """Write the file atomically and durably; return what the whole save did."""
-        storage = storage or Storage()
-        reductions = self._reductions
-
-        class Pickler(pickle.Pickler):
-            def reducer_override(self, item: object) -> object:
-                return reductions.get(id(item), NotImplemented)
-
-        pickle_module = types.SimpleNamespace(__name__="lightning_nvcomp.container", Pickler=Pickler)
         begin = time.perf_counter()
-        size = storage.write(path, lambda f: torch.save(self.obj, f, pickle_module=pickle_module))
+        size = (storage or Storage()).write(path, lambda f: self.write_to(ArchiveWriter(f)))
         return SaveStats(os.fspath(path), self.codec, self.raw_nbytes, size, self.encode_s,
                          time.perf_counter() - begin, prediction)
 
@@ -381,29 +451,63 @@ def snapshot(
     tensors: list[torch.Tensor] | None = None,
     isolate: bool = False,
     staging_nbytes: int | None = None,
+    on_blob: Callable[[str, torch.Tensor, Any], None] | None = None,
 ) -> Snapshot:
     """Copy every tensor of ``obj`` into host memory, compressed with ``codec`` (``ans``, ``zstd``; ``none``: as is).
 
     Compressed blobs are always fresh copies; with ``none``, CPU tensors are copied only when ``isolate`` (for saves
     written while training goes on). ``staging_nbytes`` (a multiple of 512) bounds the records and segments coded at
-    once, so a GPU save borrows about three times that much GPU memory (default: 256 MiB).
+    once, so a GPU save borrows about three times that much GPU memory (default: 256 MiB). With ``on_blob``, each
+    compressed segment is handed to ``on_blob(key, blob, crc)`` as soon as it is in host memory (to be written as
+    entry ``data/<key>``) instead of being kept in the snapshot.
     """
     begin = time.perf_counter()
     tensors = _find_tensors(obj) if tensors is None else tensors
     raw = sum(t.untyped_storage().nbytes() for t in {t.untyped_storage()._cdata: t for t in tensors}.values())
     if codec == "none":
-        return Snapshot(obj, codec, raw, time.perf_counter() - begin, _host_copies(tensors, isolate))
+        return Snapshot(obj, codec, raw, time.perf_counter() - begin, _host_copies(tensors, isolate), [], [])
+    pending: list[tuple[str, torch.Tensor, Any]] = []
+    refs: list[_StoredBlob] = []
+
+    def take(blob: torch.Tensor, crc: Any) -> None:
+        key = str(len(refs))
+        refs.append(_StoredBlob(key, blob.numel()))
+        if on_blob is None:
+            pending.append((key, blob, crc))
+        else:
+            on_blob(key, blob, crc)
+
     reductions: dict[int, tuple] = {}
     names = _tensor_names(obj)
     plan, where = _plan(tensors, names, staging_nbytes)
-    encoded = [_encode_record(rec, codec, staging_nbytes) for rec in plan]
+    encoded = []
+    for rec in plan:
+        first = len(refs)
+        _, meta = _encode_record(rec, codec, staging_nbytes, take)
+        encoded.append((refs[first:], meta))
     for t in tensors:
         slot, index = where[t.untyped_storage()._cdata]
         blobs, meta = encoded[slot]
         args = (blobs, meta, index, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.requires_grad,
                 type(t) is torch.nn.Parameter, names.get(id(t), "<unnamed>"))
         reductions[id(t)] = (decode_tensor, args)
-    return Snapshot(obj, codec, raw, time.perf_counter() - begin, reductions)
+    return Snapshot(obj, codec, raw, time.perf_counter() - begin, reductions, pending, [m for _, m in encoded])
+
+
+def _stream(f: BinaryIO, obj: object, codec: str, tensors: list[torch.Tensor], staging_nbytes: int | None) -> Snapshot:
+    """Compress ``obj`` into the archive ``f``, each segment written (on a disk thread) while the next is coded."""
+    writer = ArchiveWriter(f)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-nvcomp-write") as disk:
+        writes = []
+
+        def write(key: str, blob: torch.Tensor, crc: Any) -> None:
+            writes.append(disk.submit(lambda: writer.add(f"data/{key}", blob.numpy(), _value(crc))))
+
+        snap = snapshot(obj, codec, tensors, staging_nbytes=staging_nbytes, on_blob=write)
+        for done in writes:
+            done.result()
+    snap.write_to(writer)
+    return snap
 
 
 def save(
@@ -413,6 +517,7 @@ def save(
     *,
     policy: CodecPolicy | None = None,
     storage: Storage | None = None,
+    staging_nbytes: int | None = None,
 ) -> SaveStats:
     """Save ``obj`` like ``torch.save``, its tensors compressed losslessly, atomically and durably.
 
@@ -425,14 +530,22 @@ def save(
             (see :mod:`lightning_nvcomp.policy`; the first auto save to a directory probes it).
         policy: the :class:`~lightning_nvcomp.policy.CodecPolicy` behind ``"auto"`` (default: one per process).
         storage: how the file is written (default: durably through the OS).
+        staging_nbytes: how much is coded at once (GPU scratch is about three times this; default 256 MiB).
+
+    Compressed segments are written while the next ones are coded, so compression hides behind the write.
     """
     tensors = _find_tensors(obj)
     directory = os.path.dirname(os.path.abspath(os.fspath(path)))
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"cannot save {os.fspath(path)}: directory {directory} does not exist")
     codec, prediction = resolve_codec(codec, tensors, directory, policy)
-    stats = snapshot(obj, codec, tensors).write(path, storage, prediction)
-    (policy or default_policy()).observe_write(directory, stats.file_nbytes, stats.write_s)
+    begin = time.perf_counter()
+    snaps: list[Snapshot] = []
+    size = (storage or Storage()).write(path, lambda f: snaps.append(_stream(f, obj, codec, tensors, staging_nbytes)))
+    seconds = time.perf_counter() - begin
+    encode_s = snaps[0].encode_s
+    stats = SaveStats(os.fspath(path), codec, snaps[0].raw_nbytes, size, encode_s, seconds - encode_s, prediction)
+    (policy or default_policy()).observe_write(directory, stats.file_nbytes, seconds)
     return stats
 
 

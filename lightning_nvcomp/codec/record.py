@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import functools
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -177,13 +178,21 @@ def _crc32(blob: torch.Tensor, ready: torch.cuda.Event | None = None) -> int:
 
 
 def encode(
-    data: torch.Tensor, dtype: torch.dtype, codec: str, segment: int | None = None
+    data: torch.Tensor,
+    dtype: torch.dtype,
+    codec: str,
+    segment: int | None = None,
+    on_blob: Callable[[torch.Tensor, Future | int], None] | None = None,
+    wait_checksums: bool = True,
 ) -> tuple[list[torch.Tensor], dict]:
     """Compress ``data`` (1-D contiguous uint8: the bytes of numbers of ``dtype``) with ``codec``.
 
     ``segment`` (a multiple of 512; default :data:`SEGMENT_NBYTES` on the GPU, at most :data:`CPU_SEGMENT_NBYTES`
     on the CPU) bounds the bytes coded per engine call and so the scratch memory. Returns one CPU uint8 blob per
-    segment (pinned when coded on the GPU) and the record dict.
+    segment (pinned when coded on the GPU) and the record dict. With ``on_blob``, each blob is handed over as soon
+    as it is in host memory, with its CRC-32 (or a future of it), and not returned: so it can be written while the
+    next segments are coded. With ``wait_checksums=False``, ``meta["crc32"]`` may hold futures of checksums still
+    computed on CPU threads (so training need not wait for them): :func:`resolve_checksums` before storing it.
     """
     engine = engine_for(codec, data.device)
     on_gpu = engine is not None and engine.device_type == "cuda"
@@ -200,11 +209,20 @@ def encode(
             ready = torch.cuda.Event()
             ready.record()
             # Checksums run on CPU threads while the GPU codes the next segment.
-            results.append((blob, [p.numel() for p in pieces], _checksum_pool().submit(_crc32, blob, ready)))
-        results = [(blob, sizes, crc.result()) for blob, sizes, crc in results]
+            crc = _checksum_pool().submit(_crc32, blob, ready)
+            if on_blob is not None:
+                on_blob(blob, crc)
+                blob = None
+            results.append((blob, [p.numel() for p in pieces], crc))
     else:
-        results = list(_segment_pool().map(lambda span: _encode_cpu_segment(engine, data, span, layout),
-                                           _segments(data.numel(), segment)))
+        results = []
+        for blob, sizes, crc in _segment_pool().map(
+            lambda span: _encode_cpu_segment(engine, data, span, layout), _segments(data.numel(), segment)
+        ):
+            if on_blob is not None:
+                on_blob(blob, crc)
+                blob = None
+            results.append((blob, sizes, crc))
     meta = {
         "format": FORMAT_VERSION,
         "dtype": str(dtype).removeprefix("torch."),
@@ -218,7 +236,9 @@ def encode(
         "crc32": [crc for _, _, crc in results],
         "nvcomp": nvcomp_version() if "ans" in layout.codecs else None,
     }
-    return [blob for blob, _, _ in results], meta
+    if wait_checksums:
+        resolve_checksums(meta)
+    return [blob for blob, _, _ in results if blob is not None], meta
 
 
 def _encode_cpu_segment(
@@ -227,6 +247,12 @@ def _encode_cpu_segment(
     pieces = _encode_segment(engine, data[span[0] : span[0] + span[1]], layout)
     blob = _pack(pieces)
     return blob, [p.numel() for p in pieces], _crc32(blob)
+
+
+def resolve_checksums(meta: dict) -> dict:
+    """Replace the checksum futures :func:`encode` may leave in ``meta`` by their values (waiting for them)."""
+    meta["crc32"] = [crc.result() if isinstance(crc, Future) else crc for crc in meta["crc32"]]
+    return meta
 
 
 def _chunk_lengths(length: int, layout: _Layout) -> list[int]:

@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_warn
@@ -74,25 +74,28 @@ class NvcompCheckpointIO(CheckpointIO):
         path = os.fspath(path)
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
-        tensors = container._find_tensors(checkpoint)
-        begin = time.perf_counter()
-        codec, prediction = container.resolve_codec(self.codec, tensors, directory, self.policy)
-        snap = container.snapshot(checkpoint, codec, tensors, isolate=self.async_save, staging_nbytes=self.staging_nbytes)
         step = int(checkpoint.get("global_step", 0))
-        if self.async_save:
-            blocked = time.perf_counter() - begin
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-nvcomp-save")
-            future = self._executor.submit(self._write, snap, path, prediction, lambda stats: blocked, step)
-            self._inflight = (path, future)
-        else:
-            self._write(snap, path, prediction, lambda stats: time.perf_counter() - begin, step)
+        if not self.async_save:  # compression hides behind the write: segments are written as they are coded
+            stats = container.save(checkpoint, path, self.codec, policy=self.policy, storage=self.storage,
+                                   staging_nbytes=self.staging_nbytes)
+            self._record(path, stats, stats.seconds, step)
+            return
+        begin = time.perf_counter()
+        tensors = container._find_tensors(checkpoint)
+        codec, prediction = container.resolve_codec(self.codec, tensors, directory, self.policy)
+        snap = container.snapshot(checkpoint, codec, tensors, isolate=True, staging_nbytes=self.staging_nbytes)
+        blocked = time.perf_counter() - begin
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-nvcomp-save")
+        self._inflight = (path, self._executor.submit(self._write, snap, path, prediction, blocked, step))
 
-    def _write(self, snap: container.Snapshot, path: str, prediction, blocked: Callable, step: int) -> None:
+    def _write(self, snap: container.Snapshot, path: str, prediction, blocked: float, step: int) -> None:
         stats = snap.write(path, self.storage, prediction)
-        directory = os.path.dirname(os.path.abspath(path))
-        metrics = self.savings.add(stats, blocked(stats), self.policy.write_gbps(directory))
-        self.policy.observe_write(directory, stats.file_nbytes, stats.write_s)
+        self.policy.observe_write(os.path.dirname(os.path.abspath(path)), stats.file_nbytes, stats.write_s)
+        self._record(path, stats, blocked, step)
+
+    def _record(self, path: str, stats: container.SaveStats, blocked: float, step: int) -> None:
+        metrics = self.savings.add(stats, blocked, self.policy.write_gbps(os.path.dirname(os.path.abspath(path))))
         with self._lock:
             self.pending_metrics.append((step, metrics))
         rank_zero_info(telemetry.summary(path, stats, metrics))

@@ -1,0 +1,84 @@
+"""The zip container ``torch.load`` reads, written as a stream: each record goes to the file as soon as it exists.
+
+``torch.save`` builds the whole pickle first and then writes every storage; a checkpoint save instead wants to write
+compressed segments while the GPU is still coding the next ones. The layout matches ``torch.save``'s: entries
+``<archive>/data.pkl``, ``<archive>/data/<key>``, ``byteorder``, ``version``..., stored uncompressed, data aligned to
+64 bytes (so ``mmap=True`` loads work), zip64 throughout, ``data.pkl`` listed first in the central directory
+(torch reads the archive name from the first entry) although its bytes come last.
+"""
+
+from __future__ import annotations
+
+import secrets
+import struct
+import zlib
+from typing import BinaryIO
+
+_ALIGN = 64
+_ZIP64 = 0xFFFFFFFF
+_VERSION = 45  # zip 4.5: zip64
+_DOS_DATE = (1 << 5) | 1  # 1980-01-01
+
+
+class ArchiveWriter:
+    """Writes stored (uncompressed) zip entries to ``f`` one after another, then the central directory.
+
+    Args:
+        f: a binary file object, positioned at its start.
+        name: the archive's top-level directory (torch.save uses the file's stem; any name loads).
+    """
+
+    def __init__(self, f: BinaryIO, name: str = "archive") -> None:
+        self._f, self.name = f, name
+        self._offset = 0
+        self._entries: list[tuple[bytes, int, int, int]] = []  # (name, crc, size, header offset)
+
+    def add(self, name: str, data: memoryview | bytes, crc: int | None = None) -> None:
+        """Append entry ``<archive>/<name>`` holding ``data`` (CRC-32 computed unless given)."""
+        data = memoryview(data).cast("B")
+        full = f"{self.name}/{name}".encode()
+        crc = zlib.crc32(data) if crc is None else crc
+        zip64 = struct.pack("<HHQQ", 1, 16, data.nbytes, data.nbytes)
+        start = self._offset + 30 + len(full) + len(zip64) + 4
+        pad = -start % _ALIGN
+        extra = zip64 + struct.pack("<HH", 0x4246, pad) + bytes(pad)  # "FB" padding field, as torch.save writes
+        header = struct.pack(
+            "<IHHHHHIIIHH", 0x04034B50, _VERSION, 0, 0, 0, _DOS_DATE, crc, _ZIP64, _ZIP64, len(full), len(extra)
+        )
+        self._write(header + full + extra)
+        self._entries.append((full, crc, data.nbytes, self._offset - len(header) - len(full) - len(extra)))
+        self._write(data)
+
+    def finish(self, first: str) -> None:
+        """Write the central directory, entry ``first`` (e.g. ``data.pkl``) listed first, and the end records."""
+        first_name = f"{self.name}/{first}".encode()
+        entries = sorted(self._entries, key=lambda e: e[0] != first_name)
+        start = self._offset
+        for full, crc, size, offset in entries:
+            extra = struct.pack("<HHQQQ", 1, 24, size, size, offset)
+            self._write(
+                struct.pack(
+                    "<IHHHHHHIIIHHHHHII", 0x02014B50, _VERSION, _VERSION, 0, 0, 0, _DOS_DATE, crc, _ZIP64, _ZIP64,
+                    len(full), len(extra), 0, 0, 0, 0, _ZIP64,
+                )
+                + full
+                + extra
+            )
+        end = self._offset
+        count = len(entries)
+        self._write(struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, _VERSION, _VERSION, 0, 0, count, count, end - start, start))
+        self._write(struct.pack("<IIQI", 0x07064B50, 0, end, 1))
+        self._write(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, min(count, 0xFFFF), min(count, 0xFFFF),
+                                min(end - start, _ZIP64), _ZIP64, 0))
+
+    def add_torch_metadata(self) -> None:
+        """The small records torch.save writes next to the data (format, alignment, byte order, version, id)."""
+        self.add(".format_version", b"1")
+        self.add(".storage_alignment", str(_ALIGN).encode())
+        self.add("byteorder", b"little")
+        self.add("version", b"3\n")
+        self.add(".data/serialization_id", str(secrets.randbits(128)).zfill(40).encode())
+
+    def _write(self, data: bytes | memoryview) -> None:
+        self._f.write(data)
+        self._offset += memoryview(data).nbytes
