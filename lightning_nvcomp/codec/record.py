@@ -398,4 +398,8 @@ def decode(blobs: list[torch.Tensor], meta: dict, device: torch.device | str = "
     else:
         for _ in _segment_pool().map(run, jobs):
             pass
+    if work.type == "cuda" and device.type == "cpu":
+        host = _to_host(out)  # pinned: no first-touch page faults, and the copy back to a GPU model is fast
+        torch.cuda.current_stream(work).synchronize()
+        return host
     return out.to(device)
