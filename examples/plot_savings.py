@@ -56,7 +56,8 @@ def label(path: str, run: Run) -> str:
         f"({raw / stored:.3f}x), saved {run['saved_s_total'][last]:.3g} s"
     )
     if "saved_usd_total" in run:
-        text += f" = ${run['saved_usd_total'][last]:.3g}"
+        usd = run["saved_usd_total"][last]
+        text += f" = {'-' * (usd < 0)}${abs(usd):.3g}"
     return text
 
 
@@ -77,7 +78,7 @@ def plot(runs: dict[str, Run], output: str) -> None:
     total.axhline(0, color="grey", lw=0.8)
     total.set(title="time saved so far (nvcomp/saved_s_total)", xlabel="step", ylabel="seconds")
     ratio.set(title="compression ratio (nvcomp/ratio)", xlabel="step", ylabel="raw bytes / file bytes")
-    ratio.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.3f"))
+    ratio.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter(useOffset=False))
     blocked.set(title="each checkpoint: blocked_s vs baseline_s", xlabel="checkpoint at step", ylabel="seconds")
     blocked.set_xticks(range(len(steps)), [str(k) for k in steps])
     if len(runs) > 1:

@@ -9,17 +9,13 @@ points (see pyproject.toml) and stays idle unless the Trainer's checkpoint IO is
 from __future__ import annotations
 
 import os
-import threading
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_nvcomp import container, telemetry
-from lightning_nvcomp.policy import CodecPolicy
-from lightning_nvcomp.storage import Storage
+from lightning_nvcomp.pipeline import CheckpointWriter
 
 
 class NvcompCheckpointIO(CheckpointIO):
@@ -51,96 +47,51 @@ class NvcompCheckpointIO(CheckpointIO):
         probe_mb: int = 256,
         interval_s: float | None = None,
     ) -> None:
-        if codec not in container.SAVE_CODECS:
-            raise ValueError(f"codec must be one of {container.SAVE_CODECS}, not {codec!r}")
-        if staging_mb <= 0 or probe_mb <= 0:
-            raise ValueError(f"staging_mb ({staging_mb}) and probe_mb ({probe_mb}) must be positive")
-        self.codec, self.async_save = codec, async_save
-        self.staging_nbytes = staging_mb << 20
-        self.policy = CodecPolicy("async" if async_save else "sync", interval_s, probe_mb << 20)
-        self.storage = Storage()
-        self.savings = telemetry.Savings(gpu_hour_usd)
-        #: Metrics of finished saves waiting for the savings callback: (global step, metrics).
-        self.pending_metrics: list[tuple[int, dict[str, float]]] = []
+        self.writer = CheckpointWriter(codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd,
+                                       report=self._report)
         self.logger_attached = False
-        self._lock = threading.Lock()
-        self._executor: ThreadPoolExecutor | None = None
-        self._inflight: tuple[str, Future] | None = None
+
+    @property
+    def savings(self) -> telemetry.Savings:
+        return self.writer.savings
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} does not take storage_options")
-        self.wait()
-        path = os.fspath(path)
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        step = int(checkpoint.get("global_step", 0))
-        if not self.async_save:  # compression hides behind the write: segments are written as they are coded
-            stats = container.save(checkpoint, path, self.codec, policy=self.policy, storage=self.storage,
-                                   staging_nbytes=self.staging_nbytes)
-            self._record(path, stats, stats.seconds, step)
-            return
-        begin = time.perf_counter()
-        tensors = container._find_tensors(checkpoint)
-        codec, prediction = container.resolve_codec(self.codec, tensors, directory, self.policy)
-        snap = container.snapshot(checkpoint, codec, tensors, isolate=True, staging_nbytes=self.staging_nbytes)
-        blocked = time.perf_counter() - begin
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-nvcomp-save")
-        self._inflight = (path, self._executor.submit(self._write, snap, path, prediction, blocked, step))
+        self.writer.wait()  # a background failure surfaces here, at the next save
+        self.writer.save(checkpoint, path)
+        self.writer.commit(int(checkpoint.get("global_step", 0)), os.fspath(path))
 
-    def _write(self, snap: container.Snapshot, path: str, prediction, blocked: float, step: int) -> None:
-        stats = snap.write(path, self.storage, prediction)
-        self.policy.observe_write(os.path.dirname(os.path.abspath(path)), stats.file_nbytes, stats.write_s)
-        self._record(path, stats, blocked, step)
+    def load_checkpoint(
+        self, path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        self.writer.wait(os.fspath(path))
+        return container.load(path, map_location=map_location or "cpu", weights_only=weights_only)
 
-    def _record(self, path: str, stats: container.SaveStats, blocked: float, step: int) -> None:
-        metrics = self.savings.add(stats, blocked, self.policy.write_gbps(os.path.dirname(os.path.abspath(path))))
-        with self._lock:
-            self.pending_metrics.append((step, metrics))
-        rank_zero_info(telemetry.summary(path, stats, metrics))
+    def remove_checkpoint(self, path: str | os.PathLike) -> None:
+        self.writer.wait(os.fspath(path))
+        if os.path.exists(path):
+            os.remove(path)
+
+    def teardown(self) -> None:
+        self.writer.close()
+
+    def wait(self) -> None:
+        """Wait for the background save, if any; raise its failure here."""
+        self.writer.wait()
+
+    def drain_metrics(self) -> list[tuple[int, dict[str, float]]]:
+        """Metrics of the saves finished since the last call (for the savings callback)."""
+        return self.writer.drain_metrics()
+
+    def _report(self, line: str) -> None:
+        rank_zero_info(line)
         if not self.logger_attached and len(self.savings.history) == 1:
             rank_zero_warn(
                 "lightning_nvcomp: no savings callback is attached to this run, so the savings metrics reach no "
                 "logger (only this console). With a Trainer it is installed automatically when lightning-nvcomp is "
                 "pip-installed; otherwise add lightning_nvcomp.NvcompSavings() to the callbacks."
             )
-
-    def load_checkpoint(
-        self, path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None
-    ) -> dict[str, Any]:
-        self.wait(os.fspath(path))
-        return container.load(path, map_location=map_location or "cpu", weights_only=weights_only)
-
-    def remove_checkpoint(self, path: str | os.PathLike) -> None:
-        self.wait(os.fspath(path))
-        if os.path.exists(path):
-            os.remove(path)
-
-    def teardown(self) -> None:
-        try:
-            self.wait()
-        finally:
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
-                self._executor = None
-
-    def drain_metrics(self) -> list[tuple[int, dict[str, float]]]:
-        """Metrics of the saves finished since the last call (for the savings callback)."""
-        with self._lock:
-            drained, self.pending_metrics = self.pending_metrics, []
-        return drained
-
-    def wait(self, path: str | None = None) -> None:
-        """Wait for the background save (only if it writes ``path``, when given); raise its failure here."""
-        inflight = self._inflight
-        if inflight is None or (path is not None and os.path.abspath(inflight[0]) != os.path.abspath(path)):
-            return
-        self._inflight = None
-        try:
-            inflight[1].result()
-        except BaseException as err:
-            raise RuntimeError(f"lightning_nvcomp: the background save of {inflight[0]} failed: {err}") from err
 
 
 def _register_with_pytorch_lightning() -> None:

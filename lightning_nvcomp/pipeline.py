@@ -1,0 +1,156 @@
+"""Checkpoint saves as the integrations need them: synchronous (compressed segments written while the next are
+coded) or asynchronous (training waits for the compressed snapshot in host memory; a background thread writes),
+with the codec policy and the savings telemetry. One writer per run; Lightning and Accelerate share it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+from lightning_nvcomp import container, telemetry
+from lightning_nvcomp.policy import CodecPolicy
+from lightning_nvcomp.storage import Storage
+
+log = logging.getLogger(__name__)
+
+
+def _combined(stats: list[container.SaveStats], label: str) -> container.SaveStats:
+    """One save's figures for several files written together (e.g. Accelerate's model, optimizer, scheduler)."""
+    if len(stats) == 1:
+        return stats[0]
+    return container.SaveStats(
+        label,
+        max(stats, key=lambda s: s.raw_nbytes).codec,
+        sum(s.raw_nbytes for s in stats),
+        sum(s.file_nbytes for s in stats),
+        sum(s.encode_s for s in stats),
+        sum(s.write_s for s in stats),
+        None,
+    )
+
+
+class CheckpointWriter:
+    """Writes checkpoint files compressed, atomically, synchronously or in the background.
+
+    Saves are grouped: :meth:`save` each file of a checkpoint, then :meth:`commit` it, which records one set of
+    savings metrics for the group (in async mode, once its background writes are done).
+
+    Args:
+        codec: ``"auto"``, ``"ans"``, ``"zstd"`` or ``"none"`` (see :func:`lightning_nvcomp.save`).
+        async_save: write on a background thread; training waits only for the compressed snapshot.
+        staging_mb: coding granularity; a GPU save borrows about three times this much GPU memory.
+        probe_mb: size of the one-off write-bandwidth probe per directory (the savings baseline, and ``auto``).
+        interval_s: seconds between saves, for ``auto`` in async mode.
+        gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
+        report: called with each console summary line (default: the ``lightning_nvcomp.pipeline`` logger).
+    """
+
+    def __init__(
+        self,
+        codec: str = "auto",
+        async_save: bool = False,
+        staging_mb: int = 256,
+        probe_mb: int = 256,
+        interval_s: float | None = None,
+        gpu_hour_usd: float | None = None,
+        report: Callable[[str], None] | None = None,
+    ) -> None:
+        if codec not in container.SAVE_CODECS:
+            raise ValueError(f"codec must be one of {container.SAVE_CODECS}, not {codec!r}")
+        if staging_mb <= 0 or probe_mb <= 0:
+            raise ValueError(f"staging_mb ({staging_mb}) and probe_mb ({probe_mb}) must be positive")
+        self.codec, self.async_save = codec, async_save
+        self.staging_nbytes = staging_mb << 20
+        self.policy = CodecPolicy("async" if async_save else "sync", interval_s, probe_mb << 20)
+        self.storage = Storage()
+        self.savings = telemetry.Savings(gpu_hour_usd)
+        self.report = report or log.info
+        self._lock = threading.Lock()
+        self._metrics: list[tuple[int, dict[str, float]]] = []
+        self._executor: ThreadPoolExecutor | None = None
+        self._inflight: list[tuple[str, Future]] = []
+        self._group: list[Any] = []  # SaveStats, or futures of them
+        self._blocked = 0.0
+
+    def save(self, obj: object, path: str | os.PathLike) -> None:
+        """Save ``obj`` to ``path`` as part of the current group (waits for an earlier write of the same path)."""
+        path = os.fspath(path)
+        self.wait(path)
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        begin = time.perf_counter()
+        if not self.async_save:
+            self._group.append(container.save(obj, path, self.codec, policy=self.policy, storage=self.storage,
+                                              staging_nbytes=self.staging_nbytes))
+            self._blocked += time.perf_counter() - begin
+            return
+        tensors = container._find_tensors(obj)
+        codec, prediction = container.resolve_codec(self.codec, tensors, directory, self.policy)
+        snap = container.snapshot(obj, codec, tensors, isolate=True, staging_nbytes=self.staging_nbytes)
+        future = self._background(self._write, snap, path, prediction)
+        self._inflight.append((path, future))
+        self._group.append(future)
+        self._blocked += time.perf_counter() - begin
+
+    def commit(self, step: int, label: str) -> None:
+        """Close the current group of saves (checkpoint ``label`` at training ``step``) and record its savings."""
+        group, blocked = self._group, self._blocked
+        self._group, self._blocked = [], 0.0
+        if not group:
+            return
+        if self.async_save:  # the single writer thread runs this after the group's writes
+            self._inflight.append((label, self._background(self._record, group, blocked, step, label)))
+        else:
+            self._record(group, blocked, step, label)
+
+    def _background(self, fn: Callable, *args: Any) -> Future:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-nvcomp-write")
+        return self._executor.submit(fn, *args)
+
+    def _write(self, snap: container.Snapshot, path: str, prediction: Any) -> container.SaveStats:
+        stats = snap.write(path, self.storage, prediction)
+        self.policy.observe_write(os.path.dirname(os.path.abspath(path)), stats.file_nbytes, stats.write_s)
+        return stats
+
+    def _record(self, group: list[Any], blocked: float, step: int, label: str) -> None:
+        stats = _combined([s.result() if isinstance(s, Future) else s for s in group], label)
+        directory = label if os.path.isdir(label) else os.path.dirname(os.path.abspath(label))
+        metrics = self.savings.add(stats, blocked, self.policy.write_gbps(directory))
+        with self._lock:
+            self._metrics.append((step, metrics))
+        self.report(telemetry.summary(label, stats, metrics))
+
+    def drain_metrics(self) -> list[tuple[int, dict[str, float]]]:
+        """(step, metrics) of the groups recorded since the last call."""
+        with self._lock:
+            drained, self._metrics = self._metrics, []
+        return drained
+
+    def wait(self, path: str | None = None) -> None:
+        """Wait for background writes (only those of ``path``, when given); raise a failed one's error here."""
+        target = None if path is None else os.path.abspath(path)
+        keep, waiting = [], []
+        for item in self._inflight:
+            (waiting if target is None or os.path.abspath(item[0]) == target else keep).append(item)
+        self._inflight = keep
+        for written, future in waiting:
+            try:
+                future.result()
+            except BaseException as err:
+                self._inflight = [item for item in self._inflight if not item[1].done()]
+                raise RuntimeError(f"lightning_nvcomp: the background save of {written} failed: {err}") from err
+
+    def close(self) -> None:
+        """Wait for every background write, then stop the writer thread."""
+        try:
+            self.wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
