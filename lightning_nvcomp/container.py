@@ -67,6 +67,8 @@ _progress: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.Co
 #: Key under which a record dict keeps its decoded bytes while one load runs (torch.load's pickle memo hands every
 #: tensor of a record the same dict, and drops it when the load ends). An object, so no pickle can forge it.
 _DECODED = object()
+#: Key of the record dict's cache of storages already handed out (by index), so views keep sharing one.
+_STORAGES = object()
 
 
 def _fail(name: object, message: str) -> CorruptCheckpointError:
@@ -159,8 +161,14 @@ def decode_tensor(
         raise _fail(name, f"shape {size} with stride {stride} at offset {offset} overruns its {numel} elements")
     if not all(size) and offset >= 1 << 48:  # an empty view reads nothing, but torch allows any offset for it
         raise _fail(name, f"offset {offset} is absurd")
-    flat = data[start : start + nbytes].view(dtype)
-    tensor = flat.as_strided(size, stride, flat.storage_offset() + offset)  # as_strided's offset is absolute
+    handed = rec.setdefault(_STORAGES, {})
+    if index not in handed:
+        piece = data[start : start + nbytes]
+        # Storages packed together get their own memory: a tensor kept after the load (an optimizer keeps its
+        # state tensors) must not hold the whole record alive, nor be saved again with it.
+        handed[index] = piece if len(storages) == 1 else piece.clone()
+    flat = handed[index].view(dtype)
+    tensor = flat.as_strided(size, stride, offset)
     if parameter:
         return torch.nn.Parameter(tensor, requires_grad)
     return tensor.requires_grad_(requires_grad)

@@ -31,6 +31,8 @@ from lightning_nvcomp.storage import Storage
 PROBE_NBYTES = 256 << 20
 #: Weight of a new measurement in the moving average of a directory's write bandwidth.
 EMA_WEIGHT = 0.3
+#: Writes smaller than this do not refine the estimate: their time is mostly fsync latency, not bandwidth.
+MIN_OBSERVED_NBYTES = 64 << 20
 _TIE = 0.05
 
 
@@ -227,7 +229,7 @@ class CodecPolicy:
     def observe_write(self, directory: str, nbytes: int, seconds: float) -> None:
         """Fold a real checkpoint write into the directory's bandwidth estimate."""
         key = os.path.realpath(directory)
-        if seconds > 0 and key in self._bandwidth:
+        if seconds > 0 and nbytes >= MIN_OBSERVED_NBYTES and key in self._bandwidth:
             self._bandwidth[key] = (1 - EMA_WEIGHT) * self._bandwidth[key] + EMA_WEIGHT * nbytes / seconds / 1e9
 
     def profiles(self, tensors: list[torch.Tensor]) -> list[CodecProfile]:

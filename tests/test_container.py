@@ -459,3 +459,20 @@ def test_isolated_snapshot_is_unaffected_by_later_training(tmp_path, codec):
     assert_bit_exact(loaded["w"], before["w"])
     assert_bit_exact(loaded["view"], before["view"])
     assert loaded["view"].untyped_storage().data_ptr() == loaded["w"].untyped_storage().data_ptr()
+
+
+def test_resumed_optimizer_state_does_not_hold_or_resave_the_whole_record(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 16)).sum().backward()
+    opt.step()
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+    first = lightning_nvcomp.save(state, tmp_path / "a.ckpt", codec="zstd")
+    loaded = lightning_nvcomp.load(tmp_path / "a.ckpt")
+    opt.load_state_dict(loaded["optimizer"])
+    model.load_state_dict(loaded["model"])
+    for moments in opt.state.values():  # each tensor has its own storage, not a slice of a shared record
+        assert moments["exp_avg"].untyped_storage().nbytes() == moments["exp_avg"].numel() * 4
+    again = lightning_nvcomp.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "b.ckpt",
+                                  codec="zstd")
+    assert again.raw_nbytes == first.raw_nbytes

@@ -67,6 +67,7 @@ def test_policy_caches_the_probe_and_follows_real_writes(tmp_path):
     first = policy.write_gbps(str(tmp_path))
     assert policy.write_gbps(str(tmp_path)) == first  # cached: no second probe
     policy.observe_write(str(tmp_path), 10 * GB, 1.0)  # a real save ran at 10 GB/s
+    policy.observe_write(str(tmp_path), 1 << 20, 10.0)  # too small to tell: ignored
     assert policy.write_gbps(str(tmp_path)) == pytest.approx(0.7 * first + 0.3 * 10)
 
 
