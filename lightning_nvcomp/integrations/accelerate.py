@@ -1,0 +1,107 @@
+"""Accelerate integration: ``accelerator.save_state`` writes the model, the optimizer, the scheduler and the
+registered objects compressed; ``load_state`` reads them back (the files are ``torch.save`` zips).
+
+Why it hooks where it does: Accelerate's save-state pre-hooks see only the model weights, and the optimizer - the
+largest part - never passes through a hook. Every file ``save_state`` writes with ``torch.save``, though, goes
+through one function, ``accelerate.checkpointing.save``. While an attached Accelerator runs ``save_state``, that
+name points to the shared :class:`~lightning_nvcomp.pipeline.CheckpointWriter`; everything else (file names that
+``load_state`` parses, automatic checkpoint naming, ``total_limit`` pruning, RNG states) stays Accelerate's own.
+The model is written as ``pytorch_model.bin`` (``safe_serialization=False``), the name ``load_state`` falls back to.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import accelerate.checkpointing as accelerate_checkpointing
+from accelerate import Accelerator
+from accelerate.state import PartialState
+
+from lightning_nvcomp.pipeline import CheckpointWriter
+
+_SWAP = threading.Lock()
+
+
+class Attachment:
+    """Compression attached to one ``Accelerator`` (made by :func:`attach`); :meth:`detach` undoes it."""
+
+    def __init__(self, accelerator: Accelerator, writer: CheckpointWriter) -> None:
+        self.accelerator, self.writer = accelerator, writer
+        writer.savings.world_size = accelerator.num_processes
+        self._save_state, self._load_state = accelerator.save_state, accelerator.load_state
+        accelerator.save_state = self.save_state
+        accelerator.load_state = self.load_state
+
+    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, **kwargs: Any) -> str:
+        """``Accelerator.save_state``, compressed (``safe_serialization`` is ignored: the files are torch zips)."""
+        self.wait()  # Accelerate may prune older checkpoints now: their background writes must be done
+        with _SWAP:
+            original = accelerate_checkpointing.save
+            accelerate_checkpointing.save = self._save
+            try:
+                location = self._save_state(output_dir, safe_serialization=False, **kwargs)
+            finally:
+                accelerate_checkpointing.save = original
+        self.writer.commit(getattr(self.accelerator, "step", 0), str(location))
+        if not self.writer.async_save:
+            self.flush()
+        return location
+
+    def load_state(self, input_dir: str | None = None, **kwargs: Any) -> Any:
+        """``Accelerator.load_state``, after any background write has finished."""
+        self.wait()
+        return self._load_state(input_dir, **kwargs)
+
+    def _save(self, obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
+        # Same rule as accelerate.utils.save: one writer per job, or one per node.
+        state = PartialState()
+        if state.is_local_main_process if save_on_each_node else state.is_main_process:
+            self.writer.save(obj, f)
+
+    def flush(self) -> None:
+        """Send the metrics of finished saves to the Accelerator's trackers (main process only)."""
+        for step, metrics in self.writer.drain_metrics():
+            if self.accelerator.is_main_process:
+                self.accelerator.log(metrics, step=step)
+
+    def wait(self) -> None:
+        """Wait for background writes (raising a failed one's error) and log their metrics."""
+        self.writer.wait()
+        self.flush()
+
+    def detach(self) -> None:
+        """Finish pending writes and give the Accelerator its own ``save_state`` / ``load_state`` back."""
+        try:
+            self.wait()
+        finally:
+            self.writer.close()
+            self.accelerator.__dict__.pop("save_state", None)
+            self.accelerator.__dict__.pop("load_state", None)
+
+
+def attach(
+    accelerator: Accelerator,
+    codec: str = "auto",
+    async_save: bool = False,
+    gpu_hour_usd: float | None = None,
+    staging_mb: int = 256,
+    probe_mb: int = 256,
+    interval_s: float | None = None,
+) -> Attachment:
+    """Make ``accelerator.save_state`` write compressed checkpoints and log the savings to its trackers.
+
+    Args:
+        accelerator: the Accelerator to attach to.
+        codec: ``"auto"``, ``"ans"``, ``"zstd"`` or ``"none"`` (see :func:`lightning_nvcomp.save`).
+        async_save: write in the background; ``save_state`` returns once the snapshot is in host memory. The next
+            ``save_state``, ``load_state``, :meth:`Attachment.wait` and :meth:`Attachment.detach` wait for it.
+        gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
+        staging_mb: a save borrows about three times this much GPU memory.
+        probe_mb: size of the one-off write-bandwidth probe per checkpoint directory.
+        interval_s: seconds between saves, for ``auto`` in async mode.
+
+    Returns:
+        The :class:`Attachment`; ``detach()`` restores the Accelerator.
+    """
+    return Attachment(accelerator, CheckpointWriter(codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd))
