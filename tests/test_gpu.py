@@ -254,3 +254,32 @@ def test_lightning_fit_resume_and_load_with_ans_on_gpu(tmp_path, async_save):
                         enable_progress_bar=False, logger=False, enable_checkpointing=False)
     resumed.fit(Tiny(), data, ckpt_path=str(tmp_path / "epoch=0-step=4.ckpt"))
     assert resumed.global_step == 10
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_accelerate_save_state_with_ans_on_gpu(tmp_path, async_save):
+    from accelerate import Accelerator
+
+    from lightning_nvcomp.integrations.accelerate import attach
+
+    accelerator = Accelerator()
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, opt = accelerator.prepare(model, opt)
+    for _ in range(3):
+        accelerator.backward(model(torch.randn(32, 256, device="cuda")).square().mean())
+        opt.step()
+        opt.zero_grad()
+    handle = attach(accelerator, codec="ans", async_save=async_save, probe_mb=8)
+    accelerator.save_state(str(tmp_path / "ck"))
+    saved_model = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_opt = {k: v.clone() for k, v in opt.state_dict()["state"][0].items() if torch.is_tensor(v)}
+    for p in model.parameters():
+        p.data.add_(1.0)
+    accelerator.load_state(str(tmp_path / "ck"))
+    handle.detach()
+    assert (tmp_path / "ck" / "pytorch_model.bin").exists() and (tmp_path / "ck" / "optimizer.bin").exists()
+    for k, v in model.state_dict().items():
+        assert torch.equal(_bytes(v), _bytes(saved_model[k])), k
+    for k, v in saved_opt.items():
+        assert torch.equal(_bytes(opt.state_dict()["state"][0][k]), _bytes(v)), k
