@@ -50,7 +50,7 @@ def run(
         if measure:
             path = os.path.join(directory, f".lightning-nvcomp-bench-{p.codec}.ckpt")
             try:
-                stats = container.snapshot(state, p.codec, tensors).write(path, storage)
+                stats = container.save(state, path, p.codec, storage=storage)
                 encode_s, write_s = stats.encode_s, stats.write_s
             finally:
                 if os.path.exists(path):
@@ -65,7 +65,7 @@ def format_table(gbps: float, rows: list[BenchRow], chosen: Prediction, raw_nbyt
         f"storage: {gbps * 1e3:.0f} MB/s per writer (write + fsync)   state: {raw_nbytes / 1e6:.0f} MB   mode: {mode}",
         "",
         f"{'codec':<6} {'ratio':>6} {'encode GB/s':>11} | {'predicted: encode':>17} {'write':>7} {'blocked':>8} | "
-        f"{'measured: encode':>16} {'write':>7} {'total':>7}",
+        f"{'measured: encode':>16} {'+write':>7} {'total':>7}",
     ]
     for row in rows:
         p = row.prediction

@@ -5,7 +5,8 @@ throughput ``E`` (GPU coding, device-to-host copy and checksums, measured togeth
 bytes/s per writer costs
 
 * ``encode = R / E`` and ``write = R / r / W``;
-* sync mode: training is blocked ``encode + write`` (the file is durable when the save returns);
+* sync mode: segments are written while the next ones are coded, so training is blocked about
+  ``max(encode, write)`` (the file is durable when the save returns);
 * async mode: training is blocked ``encode`` (the snapshot is in host memory), plus any part of the previous write
   still running when the next save starts: ``max(0, write - interval)``.
 
@@ -67,7 +68,7 @@ def predict(
     encode_s = raw_nbytes / (profile.encode_gbps * 1e9) if math.isfinite(profile.encode_gbps) else 0.0
     write_s = raw_nbytes / profile.ratio / (write_gbps * 1e9)
     if mode == "sync":
-        blocked = encode_s + write_s
+        blocked = max(encode_s, write_s)
     else:
         blocked = encode_s + max(0.0, write_s - (interval_s if interval_s is not None else math.inf))
     return Prediction(profile.codec, profile.ratio, encode_s, write_s, blocked)

@@ -20,7 +20,7 @@ GB = 10**9
 
 def test_predict_by_hand():
     p = predict(6 * GB, ZSTD, write_gbps=1.0, mode="sync")
-    assert p.encode_s == pytest.approx(12.0) and p.write_s == pytest.approx(5.0) and p.blocked_s == pytest.approx(17.0)
+    assert p.encode_s == pytest.approx(12.0) and p.write_s == pytest.approx(5.0) and p.blocked_s == pytest.approx(12.0)
     a = predict(6 * GB, ZSTD, write_gbps=1.0, mode="async", interval_s=3.0)
     assert a.blocked_s == pytest.approx(12.0 + 2.0)  # the write outlasts the interval by 2 s
     assert predict(6 * GB, ZSTD, 1.0, "async").blocked_s == pytest.approx(12.0)
@@ -30,7 +30,9 @@ def test_predict_by_hand():
 def test_choose_prefers_speed_then_ratio_within_five_percent():
     fast = predict(GB, CodecProfile("ans", 1.15, 100.0), 1.0)
     slower_smaller = predict(GB, CodecProfile("zstd", 1.2, 60.0), 1.0)
-    assert choose([fast, slower_smaller]).codec == "zstd"  # 0.870 s vs 0.850 s: a tie, won by the ratio
+    assert choose([fast, slower_smaller]).codec == "zstd"  # write-bound: 0.870 s vs 0.833 s, zstd is faster
+    close = predict(GB, CodecProfile("ans", 1.20, 100.0), 1.0)
+    assert choose([close, predict(GB, CodecProfile("zstd", 1.21, 60.0), 1.0)]).codec == "zstd"  # a tie: the ratio
     assert choose([predict(GB, NONE, 1.0), predict(GB, ZSTD, 1.0)]).codec == "none"
 
 
@@ -73,13 +75,15 @@ def test_policy_caches_the_probe_and_follows_real_writes(tmp_path):
 
 @pytest.mark.parametrize("mb_per_s, expected", [(20, "zstd"), (400, "none")])
 def test_decision_flips_at_the_predicted_crossover(tmp_path, mb_per_s, expected):
-    # zstd at 0.5 GB/s and ratio 1.2 beats writing raw below W = (1 - 1/1.2) * 0.5 GB/s = 83 MB/s.
+    # Sync saves overlap coding and writing: zstd (0.1 GB/s, ratio 1.2) costs max(R/0.1, R/1.2/W) and raw costs
+    # R/W, so zstd wins exactly when W < 0.1 GB/s.
     state = {"w": torch.randn(1 << 18)}
-    policy = CodecPolicy(probe_nbytes=4 << 20, storage=ThrottledStorage(mb_per_s), profiles=[ZSTD, NONE])
+    slow_zstd = CodecProfile("zstd", ratio=1.2, encode_gbps=0.1)
+    policy = CodecPolicy(probe_nbytes=4 << 20, storage=ThrottledStorage(mb_per_s), profiles=[slow_zstd, NONE])
     stats = lightning_nvcomp.save(state, tmp_path / "ck.pt", codec="auto", policy=policy, storage=policy.storage)
     assert stats.codec == expected and stats.prediction.codec == expected
     measured = policy.write_gbps(str(tmp_path))  # the probe, refined by the real (throttled) save
-    assert measured < 0.083 if expected == "zstd" else measured > 0.083
+    assert measured < 0.1 if expected == "zstd" else measured > 0.1
 
 
 def test_async_mode_ignores_writes_that_fit_in_the_interval():
