@@ -12,6 +12,7 @@ share it like in ``torch.save``. So any ``torch.load`` - Lightning's, the user's
 from __future__ import annotations
 
 import contextvars
+import copy
 import functools
 import io
 import math
@@ -463,14 +464,18 @@ def snapshot(
 ) -> Snapshot:
     """Copy every tensor of ``obj`` into host memory, compressed with ``codec`` (``ans``, ``zstd``; ``none``: as is).
 
-    Compressed blobs are always fresh copies; with ``none``, CPU tensors are copied only when ``isolate`` (for saves
-    written while training goes on). ``staging_nbytes`` (a multiple of 512) bounds the records and segments coded at
+    Compressed blobs are always fresh copies. With ``isolate`` (saves written while training goes on) the rest of
+    ``obj`` is copied too, and with ``none`` so are CPU tensors. ``staging_nbytes`` (a multiple of 512) bounds the records and segments coded at
     once, so a GPU save borrows about three times that much GPU memory (default: 256 MiB). With ``on_blob``, each
     compressed segment is handed to ``on_blob(key, blob, crc)`` as soon as it is in host memory (to be written as
     entry ``data/<key>``) instead of being kept in the snapshot.
     """
     begin = time.perf_counter()
     tensors = _find_tensors(obj) if tensors is None else tensors
+    if isolate:
+        # The file is written later: freeze the structure (dicts, counters, callback states) as it is now; the
+        # tensors themselves are copied below, so the copy shares them.
+        obj = copy.deepcopy(obj, memo={id(t): t for t in tensors})
     raw = sum(t.untyped_storage().nbytes() for t in {t.untyped_storage()._cdata: t for t in tensors}.values())
     if codec == "none":
         return Snapshot(obj, codec, raw, time.perf_counter() - begin, _host_copies(tensors, isolate), [], [])

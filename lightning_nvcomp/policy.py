@@ -149,13 +149,17 @@ def _host_copy_gbps(samples: dict[torch.dtype, torch.Tensor]) -> float:
     return sum(s.numel() for s in gpu) / seconds / 1e9
 
 
-def probe_bandwidth(directory: str, nbytes: int = PROBE_NBYTES, storage: Storage | None = None) -> float:
-    """Write and fsync a probe file of ``nbytes`` in ``directory``; return the GB/s achieved. Under an initialised
-    torch.distributed, every rank must call this together: all write at once and each gets the bandwidth of the
-    slowest writer, which is what each writer gets while all write."""
+def probe_bandwidth(
+    directory: str, nbytes: int = PROBE_NBYTES, storage: Storage | None = None, collective: bool = False
+) -> float:
+    """Write and fsync a probe file of ``nbytes`` in ``directory``; return the GB/s achieved.
+
+    With ``collective`` (under an initialised torch.distributed, when every rank writes its own checkpoint shard),
+    every rank must call this together: all write at once and each gets the bandwidth of the slowest writer, which
+    is what each writer gets while all write. Without it (one writer, e.g. rank 0 of DDP) no collective runs."""
     storage = storage or Storage()
     block = torch.randint(0, 256, (min(nbytes, 16 << 20),), dtype=torch.uint8).numpy().tobytes()
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    distributed = collective and torch.distributed.is_available() and torch.distributed.is_initialized()
     rank = torch.distributed.get_rank() if distributed else 0
     path = os.path.join(directory, f".lightning-nvcomp-probe-{rank}-{secrets.token_hex(4)}")
 
@@ -196,6 +200,7 @@ class CodecPolicy:
         storage: how files are written (for the probe); the default writes local files durably.
         write_gbps: skip the probe and use this bandwidth (e.g. known shared-storage bandwidth per writer).
         profiles: skip calibration and use these codec measurements (e.g. from an earlier run or for what-ifs).
+        collective: every rank saves (sharded checkpoints): probe together (see :func:`probe_bandwidth`).
     """
 
     def __init__(
@@ -206,6 +211,7 @@ class CodecPolicy:
         storage: Storage | None = None,
         write_gbps: float | None = None,
         profiles: list[CodecProfile] | None = None,
+        collective: bool = False,
     ) -> None:
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be 'sync' or 'async', not {mode!r}")
@@ -216,6 +222,7 @@ class CodecPolicy:
         self._fixed_gbps = write_gbps
         self._bandwidth: dict[str, float] = {}
         self._fixed_profiles = profiles
+        self.collective = collective
         self._profiles: dict[tuple, list[CodecProfile]] = {}
 
     def write_gbps(self, directory: str) -> float:
@@ -224,7 +231,7 @@ class CodecPolicy:
             return self._fixed_gbps
         key = os.path.realpath(directory)
         if key not in self._bandwidth:
-            self._bandwidth[key] = probe_bandwidth(key, self.probe_nbytes, self.storage)
+            self._bandwidth[key] = probe_bandwidth(key, self.probe_nbytes, self.storage, self.collective)
         return self._bandwidth[key]
 
     def observe_write(self, directory: str, nbytes: int, seconds: float) -> None:

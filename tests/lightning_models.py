@@ -73,3 +73,10 @@ import lightning.pytorch as _lightning_pytorch  # noqa: E402
 TinyModule, TinyData = make_classes(_lightning_pytorch)
 # importable (and picklable) under their names, for LightningCLI class paths and spawned processes
 TinyModule.__qualname__, TinyData.__qualname__ = "TinyModule", "TinyData"
+
+
+def cli_main() -> None:
+    """``LightningCLI`` over the tiny model and data (run with ``fit --config ...`` in a child process)."""
+    from lightning.pytorch.cli import LightningCLI
+
+    LightningCLI(TinyModule, TinyData, save_config_kwargs={"overwrite": True})

@@ -111,7 +111,7 @@ def _probe_worker(rank: int, world: int, directory: str, port: int, results) -> 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        results[rank] = probe_bandwidth(directory, 2 << 20, ThrottledStorage(40 if rank == 0 else 10))
+        results[rank] = probe_bandwidth(directory, 2 << 20, ThrottledStorage(40 if rank == 0 else 10), collective=True)
     finally:
         dist.destroy_process_group()
 
