@@ -87,6 +87,7 @@ class CheckpointWriter:
         self.wait(path)
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
+        self.policy.write_gbps(directory)  # the one-off probe of this file system, before the save is timed
         begin = time.perf_counter()
         if not self.async_save:
             self._group.append(container.save(obj, path, self.codec, policy=self.policy, storage=self.storage,
@@ -123,6 +124,8 @@ class CheckpointWriter:
         return stats
 
     def _record(self, group: list[Any], blocked: float, step: int, label: str) -> None:
+        if any(isinstance(s, Future) and s.exception() is not None for s in group):
+            return  # a failed write is reported (once) by wait(); a failed checkpoint has no savings
         stats = _combined([s.result() if isinstance(s, Future) else s for s in group], label)
         directory = label if os.path.isdir(label) else os.path.dirname(os.path.abspath(label))
         metrics = self.savings.add(stats, blocked, self.policy.write_gbps(directory))
@@ -143,11 +146,11 @@ class CheckpointWriter:
         for item in self._inflight:
             (waiting if target is None or os.path.abspath(item[0]) == target else keep).append(item)
         self._inflight = keep
-        for written, future in waiting:
+        for i, (written, future) in enumerate(waiting):
             try:
                 future.result()
             except BaseException as err:
-                self._inflight = [item for item in self._inflight if not item[1].done()]
+                self._inflight += waiting[i + 1 :]  # still to be awaited (and their errors raised) next time
                 raise RuntimeError(f"lightning_nvcomp: the background save of {written} failed: {err}") from err
 
     def close(self) -> None:

@@ -158,7 +158,7 @@ def probe_bandwidth(
     every rank must call this together: all write at once and each gets the bandwidth of the slowest writer, which
     is what each writer gets while all write. Without it (one writer, e.g. rank 0 of DDP) no collective runs."""
     storage = storage or Storage()
-    block = torch.randint(0, 256, (min(nbytes, 16 << 20),), dtype=torch.uint8).numpy().tobytes()
+    block = os.urandom(min(nbytes, 16 << 20))  # incompressible, and no RNG of the training run is touched
     distributed = collective and torch.distributed.is_available() and torch.distributed.is_initialized()
     rank = torch.distributed.get_rank() if distributed else 0
     path = os.path.join(directory, f".lightning-nvcomp-probe-{rank}-{secrets.token_hex(4)}")
@@ -190,8 +190,9 @@ def probe_bandwidth(
 class CodecPolicy:
     """Chooses the codec for each save from measured storage bandwidth and codec throughput.
 
-    Measurements are cached for the run: the storage probe per directory (refined by every real write through
-    :meth:`observe_write`), the codec calibration per (device, dtypes).
+    Measurements are cached for the run: the storage probe per file system (a new checkpoint directory on the same
+    disk is not probed again; refined by every large real write through :meth:`observe_write`), the codec
+    calibration per (device, dtypes).
 
     Args:
         mode: ``"sync"`` or ``"async"`` - which time matters (see the module docstring).
@@ -220,23 +221,24 @@ class CodecPolicy:
         self.mode, self.interval_s, self.probe_nbytes = mode, interval_s, probe_nbytes
         self.storage = storage or Storage()
         self._fixed_gbps = write_gbps
-        self._bandwidth: dict[str, float] = {}
+        self._bandwidth: dict[int, float] = {}  # by file system (st_dev)
         self._fixed_profiles = profiles
         self.collective = collective
         self._profiles: dict[tuple, list[CodecProfile]] = {}
 
     def write_gbps(self, directory: str) -> float:
-        """The directory's write bandwidth per writer (probed once, then a moving average of real writes)."""
+        """The write bandwidth per writer of the file system holding ``directory`` (probed there once, then a
+        moving average of real writes)."""
         if self._fixed_gbps is not None:
             return self._fixed_gbps
-        key = os.path.realpath(directory)
+        key = os.stat(directory).st_dev
         if key not in self._bandwidth:
-            self._bandwidth[key] = probe_bandwidth(key, self.probe_nbytes, self.storage, self.collective)
+            self._bandwidth[key] = probe_bandwidth(directory, self.probe_nbytes, self.storage, self.collective)
         return self._bandwidth[key]
 
     def observe_write(self, directory: str, nbytes: int, seconds: float) -> None:
-        """Fold a real checkpoint write into the directory's bandwidth estimate."""
-        key = os.path.realpath(directory)
+        """Fold a real checkpoint write into the bandwidth estimate of ``directory``'s file system."""
+        key = os.stat(directory).st_dev
         if seconds > 0 and nbytes >= MIN_OBSERVED_NBYTES and key in self._bandwidth:
             self._bandwidth[key] = (1 - EMA_WEIGHT) * self._bandwidth[key] + EMA_WEIGHT * nbytes / seconds / 1e9
 

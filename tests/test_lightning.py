@@ -472,17 +472,23 @@ def test_async_failure_raised_once_by_plugin(tmp_path: Path) -> None:
     state = {"w": torch.randn(64, 64), "global_step": 7}
     blocked = tmp_path / "blocked.ckpt"
     _block_path(blocked)
+    def again(call, *args) -> None:
+        try:
+            call(*args)
+        except RuntimeError as err:
+            pytest.fail(f"one failed background save was reported a second time: {err}")
+
     plugin.save_checkpoint(state, blocked)  # returns: the write runs in the background
     with pytest.raises(RuntimeError, match="blocked.ckpt"):
         plugin.save_checkpoint(state, tmp_path / "good.ckpt")
-    plugin.save_checkpoint(state, tmp_path / "good.ckpt")
+    again(plugin.save_checkpoint, state, tmp_path / "good.ckpt")
     plugin.teardown()
     assert_tree_bit_exact(state, torch.load(tmp_path / "good.ckpt", weights_only=True))
 
     plugin.save_checkpoint(state, blocked)
     with pytest.raises(RuntimeError, match="blocked.ckpt"):
         plugin.teardown()
-    plugin.teardown()  # reported once
+    again(plugin.teardown)
     assert hidden_files(tmp_path) == []
 
     # a synchronous save fails where it happens, with the OS error naming the file
@@ -560,7 +566,8 @@ class _BigModule(TinyModule):
 
 
 def test_async_checkpoint_holds_the_state_at_save_time_trainer(tmp_path: Path) -> None:
-    """Each async checkpoint's ModelCheckpoint state is the one of its own step, like a synchronous save's."""
+    """Each async checkpoint's ModelCheckpoint state is the one of its own step, like a synchronous save's (at
+    b9d8c77 the writer thread pickled the live ``best_k_models`` dict after the next step had changed it)."""
     ckdir = tmp_path / "ckpts"
     checkpoint = ModelCheckpoint(dirpath=ckdir, filename="{step}", every_n_train_steps=1, save_top_k=3,
                                  monitor="step", mode="max")
@@ -577,6 +584,7 @@ def test_async_checkpoint_holds_the_state_at_save_time_trainer(tmp_path: Path) -
 
 
 def test_async_checkpoint_holds_the_state_at_save_time_plugin(tmp_path: Path) -> None:
+    """Changes to the saved object after save_checkpoint returned do not reach the file written in the background."""
     plugin = NvcompCheckpointIO(codec="zstd", probe_mb=4, async_save=True)
     gen = torch.Generator().manual_seed(0)
     state = {"noise": torch.randint(0, 256, (32 << 20,), dtype=torch.uint8, generator=gen), "global_step": 1,

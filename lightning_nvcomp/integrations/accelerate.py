@@ -36,6 +36,7 @@ class Attachment:
     def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, **kwargs: Any) -> str:
         """``Accelerator.save_state``, compressed (``safe_serialization`` is ignored: the files are torch zips)."""
         self.wait()  # Accelerate may prune older checkpoints now: their background writes must be done
+        iteration = self.accelerator.save_iteration  # grows by one per save_state: the step metrics are logged at
         with _SWAP:
             original = accelerate_checkpointing.save
             accelerate_checkpointing.save = self._save
@@ -43,7 +44,7 @@ class Attachment:
                 location = self._save_state(output_dir, safe_serialization=False, **kwargs)
             finally:
                 accelerate_checkpointing.save = original
-        self.writer.commit(getattr(self.accelerator, "step", 0), str(location))
+        self.writer.commit(iteration, str(location))
         if not self.writer.async_save:
             self.flush()
         return location
