@@ -6,9 +6,11 @@ the CPU), and the savings go to the Accelerator's trackers (here TensorBoard) as
 Checkpoints use Accelerate's automatic naming (``PROJECT_DIR/checkpoints/checkpoint_N``), the last
 ``--total-limit`` kept.
 
-    python examples/accelerate_train.py --cpu --steps 60 --save-every 20 --codec zstd      # CPU, about a minute
-    python examples/accelerate_train.py --cpu --steps 100 --save-every 20 --codec zstd --resume latest
+    python examples/accelerate_train.py --cpu --dim 128 --layers 2 --steps 60 --save-every 20 --codec zstd
+    python examples/accelerate_train.py --cpu --dim 128 --layers 2 --steps 100 --save-every 20 --codec zstd \
+        --resume latest                                                        # continues at step 60
     python examples/accelerate_train.py --steps 2000 --save-every 250 --async-save          # GPU, codec auto
+    accelerate launch --num_processes 2 examples/accelerate_train.py --steps 2000 --async-save  # 2 GPUs (DDP)
     tensorboard --logdir runs/accelerate_gpt
 
 A resumed run continues exactly where the checkpoint left off: the same batches (drawn from a generator seeded by

@@ -243,20 +243,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench.main(args)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, not {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, not {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser: one subcommand per ``cmd_*`` function, each setting ``run`` to it."""
     parser = argparse.ArgumentParser(
@@ -365,11 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--dir", required=True, help="the checkpoint directory to measure")
     bench.add_argument("--state", help="a checkpoint to calibrate on instead of a generated state")
-    bench.add_argument("--state-mb", type=_positive_int, default=512, help="size of the generated state (MB)")
-    bench.add_argument("--probe-mb", type=_positive_int, default=256, help="size of the storage probe (MB)")
-    bench.add_argument("--throttle-mbps", type=_positive_float, help="hold writes to this many MB/s (emulate slow storage)")
+    bench.add_argument("--state-mb", type=costs.arg_positive_int, default=512, help="size of the generated state (MB)")
+    bench.add_argument("--probe-mb", type=costs.arg_positive_int, default=256, help="size of the storage probe (MB)")
+    bench.add_argument("--throttle-mbps", type=costs.arg_positive_float, help="hold writes to this many MB/s (emulate slow storage)")
     bench.add_argument("--mode", choices=("sync", "async"), default="sync", help="which save time matters")
-    bench.add_argument("--interval-s", type=_positive_float, help="seconds between saves (async mode)")
+    bench.add_argument("--interval-s", type=costs.arg_positive_float, help="seconds between saves (async mode)")
     bench.add_argument("--device", choices=("cpu", "cuda"), help="where the state lives (default: cuda if present)")
     bench.add_argument("--no-measure", action="store_true", help="predict only; do not time real saves")
     bench.set_defaults(run=cmd_bench)
