@@ -15,7 +15,7 @@ from typing import Any, Callable
 from lightning_nvcomp import container, telemetry
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import CodecUnavailableError
-from lightning_nvcomp.policy import CodecPolicy
+from lightning_nvcomp.policy import CodecPolicy, Prediction
 from lightning_nvcomp.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -25,14 +25,21 @@ def _combined(stats: list[container.SaveStats], label: str) -> container.SaveSta
     """One save's figures for several files written together (e.g. Accelerate's model, optimizer, scheduler)."""
     if len(stats) == 1:
         return stats[0]
+    codec = max(stats, key=lambda s: s.raw_nbytes).codec
+    predictions = [s.prediction for s in stats]
+    prediction = None
+    if all(p is not None for p in predictions):  # auto: one forecast per file, summed like the files' times
+        raw, stored = sum(s.raw_nbytes for s in stats), sum(s.raw_nbytes / p.ratio for s, p in zip(stats, predictions))
+        prediction = Prediction(codec, raw / stored if stored else 1.0, sum(p.encode_s for p in predictions),
+                                sum(p.write_s for p in predictions), sum(p.blocked_s for p in predictions))
     return container.SaveStats(
         label,
-        max(stats, key=lambda s: s.raw_nbytes).codec,
+        codec,
         sum(s.raw_nbytes for s in stats),
         sum(s.file_nbytes for s in stats),
         sum(s.encode_s for s in stats),
         sum(s.write_s for s in stats),
-        None,
+        prediction,
     )
 
 

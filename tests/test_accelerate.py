@@ -364,12 +364,6 @@ def test_savings_metrics_reach_tensorboard(tmp_path, async_save):
     assert usd == pytest.approx([s / 3600 * 2.0 for s in totals], rel=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: with codec='auto' the Lightning plugin logs nvcomp/predicted_blocked_s (telemetry: 'auto only'), the "
-    "Accelerate integration never does: save_state writes several files as one group, and pipeline._combined "
-    "sets the group's prediction to None. Fix: in _combined, when every file has a prediction, combine them "
-    "(e.g. policy.Prediction(codec of the largest, raw/stored, sum of encode_s, sum of write_s, sum of "
-    "blocked_s)) instead of None."))
 def test_auto_codec_metrics_match_the_lightning_plugins(tmp_path):
     from lightning_nvcomp.integrations.lightning import NvcompCheckpointIO
 
@@ -447,12 +441,6 @@ ATTACH_TWICE = """
 
 
 @pytest.mark.slow  # ~4 s once fixed; 10 s while it deadlocks (the child's 5 s watchdog)
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: attaching twice to one Accelerator (a re-run notebook cell, a helper called twice) deadlocks the next "
-    "save_state forever: the second Attachment wraps the first's save_state and both take the module lock _SWAP, "
-    "a non-reentrant threading.Lock. Fix: refuse in Attachment.__init__ when accelerator.save_state is already "
-    "an Attachment's (isinstance(getattr(accelerator.save_state, '__self__', None), Attachment) -> ValueError "
-    "'already attached; detach() first')."))
 def test_attaching_twice_does_not_deadlock(tmp_path):
     child = python_child(ATTACH_TWICE, str(tmp_path / "ck"), "5", env=CHILD_ENV, timeout=120)
     assert child.returncode == 0, child.stderr[-3000:]

@@ -27,6 +27,8 @@ class Attachment:
     """Compression attached to one ``Accelerator`` (made by :func:`attach`); :meth:`detach` undoes it."""
 
     def __init__(self, accelerator: Accelerator, writer: CheckpointWriter) -> None:
+        if isinstance(getattr(accelerator.save_state, "__self__", None), Attachment):
+            raise ValueError("this Accelerator already has lightning_nvcomp attached: detach() it first")
         self.accelerator, self.writer = accelerator, writer
         writer.savings.world_size = accelerator.num_processes
         self._save_state, self._load_state = accelerator.save_state, accelerator.load_state
