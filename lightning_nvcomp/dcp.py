@@ -1,0 +1,665 @@
+"""torch.distributed.checkpoint (DCP) storage that compresses every rank's local shards with the codec core.
+
+Use it wherever DCP takes a storage writer::
+
+    import torch.distributed.checkpoint as dcp
+    from lightning_nvcomp.dcp import NvcompFileSystemWriter, NvcompFileSystemReader
+
+    dcp.save(state, storage_writer=NvcompFileSystemWriter(path, codec="auto"))
+    dcp.async_save(state, storage_writer=NvcompFileSystemWriter(path, codec="zstd")).result()
+    dcp.load(state, storage_reader=NvcompFileSystemReader(path))   # or plain dcp.load(state, checkpoint_id=path)
+
+Which hook, and why. DCP's ``StreamTransformExtension`` (``FileSystemWriter(_extensions=...)``) was the first
+candidate and is not used: an extension only wraps the byte stream of ``torch.save(cpu_tensor)`` - it never sees the
+tensor, its dtype or its device - so it cannot cut byte planes by dtype (the source of most of the gain on trained
+weights), and it runs after DCP has already copied every GPU shard to host memory, so it cannot compress on the GPU.
+Instead :class:`NvcompFileSystemWriter` subclasses ``FileSystemWriter`` and replaces two methods:
+
+* ``write_data``: each local shard the plan assigns to this rank (``planner.resolve_data``) is compressed on its own
+  device (nvCOMP on CUDA tensors, CPU zstd otherwise) with :func:`lightning_nvcomp.container.snapshot`, and only
+  the compressed bytes reach host memory and the ``__<rank>_<n>.distcp`` files, while the next shard is coded.
+* ``stage`` (``dcp.async_save``): CUDA shards are compressed on the GPU *while staging*, so training waits for the
+  GPU coder and a small device-to-host copy instead of a full-size one, and host memory holds compressed bytes;
+  CPU shards are copied (cheap) and compressed in the background thread. ``stage_compress`` changes this.
+
+The file layout and metadata are DCP's own: one ``.metadata`` (written atomically), ``__<rank>_<n>.distcp`` data
+files in which each item is stored at ``(offset, length)`` as a self-contained ``torch.save`` zip. For compressed
+items that zip is the package's container format (:mod:`lightning_nvcomp.container`): its blobs are the record's
+compressed segments and its pickle rebuilds the tensor through ``lightning_nvcomp.decode_tensor``, which validates
+every record field (:func:`lightning_nvcomp.codec.record.validate`) and every segment CRC-32 before decoding a byte.
+Each item's ``storage_data`` is a :class:`NvcompStorageInfo` (DCP's ``_StorageInfo`` plus ``codec`` and
+``raw_nbytes``): readers know how each item was stored, and unpickling ``.metadata`` imports this module, which
+registers the decoder with ``torch.load(weights_only=True)``. So:
+
+* DCP's **default** ``FileSystemReader`` (``dcp.load(state, checkpoint_id=path)``, Lightning's FSDP sharded load,
+  Accelerate's FSDP load, ``dcp_to_torch_save``) decodes these checkpoints natively, bit-exactly, wherever
+  ``lightning_nvcomp`` is installed (gANS items need a GPU; CPU zstd reads the zstd ones anywhere). Where it is not
+  installed, reading ``.metadata`` fails with ``No module named 'lightning_nvcomp'``: never garbage tensors.
+  (DCP's own ``stream.zstd`` extension format was therefore not needed for compatibility.)
+* :class:`NvcompFileSystemReader` adds GPU decoding (items decode on the target shard's GPU), a check of each
+  item's pickle CRC, and error messages that name the file and the item.
+
+Overwriting a checkpoint directory in place (Lightning's ``last.ckpt``) is crash-safe: a data file name already in
+the directory is never reused (the new file gets a ``.<save id>`` infix), the new ``.metadata`` replaces the old one
+atomically once every rank has written, and only then are data files no longer referenced deleted. A save that
+fails on any rank leaves the previous checkpoint loadable.
+
+Telemetry: after a save, ``writer.stats`` (:class:`DcpSaveStats`) holds this rank's raw and stored bytes and times;
+``writer.gather_stats()`` (a collective: every rank calls it) returns the whole checkpoint's :class:`DcpCheckpointStats`;
+the coordinator also has ``writer.totals`` (raw/stored bytes of all ranks, from the metadata, no collective).
+
+``codec="auto"`` measures the storage with every rank writing at once (:class:`~lightning_nvcomp.policy.CodecPolicy`
+with ``collective=True``), decides on rank 0 and broadcasts the choice, so all ranks store the same codec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import io
+import os
+import pickle
+import queue
+import re
+import threading
+import time
+import zipfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, cast
+
+import torch
+import torch.distributed as dist
+from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed.checkpoint.filesystem import (
+    CURRENT_DCP_VERSION,
+    DEFAULT_SUFFIX,
+    FileSystemReader,
+    FileSystemWriter,
+    _split_by_size_and_type,
+    _StorageInfo,
+)
+from torch.distributed.checkpoint.metadata import Metadata, STATE_DICT_TYPE
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, SavePlan, SavePlanner, WriteItem
+from torch.distributed.checkpoint.planner import WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from lightning_nvcomp import container
+from lightning_nvcomp.archive import ArchiveWriter
+from lightning_nvcomp.codec.gpu import gpu_available
+from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError, CorruptCheckpointError
+from lightning_nvcomp.policy import CodecPolicy
+from lightning_nvcomp.storage import atomic_write
+
+__all__ = [
+    "DcpCheckpointStats",
+    "DcpSaveStats",
+    "NvcompFileSystemReader",
+    "NvcompFileSystemWriter",
+    "NvcompStorageInfo",
+]
+
+#: Codecs the writer accepts (as :func:`lightning_nvcomp.save`).
+CODECS = ("auto", "ans", "zstd", "none")
+#: What ``stage_compress`` may be: which shards ``dcp.async_save``'s staging compresses (the rest are copied).
+STAGE_COMPRESS = ("gpu", "all", "none")
+_METADATA = ".metadata"
+#: Data files this writer (or DCP's) may have left in a checkpoint directory.
+_DATA_FILE = re.compile(r"^__\d+_\d+(\.[0-9a-f]+)?" + re.escape(DEFAULT_SUFFIX) + "$")
+
+
+@dataclass
+class NvcompStorageInfo(_StorageInfo):
+    """DCP's per-item storage record plus how the item was stored: ``codec`` (``ans``, ``zstd`` or ``none``) and
+    the shard's raw size. The item's bytes are a ``torch.save`` zip (the container format when compressed)."""
+
+    codec: str | None = None
+    raw_nbytes: int | None = None
+
+
+@dataclass(frozen=True)
+class DcpSaveStats:
+    """What one rank did in one DCP save.
+
+    ``stage_s``: time ``dcp.async_save`` blocked this rank in staging (GPU compression and host copies; 0 for
+    ``dcp.save``). ``encode_s``: time spent compressing in ``write_data`` (overlapped with writing). ``write_s``:
+    wall time of ``write_data`` (compression and file writes, fsync included)."""
+
+    rank: int
+    codec: str
+    items: int
+    raw_nbytes: int
+    stored_nbytes: int
+    stage_s: float
+    encode_s: float
+    write_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.stage_s + self.write_s
+
+    @property
+    def ratio(self) -> float:
+        return self.raw_nbytes / self.stored_nbytes if self.stored_nbytes else 1.0
+
+
+@dataclass(frozen=True)
+class DcpCheckpointStats:
+    """One DCP save over all ranks: totals, and each rank's :class:`DcpSaveStats` (index = rank)."""
+
+    ranks: tuple[DcpSaveStats, ...]
+
+    @property
+    def codec(self) -> str:
+        return self.ranks[0].codec if self.ranks else "none"
+
+    @property
+    def raw_nbytes(self) -> int:
+        return sum(r.raw_nbytes for r in self.ranks)
+
+    @property
+    def stored_nbytes(self) -> int:
+        return sum(r.stored_nbytes for r in self.ranks)
+
+    @property
+    def ratio(self) -> float:
+        return self.raw_nbytes / self.stored_nbytes if self.stored_nbytes else 1.0
+
+    @property
+    def seconds(self) -> float:
+        """The slowest rank's time: what the checkpoint cost."""
+        return max((r.seconds for r in self.ranks), default=0.0)
+
+    def metrics(self, prefix: str = "nvcomp/dcp_") -> dict[str, float]:
+        """Flat numbers for a logger."""
+        return {
+            f"{prefix}raw_bytes": float(self.raw_nbytes),
+            f"{prefix}stored_bytes": float(self.stored_nbytes),
+            f"{prefix}ratio": self.ratio,
+            f"{prefix}seconds": self.seconds,
+            f"{prefix}stage_s": max((r.stage_s for r in self.ranks), default=0.0),
+        }
+
+
+@functools.cache
+def _default_policy(mode: str) -> CodecPolicy:
+    """The policy behind ``codec="auto"`` when none is given: one per process and mode, so the storage is probed
+    once per run (Lightning and Accelerate create a new writer for every save)."""
+    return CodecPolicy(mode=mode, collective=True)
+
+
+def _existing_dir(path: Path) -> str:
+    for p in (path, *path.parents):
+        if p.is_dir():
+            return str(p)
+    return "."
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """A tensor whose storage holds exactly its elements (what gets stored), as DCP's writer does."""
+    t = t.detach()
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        t = t.clone()
+    return t
+
+
+class _StagedShard:
+    """A shard compressed while staging, stored in place of the copy that DCP's staging would have made."""
+
+    __slots__ = ("snap", "placeholder", "raw_nbytes")
+
+    def __init__(self, snap: container.Snapshot, placeholder: torch.Tensor, raw_nbytes: int) -> None:
+        # The placeholder is kept alive with the entry: its address identifies it and cannot be reused meanwhile.
+        self.snap, self.placeholder, self.raw_nbytes = snap, placeholder, raw_nbytes
+
+
+class NvcompFileSystemWriter(FileSystemWriter):
+    """DCP ``FileSystemWriter`` that stores every local shard compressed (see the module docstring).
+
+    Args:
+        path: the checkpoint directory (as ``FileSystemWriter``).
+        codec: ``"ans"`` (nvCOMP gANS; GPU only, needs a GPU to load), ``"zstd"`` (nvCOMP Zstd on CUDA shards, CPU
+            zstd otherwise; loads anywhere), ``"none"`` (stored as is, still our metadata and stats), or
+            ``"auto"`` (the codec with the shortest predicted save: all ranks probe the storage together, rank 0
+            decides, the choice is broadcast).
+        policy: the :class:`CodecPolicy` behind ``"auto"`` (default: one per process and mode, with
+            ``collective=True``).
+        stage_compress: what ``dcp.async_save``'s staging compresses: ``"gpu"`` (CUDA shards, on the GPU; CPU shards
+            are copied and compressed in the background), ``"all"`` (every shard at staging: least host memory,
+            training waits for CPU compression), ``"none"`` (DCP's staging copies everything; compression runs in
+            the background on the CPU).
+        staging_nbytes: GPU scratch bound per shard coding (see :func:`lightning_nvcomp.container.snapshot`).
+        process_group: the group ``"auto"`` broadcasts its decision in and :meth:`gather_stats` gathers over
+            (default: the default group; must be the group DCP saves with).
+        Other arguments are ``FileSystemWriter``'s; ``_extensions`` is refused (stream transforms would
+        re-encode compressed bytes).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        codec: str = "auto",
+        *,
+        policy: CodecPolicy | None = None,
+        stage_compress: str = "gpu",
+        staging_nbytes: int | None = None,
+        process_group: dist.ProcessGroup | None = None,
+        single_file_per_rank: bool = True,
+        sync_files: bool = True,
+        thread_count: int = 1,
+        per_thread_copy_ahead: int = 10_000_000,
+        cache_staged_state_dict: bool = False,
+        overwrite: bool = True,
+        _extensions: Sequence[Any] | None = None,
+    ) -> None:
+        if codec not in CODECS:
+            raise ValueError(f"codec must be one of {CODECS}, not {codec!r}")
+        if stage_compress not in STAGE_COMPRESS:
+            raise ValueError(f"stage_compress must be one of {STAGE_COMPRESS}, not {stage_compress!r}")
+        if _extensions:
+            raise ValueError("NvcompFileSystemWriter compresses shards itself; DCP stream extensions are not supported")
+        super().__init__(
+            path,
+            single_file_per_rank=single_file_per_rank,
+            sync_files=sync_files,
+            thread_count=thread_count,
+            per_thread_copy_ahead=per_thread_copy_ahead,
+            cache_staged_state_dict=cache_staged_state_dict,
+            overwrite=overwrite,
+        )
+        self.codec = codec
+        self.policy = policy
+        self.stage_compress = stage_compress
+        self.staging_nbytes = staging_nbytes
+        self.process_group = process_group
+        #: This rank's :class:`DcpSaveStats` of the last save (None before the first).
+        self.stats: DcpSaveStats | None = None
+        #: On the coordinator after a save: ``{"raw_nbytes", "stored_nbytes", "items"}`` over all ranks.
+        self.totals: dict[str, int] | None = None
+        self._chosen: str | None = None  # the codec decided while staging (async_save), used by the next write
+        self._stage_s = 0.0
+        self._staged: dict[int, _StagedShard] = {}  # placeholder storage data_ptr -> shard compressed at staging
+        self._encode_lock = threading.Lock()
+
+    # -- codec choice -------------------------------------------------------------------------------------------
+
+    def _distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized() and getattr(self, "use_collectives", True)
+
+    def _agree_codec(self, tensors: list[torch.Tensor], mode: str) -> str:
+        """The codec of this save. ``auto``: every rank probes the storage together, rank 0 decides, and the
+        decision is broadcast (every rank must call this at the same point)."""
+        if self.codec != "auto":
+            return self.codec
+        policy = self.policy or _default_policy(mode)
+        directory = _existing_dir(Path(self.path))
+        distributed = self._distributed()
+        rank = dist.get_rank(self.process_group) if distributed else 0
+        policy.write_gbps(directory)  # collective the first time: all ranks write at once
+        choice = [policy.decide(tensors, directory)[0].codec if rank == 0 else None]
+        if distributed:
+            dist.broadcast_object_list(choice, group_src=0, group=self.process_group)
+        return cast(str, choice[0])
+
+    # -- async staging ------------------------------------------------------------------------------------------
+
+    def stage(self, state_dict: STATE_DICT_TYPE) -> STATE_DICT_TYPE:
+        """``dcp.async_save``'s staging: compress CUDA shards on the GPU (``stage_compress``), copy the rest."""
+        begin = time.perf_counter()
+        self._staged = {}
+        tensors = _local_tensors(state_dict)
+        self._chosen = codec = self._agree_codec(tensors, "async")
+        devices = {"gpu": ("cuda",), "all": ("cuda", "cpu"), "none": ()}[self.stage_compress]
+        if codec == "none" or not any(t.device.type in devices for t in tensors):
+            staged = super().stage(state_dict)
+        else:
+            from torch.distributed._state_dict_utils import _iterate_state_dict
+
+            staged = _iterate_state_dict(
+                state_dict,
+                functools.partial(self._stage_sharded, codec=codec, devices=devices),
+                functools.partial(self._stage_dtensor, codec=codec, devices=devices),
+                lambda t, *_: self._stage_tensor(t, codec, devices),
+                type_check=False,
+            )
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        self._stage_s = time.perf_counter() - begin
+        return staged
+
+    def _stage_tensor(self, t: torch.Tensor, codec: str, devices: tuple[str, ...]) -> torch.Tensor:
+        t = t.detach()
+        if t.device.type not in devices or t.numel() == 0 or t.dim() == 0 or t.dtype not in container.DTYPES.values():
+            return t.to("cpu", copy=True)
+        src = _compact(t)
+        with self._encode_lock:
+            snap = container.snapshot(src, codec, [src], staging_nbytes=self.staging_nbytes)
+        # Never written to: a placeholder with the shard's shape for the planner (torch.empty touches no memory).
+        placeholder = torch.empty(t.shape, dtype=t.dtype)
+        self._staged[placeholder.untyped_storage().data_ptr()] = _StagedShard(
+            snap, placeholder, t.numel() * t.element_size()
+        )
+        return placeholder
+
+    def _stage_dtensor(self, d: Any, pg: Any, device: Any, companion: Any, *, codec: str, devices: tuple) -> Any:
+        from torch.distributed.tensor import DTensor
+
+        if d.dim() == 0:
+            return d.to("cpu")
+        local = self._stage_tensor(d._local_tensor, codec, devices)
+        return DTensor(local, d._spec, requires_grad=False)
+
+    def _stage_sharded(self, st: Any, pg: Any, device: Any, companion: Any, *, codec: str, devices: tuple) -> Any:
+        import copy
+
+        from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
+
+        if not st.local_shards():
+            return st
+        cpu = torch.device("cpu")
+        shards = []
+        for shard in st.local_shards():
+            meta = copy.deepcopy(shard.metadata)
+            if meta.placement is not None:
+                meta.placement._device = cpu
+            shards.append(Shard(self._stage_tensor(shard.tensor, codec, devices), meta))
+        st_meta = copy.deepcopy(st.metadata())
+        for meta in st_meta.shards_metadata:
+            if meta.placement is not None:
+                meta.placement._device = cpu
+        return ShardedTensor._init_from_local_shards_and_global_metadata(
+            shards, sharded_tensor_metadata=st_meta, process_group=st._process_group, init_rrefs=st._init_rrefs
+        )
+
+    # -- writing ------------------------------------------------------------------------------------------------
+
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        super().reset(checkpoint_id)
+        self.totals = None
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        begin = time.perf_counter()
+        staged, self._staged = self._staged, {}
+        stage_s, self._stage_s = self._stage_s, 0.0
+        codec, self._chosen = self._chosen, None
+        if codec is None:
+            error: BaseException | None = None
+            tensors: list[torch.Tensor] = []
+            try:
+                tensors = [
+                    planner.resolve_data(item) for item in plan.items if item.type != WriteItemType.BYTE_IO
+                ]
+            except BaseException as err:  # still take part in the collective choice, then fail
+                error = err
+            codec = self._agree_codec(cast(list[torch.Tensor], tensors), "sync")
+            if error is not None:
+                raise error
+            del tensors
+        prefix = plan.storage_data.prefix
+        directory = Path(self.path)
+        names = iter(range(1 << 30))
+
+        def file_name() -> str:
+            n = next(names)
+            name = f"{prefix}{n}{DEFAULT_SUFFIX}"
+            if (directory / name).exists():  # never overwrite a file a previous checkpoint may still use
+                name = f"{prefix}{n}.{self.save_id.replace('-', '')[:12]}{DEFAULT_SUFFIX}"
+            return name
+
+        buckets = (
+            _split_by_size_and_type(self.thread_count, plan.items)
+            if self.single_file_per_rank
+            else [[item] for item in plan.items]
+        )
+        jobs: queue.Queue = queue.Queue()
+        for bucket in buckets:
+            jobs.put((file_name(), bucket))
+        outcomes: list[tuple[list[WriteResult], float]] = []
+        errors: list[BaseException] = []
+
+        def worker() -> None:
+            try:
+                while True:
+                    try:
+                        name, items = jobs.get_nowait()
+                    except queue.Empty:
+                        return
+                    outcomes.append(self._write_file(name, items, planner, codec, staged))
+            except BaseException as err:
+                errors.append(err)
+
+        threads = [threading.Thread(target=worker, name=f"lnv-dcp-{i}") for i in range(1, self.thread_count)]
+        for t in threads:
+            t.start()
+        worker()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        results = [r for rs, _ in outcomes for r in rs]
+        infos = [r.storage_data for r in results if isinstance(r.storage_data, NvcompStorageInfo)]
+        seconds = time.perf_counter() - begin
+        rank = self.rank if self.rank is not None else 0
+        self.stats = DcpSaveStats(
+            rank=rank,
+            codec=codec,
+            items=len(infos),
+            raw_nbytes=sum(i.raw_nbytes or 0 for i in infos),
+            stored_nbytes=sum(i.length for i in infos),
+            stage_s=stage_s,
+            encode_s=sum(e for _, e in outcomes),
+            write_s=seconds,
+        )
+        if self.codec == "auto":
+            (self.policy or _default_policy("sync")).observe_write(
+                _existing_dir(directory), self.stats.stored_nbytes, seconds
+            )
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def _encode_item(
+        self, item: WriteItem, planner: SavePlanner, codec: str, staged: dict[int, _StagedShard]
+    ) -> tuple[container.Snapshot, int, str]:
+        """Compress one tensor item: returns its snapshot, raw size and codec. Uses the shard compressed while
+        staging when there is one."""
+        data = cast(torch.Tensor, planner.resolve_data(item)).detach()
+        shard = staged.get(data.untyped_storage().data_ptr()) if data.numel() else None
+        if shard is not None:
+            held = shard.placeholder
+            if data.shape != held.shape or data.dtype != held.dtype or data.stride() != held.stride() or data.storage_offset():
+                raise CheckpointError(
+                    f"item {item.index.fqn!r}: the planner asks for a view {tuple(data.shape)} of a shard compressed "
+                    f"while staging {tuple(held.shape)}; save with stage_compress='none'"
+                )
+            return shard.snap, shard.raw_nbytes, codec
+        if data.device.type not in ("cpu", "cuda") or data.dtype not in container.DTYPES.values():
+            data = data.cpu()
+        data = _compact(data)
+        with self._encode_lock:
+            snap = container.snapshot(data, codec, [data], staging_nbytes=self.staging_nbytes)
+        return snap, data.numel() * data.element_size(), codec
+
+    def _write_file(
+        self, name: str, items: list[WriteItem], planner: SavePlanner, codec: str, staged: dict[int, _StagedShard]
+    ) -> tuple[list[WriteResult], float]:
+        """Write one data file: byte items as they are, then each tensor item compressed (the next item is coded
+        while this one is written). Returns the write results and the seconds spent coding."""
+        results: list[WriteResult] = []
+        encode_s = 0.0
+        with self.fs.create_stream(self.fs.concat_path(self.path, name), "wb") as stream:
+            for item in (i for i in items if i.type == WriteItemType.BYTE_IO):
+                data = cast(io.BytesIO, planner.resolve_data(item))
+                offset = stream.tell()
+                stream.write(data.getbuffer())
+                length = stream.tell() - offset
+                results.append(WriteResult(item.index, length, _StorageInfo(name, offset, length)))
+
+            def write(item: WriteItem, snap: container.Snapshot, raw: int, used: str) -> WriteResult:
+                offset = stream.tell()
+                snap.write_to(ArchiveWriter(stream))
+                length = stream.tell() - offset
+                return WriteResult(item.index, length, NvcompStorageInfo(name, offset, length, None, used, raw))
+
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lnv-dcp-write") as disk:
+                pending = None
+                for item in (i for i in items if i.type != WriteItemType.BYTE_IO):
+                    begin = time.perf_counter()
+                    snap, raw, used = self._encode_item(item, planner, codec, staged)
+                    encode_s += time.perf_counter() - begin
+                    if pending is not None:
+                        results.append(pending.result())
+                    pending = disk.submit(write, item, snap, raw, used)
+                if pending is not None:
+                    results.append(pending.result())
+            if self.sync_files:
+                stream.flush()
+                os.fsync(stream.fileno())
+        return results, encode_s
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Write ``.metadata`` atomically (the new checkpoint exists from that instant), then delete data files no
+        longer referenced (an overwritten checkpoint's)."""
+        infos = [r.storage_data for rs in results for r in rs]
+        ours = [i for i in infos if isinstance(i, NvcompStorageInfo)]
+        self.totals = {
+            "raw_nbytes": sum(i.raw_nbytes or 0 for i in ours),
+            "stored_nbytes": sum(i.length for i in ours),
+            "items": len(ours),
+        }
+        if not self.use_collectives and self.rank is not None:
+            super().finish(metadata, results)  # rank-local metadata files: DCP's own way
+            return
+        metadata.version = CURRENT_DCP_VERSION
+        metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
+        metadata.storage_meta = self.storage_meta()
+        atomic_write(Path(self.path) / _METADATA, lambda f: pickle.dump(metadata, f))
+        referenced = {i.relative_path for i in infos}
+        for entry in os.listdir(self.path):
+            if _DATA_FILE.match(entry) and entry not in referenced:
+                try:
+                    os.unlink(os.path.join(self.path, entry))
+                except OSError:
+                    pass
+
+    # -- telemetry ----------------------------------------------------------------------------------------------
+
+    def gather_stats(self) -> DcpCheckpointStats:
+        """Every rank's stats of the last save, on every rank (a collective when distributed: all ranks call it,
+        after the save has finished on all of them - for ``async_save``, after its future)."""
+        mine = self.stats or DcpSaveStats(self.rank or 0, self.codec, 0, 0, 0, 0.0, 0.0, 0.0)
+        if not self._distributed():
+            return DcpCheckpointStats((mine,))
+        gathered: list[Any] = [None] * dist.get_world_size(self.process_group)
+        dist.all_gather_object(gathered, dataclasses.asdict(mine), group=self.process_group)
+        return DcpCheckpointStats(tuple(DcpSaveStats(**g) for g in gathered))
+
+
+def _local_tensors(state_dict: STATE_DICT_TYPE) -> list[torch.Tensor]:
+    """The local tensors of a state dict: plain tensors, DTensor local shards, ShardedTensor local shards."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
+
+    found: list[torch.Tensor] = []
+
+    def visit(obj: Any) -> None:
+        if isinstance(obj, DTensor):
+            found.append(obj._local_tensor)
+        elif isinstance(obj, ShardedTensor):
+            found.extend(s.tensor for s in obj.local_shards())
+        elif isinstance(obj, torch.Tensor):
+            found.append(obj)
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                visit(v)
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                visit(v)
+
+    visit(state_dict)
+    return [t.detach() for t in found if t.numel() and t.dtype in container.DTYPES.values()]
+
+
+class NvcompFileSystemReader(FileSystemReader):
+    """DCP ``FileSystemReader`` for checkpoints of :class:`NvcompFileSystemWriter` (and plain DCP ones).
+
+    Compressed items are decoded on the target shard's device (nvCOMP on a GPU, CPU zstd otherwise) after their
+    record fields, segment CRCs and pickle CRC are checked; errors name the file and the item. DCP's default
+    ``FileSystemReader`` reads these checkpoints too (on the CPU), see the module docstring.
+    """
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        per_file: dict[str, list] = {}
+        for req in plan.items:
+            per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
+        for relative_path, reqs in per_file.items():
+            path = self.fs.concat_path(self.path, relative_path)
+            with self.fs.create_stream(path, "rb") as stream:
+                for req in reqs:
+                    info = self.storage_data[req.storage_index]
+                    view = self._slice_file(stream, info)
+                    if isinstance(info, NvcompStorageInfo) and info.codec is not None:
+                        target = planner.resolve_tensor(req).detach()
+                        tensor = _read_item(view, info, target.device, f"{relative_path}: item {req.storage_index.fqn!r}")
+                        tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+                        if target.size() != tensor.size():
+                            raise CorruptCheckpointError(
+                                f"{relative_path}: item {req.storage_index.fqn!r} has shape {tuple(tensor.shape)} "
+                                f"where the plan expects {tuple(target.shape)}"
+                            )
+                        target.copy_(tensor)
+                        planner.commit_tensor(req, target)
+                        continue
+                    source = self.transforms.transform_load_stream(req, info.transform_descriptors or (), view)
+                    if req.type == LoadItemType.BYTE_IO:
+                        data = io.BytesIO(source.read(-1))
+                        data.seek(0)
+                        planner.load_bytes(req, data)
+                        continue
+                    if not source.seekable():
+                        source = io.BytesIO(source.read(-1))
+                    tensor = cast(torch.Tensor, torch.load(source, map_location="cpu", weights_only=True))
+                    tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+                    target = planner.resolve_tensor(req).detach()
+                    if target.size() != tensor.size():
+                        raise AssertionError(f"req {req.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
+                    target.copy_(tensor)
+                    planner.commit_tensor(req, target)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+
+def _read_item(view: IO[bytes], info: NvcompStorageInfo, device: torch.device, where: str) -> torch.Tensor:
+    """Decode one stored item (a torch.save zip, compressed records inside) onto ``device`` (GPU if it is one)."""
+    if info.codec not in ("ans", "zstd", "none"):
+        raise CorruptCheckpointError(f"{where}: unknown codec {info.codec!r} in the checkpoint metadata")
+    if info.codec == "ans" and not gpu_available():
+        raise CodecUnavailableError(
+            f"{where} was compressed with gANS, which needs a CUDA GPU and nvCOMP to decode (no CPU decoder); load "
+            "it on a GPU machine, or save with codec='zstd' to load anywhere"
+        )
+    data = io.BytesIO(view.read(info.length))
+    if data.getbuffer().nbytes != info.length:
+        raise CorruptCheckpointError(f"{where}: the file ends {info.length - data.getbuffer().nbytes} bytes early")
+    try:
+        with zipfile.ZipFile(data) as archive:
+            for name in archive.namelist():
+                if name.endswith("/data.pkl"):
+                    archive.read(name)  # checks the pickle's CRC-32 (torch.load does not)
+    except Exception as err:
+        raise CorruptCheckpointError(f"{where}: the stored item is damaged ({err})") from None
+    data.seek(0)
+    location = device if device.type == "cuda" and gpu_available() else torch.device("cpu")
+    try:
+        tensor = torch.load(data, map_location=location, weights_only=True)
+    except CheckpointError as err:
+        raise type(err)(f"{where}: {err}") from None
+    except Exception as err:
+        raise CorruptCheckpointError(f"{where}: cannot be decoded ({type(err).__name__}: {err})") from err
+    if not isinstance(tensor, torch.Tensor):
+        raise CorruptCheckpointError(f"{where}: holds a {type(tensor).__name__}, not a tensor")
+    return tensor
