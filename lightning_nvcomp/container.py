@@ -294,7 +294,7 @@ def _encode_record(
         if pad:
             parts.append(torch.zeros(pad, dtype=torch.uint8, device=rec.device))
         pos += data.numel() + pad
-    data = parts[0] if len(parts) == 1 else torch.cat(parts)
+    data = records.concatenate(parts)
     blobs, meta = records.encode(data, rec.dtype, codec, segment, on_blob, wait_checksums=False)
     meta["storages"] = table
     return blobs, meta

@@ -81,9 +81,16 @@ from torch.distributed.checkpoint.filesystem import (
     _split_by_size_and_type,
     _StorageInfo,
 )
-from torch.distributed.checkpoint.metadata import Metadata, STATE_DICT_TYPE
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, SavePlan, SavePlanner, WriteItem
-from torch.distributed.checkpoint.planner import WriteItemType
+from torch.distributed.checkpoint.metadata import STATE_DICT_TYPE, Metadata
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    SavePlan,
+    SavePlanner,
+    WriteItem,
+    WriteItemType,
+)
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
@@ -107,6 +114,8 @@ CODECS = ("auto", "ans", "zstd", "none")
 #: What ``stage_compress`` may be: which shards ``dcp.async_save``'s staging compresses (the rest are copied).
 STAGE_COMPRESS = ("gpu", "all", "none")
 _METADATA = ".metadata"
+#: One shard is coded at a time per process (writer threads share the GPU coder; files are still written in parallel).
+_ENCODE_LOCK = threading.Lock()
 #: Data files this writer (or DCP's) may have left in a checkpoint directory.
 _DATA_FILE = re.compile(r"^__\d+_\d+(\.[0-9a-f]+)?" + re.escape(DEFAULT_SUFFIX) + "$")
 
@@ -187,8 +196,13 @@ class DcpCheckpointStats:
 @functools.cache
 def _default_policy(mode: str) -> CodecPolicy:
     """The policy behind ``codec="auto"`` when none is given: one per process and mode, so the storage is probed
-    once per run (Lightning and Accelerate create a new writer for every save)."""
-    return CodecPolicy(mode=mode, collective=True)
+    once per run (Lightning and Accelerate create a new writer for every save). Both modes share one set of
+    measurements: the storage is probed and the codecs calibrated once, whichever save comes first."""
+    policy = CodecPolicy(mode=mode, collective=True)
+    if mode != "sync":
+        shared = _default_policy("sync")
+        policy._bandwidth, policy._profiles = shared._bandwidth, shared._profiles
+    return policy
 
 
 def _existing_dir(path: Path) -> str:
@@ -209,7 +223,7 @@ def _compact(t: torch.Tensor) -> torch.Tensor:
 class _StagedShard:
     """A shard compressed while staging, stored in place of the copy that DCP's staging would have made."""
 
-    __slots__ = ("snap", "placeholder", "raw_nbytes")
+    __slots__ = ("placeholder", "raw_nbytes", "snap")
 
     def __init__(self, snap: container.Snapshot, placeholder: torch.Tensor, raw_nbytes: int) -> None:
         # The placeholder is kept alive with the entry: its address identifies it and cannot be reused meanwhile.
@@ -282,7 +296,6 @@ class NvcompFileSystemWriter(FileSystemWriter):
         self._chosen: str | None = None  # the codec decided while staging (async_save), used by the next write
         self._stage_s = 0.0
         self._staged: dict[int, _StagedShard] = {}  # placeholder storage data_ptr -> shard compressed at staging
-        self._encode_lock = threading.Lock()
 
     # -- codec choice -------------------------------------------------------------------------------------------
 
@@ -335,7 +348,7 @@ class NvcompFileSystemWriter(FileSystemWriter):
         if t.device.type not in devices or t.numel() == 0 or t.dim() == 0 or t.dtype not in container.DTYPES.values():
             return t.to("cpu", copy=True)
         src = _compact(t)
-        with self._encode_lock:
+        with _ENCODE_LOCK:
             snap = container.snapshot(src, codec, [src], staging_nbytes=self.staging_nbytes)
         # Never written to: a placeholder with the shard's shape for the planner (torch.empty touches no memory).
         placeholder = torch.empty(t.shape, dtype=t.dtype)
@@ -385,6 +398,8 @@ class NvcompFileSystemWriter(FileSystemWriter):
         staged, self._staged = self._staged, {}
         stage_s, self._stage_s = self._stage_s, 0.0
         codec, self._chosen = self._chosen, None
+        if codec is None and self.codec != "auto":
+            codec = self.codec
         if codec is None:
             error: BaseException | None = None
             tensors: list[torch.Tensor] = []
@@ -479,7 +494,7 @@ class NvcompFileSystemWriter(FileSystemWriter):
         if data.device.type not in ("cpu", "cuda") or data.dtype not in container.DTYPES.values():
             data = data.cpu()
         data = _compact(data)
-        with self._encode_lock:
+        with _ENCODE_LOCK:
             snap = container.snapshot(data, codec, [data], staging_nbytes=self.staging_nbytes)
         return snap, data.numel() * data.element_size(), codec
 

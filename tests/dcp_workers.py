@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import shutil
 import socket
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist

@@ -1,0 +1,333 @@
+"""torch.distributed.checkpoint integration (lightning_nvcomp.dcp) on the CPU: real processes (spawn), gloo, real
+files. DTensor (Shard(0) and Replicate on a "cpu" device mesh), ShardedTensor, plain tensors and non-tensor values;
+every comparison is of bits. The multi-rank scenarios live in tests/dcp_workers.py; one job per world size runs
+them all (each process start costs seconds) and each test below asserts on its scenarios.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import struct
+import zipfile
+from pathlib import Path
+
+import dcp_workers as W
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from conftest import assert_bit_exact, python_child, trained_like
+
+from lightning_nvcomp.codec.gpu import gpu_available
+from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter, NvcompStorageInfo
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
+
+
+def _ok(results: list[dict], *names: str) -> None:
+    """Every rank ran each scenario in ``names`` to the end ("ok"), else show its traceback (or the job's)."""
+    for rank, res in enumerate(results):
+        for name in names:
+            assert res.get(name) == "ok", f"rank {rank}, scenario {name}: {res.get(name) or res.get('<job>', 'did not run')}"
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> list[dict]:
+    root = tmp_path_factory.mktemp("dcp2")
+    return W.spawn("two", 2, root, str(root))
+
+
+def _state(seed: int = 0) -> dict:
+    return {
+        "w": trained_like(64 * 1024, torch.bfloat16, seed).reshape(256, 256),
+        "m": trained_like(32 * 1024, torch.float32, seed + 1).reshape(128, 256),
+        "v": trained_like(32 * 1024, torch.float32, seed + 2).abs().square(),
+        "idx": torch.arange(100),
+        "step": 12,
+    }
+
+
+def _zeros_like_state(state: dict) -> dict:
+    return {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in state.items()}
+
+
+def _check(loaded: dict, state: dict) -> None:
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            assert_bit_exact(loaded[key], value)
+        else:
+            assert loaded[key] == value
+
+
+# -- multi-process ----------------------------------------------------------------------------------------------
+
+
+def test_one_rank_roundtrip(tmp_path):
+    """World size 1 (gloo): sync save with zstd and none, default and our reader, async_save (both staging modes)."""
+    _ok(W.spawn("roundtrip", 1, tmp_path, str(tmp_path)), "zstd", "plain_reader", "none", "async_gpu",
+        "async_stage_all")
+
+
+def test_two_ranks_roundtrip(two_ranks):
+    """2 ranks save and load sharded state bit-exactly; the files are DCP's layout; metadata records the codec."""
+    _ok(two_ranks, "zstd", "plain_reader")
+
+
+def test_two_ranks_codec_none(two_ranks):
+    _ok(two_ranks, "none")
+
+
+def test_two_ranks_async_save(two_ranks):
+    """dcp.async_save then wait: the checkpoint holds the state as it was at the call (the state is changed
+    meanwhile), with DCP's staging and with shards compressed while staging."""
+    _ok(two_ranks, "async_gpu", "async_stage_all")
+
+
+def test_auto_codec_decided_on_rank0_and_broadcast(two_ranks):
+    """codec='auto': the ranks probe the storage together; rank 0's choice (zstd) wins over rank 1's (none)."""
+    _ok(two_ranks, "auto")
+
+
+def test_failed_save_keeps_previous_checkpoint(two_ranks):
+    """Rank 1 raises after writing part of its shards: the save fails on every rank, the previous checkpoint (same
+    directory, overwritten in place, or another one) still loads bit-exactly, and the failed directory does not load."""
+    _ok(two_ranks, "same_dir", "new_dir")
+
+
+@pytest.mark.slow
+def test_four_ranks_then_reshard_to_two(tmp_path):
+    """4 ranks save and load back; then 2 ranks load the same checkpoint (DTensor Shard(0) resharded 4 -> 2)."""
+    ckpt = str(tmp_path / "ckpt")
+    (tmp_path / "four").mkdir()
+    _ok(W.spawn("save", 4, tmp_path / "four", ckpt), "save")
+    names = sorted(os.listdir(ckpt))
+    assert names == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"], names
+    (tmp_path / "two").mkdir()
+    _ok(W.spawn("reshard_load", 2, tmp_path / "two", ckpt), "reshard")
+
+
+# -- one process (no process group) -----------------------------------------------------------------------------
+
+
+def test_smaller_than_plain_filesystem_writer(tmp_path):
+    """On trained-like data (randn * 0.02, bf16 and fp32) the .distcp file is smaller than FileSystemWriter's; the
+    stats report it; both readers load it bit-exactly."""
+    state = _state()
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp_path / "plain"))
+    writer = NvcompFileSystemWriter(tmp_path / "ours", codec="zstd")
+    dcp.save(state, storage_writer=writer)
+    plain = (tmp_path / "plain" / "__0_0.distcp").stat().st_size
+    ours = (tmp_path / "ours" / "__0_0.distcp").stat().st_size
+    assert ours < 0.9 * plain, (ours, plain)
+    stats = writer.stats
+    assert stats.codec == "zstd" and stats.items == 4
+    assert stats.raw_nbytes == sum(v.numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor))
+    assert stats.stored_nbytes < ours and stats.ratio > 1.1
+    assert stats.write_s > 0 and stats.stage_s == 0
+    gathered = writer.gather_stats()
+    assert gathered.ranks == (stats,) and gathered.metrics()["nvcomp/dcp_ratio"] == stats.ratio
+    assert writer.totals == {"raw_nbytes": stats.raw_nbytes, "stored_nbytes": stats.stored_nbytes, "items": 4}
+    for reader in (NvcompFileSystemReader, dcp.FileSystemReader):
+        loaded = _zeros_like_state(state)
+        dcp.load(loaded, storage_reader=reader(tmp_path / "ours"))
+        _check(loaded, state)
+
+
+def test_codec_none_roundtrip_one_process(tmp_path):
+    state = _state(5)
+    writer = NvcompFileSystemWriter(tmp_path, codec="none")
+    dcp.save(state, storage_writer=writer)
+    assert writer.stats.codec == "none" and writer.stats.ratio < 1.0  # the zip headers, nothing compressed
+    with open(tmp_path / ".metadata", "rb") as f:
+        infos = [i for i in pickle.load(f).storage_data.values() if isinstance(i, NvcompStorageInfo)]
+    assert len(infos) == 4 and {i.codec for i in infos} == {"none"}
+    loaded = _zeros_like_state(state)
+    dcp.load(loaded, storage_reader=NvcompFileSystemReader(tmp_path))
+    _check(loaded, state)
+
+
+def test_default_reader_decodes_in_a_fresh_interpreter(tmp_path):
+    """DCP's default FileSystemReader, in a process that never imports lightning_nvcomp itself: reading .metadata
+    imports it (NvcompStorageInfo), which registers the decoder for torch.load(weights_only=True)."""
+    state = _state(3)
+    dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))
+    torch.save(state, tmp_path.parent / "expected.pt")
+    proc = python_child(
+        """
+        import sys, warnings, torch
+        warnings.filterwarnings("ignore")
+        import torch.distributed.checkpoint as dcp
+        expected = torch.load(sys.argv[2])
+        loaded = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in expected.items()}
+        assert "lightning_nvcomp" not in sys.modules
+        dcp.load(loaded, storage_reader=dcp.FileSystemReader(sys.argv[1]))
+        for k, v in expected.items():
+            assert (torch.equal(loaded[k].view(torch.uint8), v.view(torch.uint8)) if isinstance(v, torch.Tensor)
+                    else loaded[k] == v), k
+        print("ok", "lightning_nvcomp" in sys.modules)
+        """,
+        str(tmp_path), str(tmp_path.parent / "expected.pt"), check=True,
+    )
+    assert proc.stdout.split() == ["ok", "True"], proc.stdout
+
+
+def test_default_reader_without_the_package_fails_clearly(tmp_path):
+    """Where lightning_nvcomp cannot be imported, DCP's default reader fails naming it: never garbage tensors."""
+    state = _state(4)
+    dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))
+    proc = python_child(
+        """
+        import sys, warnings, torch
+        warnings.filterwarnings("ignore")
+
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "lightning_nvcomp":
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+        sys.meta_path.insert(0, Block())
+        import torch.distributed.checkpoint as dcp
+        loaded = {"w": torch.zeros(256, 256, dtype=torch.bfloat16), "step": 0}
+        try:
+            dcp.load(loaded, storage_reader=dcp.FileSystemReader(sys.argv[1]))
+        except BaseException as err:  # DCP wraps failures in CheckpointException (a BaseException)
+            print("error", "lightning_nvcomp" in str(err))
+        else:
+            print("loaded")
+        """,
+        str(tmp_path), check=True,
+    )
+    assert proc.stdout.split() == ["error", "True"], proc.stdout + proc.stderr
+
+
+def _flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def test_damaged_item_is_detected(tmp_path):
+    """A flipped byte in a stored shard fails the load with a CRC error naming the file and item, in our reader and
+    in DCP's default reader: never a garbage tensor."""
+    state = _state(6)
+    dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))
+    with open(tmp_path / ".metadata", "rb") as f:
+        meta = pickle.load(f)
+    info = next(i for k, i in meta.storage_data.items() if k.fqn == "w")
+    _flip(tmp_path / info.relative_path, info.offset + info.length // 2)  # inside the compressed blob
+    with pytest.raises(BaseException, match="checksum mismatch") as caught:
+        dcp.load(_zeros_like_state(state), storage_reader=NvcompFileSystemReader(tmp_path))
+    assert "__0_0.distcp: item 'w'" in str(caught.value)
+    with pytest.raises(BaseException, match="checksum mismatch"):
+        dcp.load(_zeros_like_state(state), storage_reader=dcp.FileSystemReader(tmp_path))
+
+
+def test_damaged_pickle_is_detected(tmp_path):
+    state = _state(7)
+    dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))
+    with open(tmp_path / ".metadata", "rb") as f:
+        meta = pickle.load(f)
+    info = next(i for k, i in meta.storage_data.items() if k.fqn == "idx")
+    raw = (tmp_path / info.relative_path).read_bytes()[info.offset : info.offset + info.length]
+    with zipfile.ZipFile(io.BytesIO(raw)) as z:
+        entry = next(i for i in z.infolist() if i.filename.endswith("/data.pkl"))
+    header = entry.header_offset
+    name_len, extra_len = struct.unpack("<HH", raw[header + 26 : header + 30])
+    start = header + 30 + name_len + extra_len  # the pickle's bytes (shapes, strides, record dicts)
+    _flip(tmp_path / info.relative_path, info.offset + start + entry.file_size // 2)
+    with pytest.raises(BaseException, match="damaged") as caught:
+        dcp.load(_zeros_like_state(state), storage_reader=NvcompFileSystemReader(tmp_path))
+    assert "item 'idx'" in str(caught.value)
+
+
+@pytest.mark.skipif(gpu_available(), reason="checks the CPU-only error")
+def test_ans_needs_a_gpu(tmp_path):
+    with pytest.raises(BaseException, match="gANS needs a CUDA GPU"):
+        dcp.save(_state(), storage_writer=NvcompFileSystemWriter(tmp_path, codec="ans"))
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="codec must be one of"):
+        NvcompFileSystemWriter(tmp_path, codec="lz4")
+    with pytest.raises(ValueError, match="stage_compress"):
+        NvcompFileSystemWriter(tmp_path, stage_compress="cpu")
+    from torch.distributed.checkpoint._extension import ZStandard
+
+    if ZStandard.is_available():
+        with pytest.raises(ValueError, match="extensions"):
+            NvcompFileSystemWriter(tmp_path, _extensions=[ZStandard()])
+
+
+def test_unknown_codec_in_metadata_is_refused(tmp_path):
+    state = _state(8)
+    dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))
+    with open(tmp_path / ".metadata", "rb") as f:
+        meta = pickle.load(f)
+    for info in meta.storage_data.values():
+        if isinstance(info, NvcompStorageInfo):
+            info.codec = "lz77"
+    with open(tmp_path / ".metadata", "wb") as f:
+        pickle.dump(meta, f)
+    with pytest.raises(BaseException, match="unknown codec 'lz77'"):
+        dcp.load(_zeros_like_state(state), storage_reader=NvcompFileSystemReader(tmp_path))
+
+
+def test_async_save_one_process_compresses_while_staging(tmp_path):
+    """stage_compress='all' compresses at staging (stage_s > 0); training may change the state right after."""
+    state = _state(9)
+    expected = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+    writer = NvcompFileSystemWriter(tmp_path, codec="zstd", stage_compress="all")
+    future = dcp.async_save(state, storage_writer=writer)
+    for value in state.values():
+        if isinstance(value, torch.Tensor):
+            value.zero_()
+    future.result()
+    assert writer.stats.stage_s > 0 and writer.stats.items == 4 and writer.stats.ratio > 1.1
+    loaded = _zeros_like_state(expected)
+    dcp.load(loaded, storage_reader=NvcompFileSystemReader(tmp_path))
+    _check(loaded, expected)
+
+
+# -- GPU --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and nvCOMP")
+@pytest.mark.parametrize("codec", ["ans", "zstd"])
+def test_gpu_save_load(tmp_path, codec):
+    """One rank, CUDA shards: dcp.save / dcp.async_save compress on the GPU; dcp.load decodes on the GPU (our
+    reader) or the CPU (DCP's); all bit-exact."""
+    state = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in _state(10).items()}
+    state["cpu"] = trained_like(4096, torch.float32, 11)
+    expected = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+    def check(path: Path, reader) -> None:
+        loaded = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in expected.items()}
+        dcp.load(loaded, storage_reader=reader(path))
+        for key, value in expected.items():
+            if isinstance(value, torch.Tensor):
+                assert loaded[key].device == value.device
+                assert_bit_exact(loaded[key].cpu(), value.cpu())
+            else:
+                assert loaded[key] == value
+
+    writer = NvcompFileSystemWriter(tmp_path / "sync", codec=codec)
+    dcp.save(state, storage_writer=writer)
+    assert writer.stats.codec == codec and writer.stats.ratio > 1.1, writer.stats
+    check(tmp_path / "sync", NvcompFileSystemReader)
+    check(tmp_path / "sync", dcp.FileSystemReader)
+
+    writer = NvcompFileSystemWriter(tmp_path / "async", codec=codec)
+    future = dcp.async_save(state, storage_writer=writer)
+    for value in state.values():
+        if isinstance(value, torch.Tensor):
+            value.zero_()  # training goes on: the GPU shards were compressed while staging
+    future.result()
+    assert writer.stats.stage_s > 0 and writer.stats.ratio > 1.1, writer.stats
+    check(tmp_path / "async", NvcompFileSystemReader)
+    plain = tmp_path / "plain"
+    dcp.save(expected, storage_writer=dcp.FileSystemWriter(plain))
+    assert (tmp_path / "sync" / "__0_0.distcp").stat().st_size < (plain / "__0_0.distcp").stat().st_size
