@@ -150,8 +150,9 @@ def test_codec_none_roundtrip_one_process(tmp_path):
 
 
 def test_default_reader_decodes_in_a_fresh_interpreter(tmp_path):
-    """DCP's default FileSystemReader, in a process that never imports lightning_nvcomp itself: reading .metadata
-    imports it (NvcompStorageInfo), which registers the decoder for torch.load(weights_only=True)."""
+    """DCP's default reader (``dcp.load(state, checkpoint_id=path)``, as Lightning's sharded loads call it), in a
+    process that never imports lightning_nvcomp itself: reading .metadata imports it (NvcompStorageInfo), which
+    registers the decoder for torch.load(weights_only=True). Bit-exact."""
     state = _state(3)
     dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))
     torch.save(state, tmp_path.parent / "expected.pt")
@@ -163,7 +164,7 @@ def test_default_reader_decodes_in_a_fresh_interpreter(tmp_path):
         expected = torch.load(sys.argv[2])
         loaded = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in expected.items()}
         assert "lightning_nvcomp" not in sys.modules
-        dcp.load(loaded, storage_reader=dcp.FileSystemReader(sys.argv[1]))
+        dcp.load(loaded, checkpoint_id=sys.argv[1])  # what Lightning's FSDP/ModelParallel sharded load calls
         for k, v in expected.items():
             assert (torch.equal(loaded[k].view(torch.uint8), v.view(torch.uint8)) if isinstance(v, torch.Tensor)
                     else loaded[k] == v), k
