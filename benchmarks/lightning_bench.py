@@ -22,17 +22,10 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 import lightning_nvcomp
 from lightning_nvcomp.codec.gpu import nvcomp_version
 from lightning_nvcomp.policy import probe_bandwidth
+from lightning_nvcomp.storage import fsync_path
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from gpt import GPT, stdlib_corpus, train  # noqa: E402
-
-
-def fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 GPU = torch.cuda.is_available()
@@ -54,7 +47,7 @@ def measure_save(io, checkpoint: dict, path: str, wait) -> dict:
     sync()
     blocked = time.perf_counter() - begin
     wait(io)
-    fsync(path)
+    fsync_path(path)
     durable = time.perf_counter() - begin
     extra = (torch.cuda.max_memory_allocated() - base) / 1e9 if GPU else 0.0
     return {"blocked": blocked, "durable": durable, "extra_gb": extra, "size_gb": os.path.getsize(path) / 1e9}

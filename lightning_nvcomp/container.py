@@ -540,7 +540,7 @@ def save(
         codec: ``"ans"`` (nvCOMP gANS on the GPU: fastest, needs a GPU to load), ``"zstd"`` (GPU or CPU, loads
             anywhere), ``"none"`` (a plain ``torch.save`` file), or ``"auto"``: the codec with the shortest
             predicted save, from this directory's measured write bandwidth and the codecs measured on this state
-            (see :mod:`lightning_nvcomp.policy`; the first auto save to a directory probes it).
+            (see :mod:`lightning_nvcomp.policy`; the first save to a file system probes it).
         policy: the :class:`~lightning_nvcomp.policy.CodecPolicy` behind ``"auto"`` (default: one per process).
         storage: how the file is written (default: durably through the OS).
         staging_nbytes: how much is coded at once (GPU scratch is about three times this; default 256 MiB).

@@ -53,7 +53,7 @@ class CheckpointWriter:
         codec: ``"auto"``, ``"ans"``, ``"zstd"`` or ``"none"`` (see :func:`lightning_nvcomp.save`).
         async_save: write on a background thread; training waits only for the compressed snapshot.
         staging_mb: coding granularity; a GPU save borrows about three times this much GPU memory.
-        probe_mb: size of the one-off write-bandwidth probe per directory (the savings baseline, and ``auto``).
+        probe_mb: size of the one-off write-bandwidth probe per file system (the savings baseline, and ``auto``).
         interval_s: seconds between saves, for ``auto`` in async mode.
         gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
         report: called with each console summary line (default: the ``lightning_nvcomp.pipeline`` logger).

@@ -94,7 +94,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         if cause is not None:
             raise OSError(cause.errno, f"cannot save {path}: {cause.strerror}; any previous file there is intact") from err
         raise
-    _fsync_directory(directory)
+    fsync_path(directory)
     return size
 
 
@@ -109,9 +109,9 @@ def _os_error(err: BaseException | None) -> OSError | None:
     return None
 
 
-def _fsync_directory(directory: str) -> None:
-    # The rename is durable only once the directory entry is on disk.
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: str) -> None:
+    """fsync a file or a directory by name (a rename is durable only once its directory entry is on disk)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

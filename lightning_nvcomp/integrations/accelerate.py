@@ -101,7 +101,7 @@ def attach(
             ``save_state``, ``load_state``, :meth:`Attachment.wait` and :meth:`Attachment.detach` wait for it.
         gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
         staging_mb: a save borrows about three times this much GPU memory.
-        probe_mb: size of the one-off write-bandwidth probe per checkpoint directory.
+        probe_mb: size of the one-off write-bandwidth probe per file system.
         interval_s: seconds between saves, for ``auto`` in async mode.
 
     Returns:

@@ -33,7 +33,7 @@ class NvcompCheckpointIO(CheckpointIO):
         staging_mb: GPU memory a save borrows is about three times this (records and segments are coded in
             pieces of this size); never a clone of the whole state.
         gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
-        probe_mb: size of the write-bandwidth probe run once per checkpoint directory (it sets the baseline that
+        probe_mb: size of the write-bandwidth probe run once per file system (it sets the baseline that
             savings are measured against, and feeds ``auto``).
         interval_s: seconds between saves, used by ``auto`` in async mode.
     """
