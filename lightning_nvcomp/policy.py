@@ -226,6 +226,13 @@ class CodecPolicy:
         self.collective = collective
         self._profiles: dict[tuple, list[CodecProfile]] = {}
 
+    def in_mode(self, mode: str, interval_s: float | None = None) -> CodecPolicy:
+        """A policy for ``mode`` that shares this one's measurements (probe and calibration happen once)."""
+        other = CodecPolicy(mode, interval_s, self.probe_nbytes, self.storage, self._fixed_gbps, self._fixed_profiles,
+                            self.collective)
+        other._bandwidth, other._profiles = self._bandwidth, self._profiles
+        return other
+
     def write_gbps(self, directory: str) -> float:
         """The write bandwidth per writer of the file system holding ``directory`` (probed there once, then a
         moving average of real writes)."""

@@ -155,3 +155,11 @@ def test_bench_bad_arguments(tmp_path, capsys):
     assert exit_info.value.code == 2 and "--throttle-mbps" in capsys.readouterr().err
     assert main(["bench", "--dir", str(tmp_path / "missing")]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_policy_in_another_mode_shares_its_measurements(tmp_path):
+    sync = CodecPolicy(probe_nbytes=1 << 20, profiles=[ZSTD, NONE])
+    gbps = sync.write_gbps(str(tmp_path))
+    asynchronous = sync.in_mode("async", interval_s=60)
+    assert asynchronous.mode == "async" and asynchronous.interval_s == 60
+    assert asynchronous.write_gbps(str(tmp_path)) == gbps  # no second probe
