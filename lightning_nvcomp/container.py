@@ -545,7 +545,7 @@ def save(
         storage: how the file is written (default: durably through the OS).
         staging_nbytes: how much is coded at once (GPU scratch is about three times this; default 256 MiB).
 
-    Compressed segments are written while the next ones are coded, so compression hides behind the write.
+    Compressed segments are written while the next ones are coded, so coding overlaps the write.
     """
     tensors = _find_tensors(obj)
     directory = os.path.dirname(os.path.abspath(os.fspath(path)))
