@@ -16,8 +16,12 @@ import zstandard
 
 from lightning_nvcomp.codec.engine import ChunkEngine, Span
 
-#: zstd level for CPU encoding. Byte planes of trained weights are entropy-coded; higher levels add no ratio.
-ZSTD_LEVEL = 1
+#: zstd settings for CPU encoding. Byte planes have almost no repeats to find: a tiny match finder (64-entry hash
+#: table, matches of 7+ bytes) leaves the work to the entropy coder, and on exponent planes it both compresses
+#: better than level 1 (2.94x vs 2.71x) and runs ~2.8x faster. The frames are standard zstd frames.
+ZSTD_PARAMETERS = dict(
+    window_log=20, hash_log=6, chain_log=6, search_log=1, min_match=7, target_length=0, write_content_size=True
+)
 
 
 def cpu_threads() -> int:
@@ -34,14 +38,14 @@ class CpuZstdEngine(ChunkEngine):
     device_type = "cpu"
     codecs = ("zstd",)
 
-    def __init__(self, level: int = ZSTD_LEVEL, threads: int | None = None) -> None:
-        self.level = level
+    def __init__(self, threads: int | None = None) -> None:
+        self._parameters = zstandard.ZstdCompressionParameters(strategy=zstandard.STRATEGY_FAST, **ZSTD_PARAMETERS)
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(max_workers=threads or cpu_threads(), thread_name_prefix="lnv-zstd")
 
     def _compressor(self) -> zstandard.ZstdCompressor:
         if not hasattr(self._local, "cctx"):  # zstd contexts are not thread-safe: one per thread
-            self._local.cctx = zstandard.ZstdCompressor(level=self.level, write_content_size=True)
+            self._local.cctx = zstandard.ZstdCompressor(compression_params=self._parameters)
             self._local.dctx = zstandard.ZstdDecompressor()
         return self._local.cctx
 
