@@ -32,7 +32,7 @@ from lightning_nvcomp.archive import ArchiveWriter
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.policy import CodecPolicy, Prediction
-from lightning_nvcomp.storage import Storage
+from lightning_nvcomp.storage import Storage, target_directory
 
 #: Codec names :func:`save` accepts.
 SAVE_CODECS = ("auto", "ans", "zstd", "none")
@@ -548,9 +548,7 @@ def save(
     Compressed segments are written while the next ones are coded, so coding overlaps the write.
     """
     tensors = _find_tensors(obj)
-    directory = os.path.dirname(os.path.abspath(os.fspath(path)))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"cannot save {os.fspath(path)}: directory {directory} does not exist")
+    directory = target_directory(path)
     codec, prediction = resolve_codec(codec, tensors, directory, policy)
     begin = time.perf_counter()
     snaps: list[Snapshot] = []
@@ -576,36 +574,45 @@ def load(
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    _check_pickle_crc(path)
+    return read(path, path, map_location, weights_only, mmap)
+
+
+def read(source: str | BinaryIO, name: str, map_location: Any = None, weights_only: bool = True,
+         mmap: bool = False) -> Any:
+    """``torch.load`` of a file path or a seekable binary file, after checking the pickle's CRC-32 (torch.load does
+    not); every failure becomes a :class:`CheckpointError` whose message starts with ``name``."""
+    _check_pickle_crc(source, name)
     try:
-        return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap)
+        return torch.load(source, map_location=map_location, weights_only=weights_only, mmap=mmap)
     except CheckpointError as err:
-        raise type(err)(f"{path}: {err}") from None
+        raise type(err)(f"{name}: {err}") from None
     except pickle.UnpicklingError as err:
         if weights_only and "weights_only" in str(err).lower():
             raise CheckpointError(
-                f"{path} holds objects that weights_only=True refuses (see below); if you trust the file, load it "
+                f"{name} holds objects that weights_only=True refuses (see below); if you trust the file, load it "
                 f"with weights_only=False.\n{err}"
             ) from None
-        raise CorruptCheckpointError(f"{path} cannot be read as a checkpoint (truncated or damaged?): {err}") from err
+        raise CorruptCheckpointError(f"{name} cannot be read as a checkpoint (truncated or damaged?): {err}") from err
     except Exception as err:  # a damaged zip or pickle fails in many ways inside torch.load
         raise CorruptCheckpointError(
-            f"{path} cannot be loaded ({type(err).__name__}: {err}); the file may be truncated or damaged"
+            f"{name} cannot be loaded ({type(err).__name__}: {err}); the file may be truncated or damaged"
         ) from err
 
 
-def _check_pickle_crc(path: str) -> None:
-    """Check the CRC-32 that torch.save's zip writer records for the pickle (shapes, strides, all non-tensor values);
-    torch.load does not. Legacy (non-zip) torch files have none to check."""
+def _check_pickle_crc(source: str | BinaryIO, name: str) -> None:
+    """Check the CRC-32 that the zip records for the pickle (shapes, strides, all non-tensor values). Legacy
+    (non-zip) torch files have none to check. A file object is left at its start."""
     try:
-        if not zipfile.is_zipfile(path):
-            return
-        with zipfile.ZipFile(path) as archive:
-            for name in archive.namelist():
-                if name.endswith("/data.pkl"):
-                    archive.read(name)  # raises BadZipFile on a CRC mismatch
+        if zipfile.is_zipfile(source):
+            with zipfile.ZipFile(source) as archive:
+                for entry in archive.namelist():
+                    if entry.endswith("/data.pkl"):
+                        archive.read(entry)  # raises BadZipFile on a CRC mismatch
     except Exception as err:  # zipfile fails a damaged directory in many ways (BadZipFile, NotImplementedError...)
-        raise CorruptCheckpointError(f"{path}: the checkpoint's structure is damaged ({err})") from None
+        raise CorruptCheckpointError(f"{name}: the checkpoint's structure is damaged ({err})") from None
+    finally:
+        if not isinstance(source, str):
+            source.seek(0)
 
 
 def describe(path: str | os.PathLike) -> Any:

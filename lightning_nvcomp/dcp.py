@@ -63,7 +63,6 @@ import queue
 import re
 import threading
 import time
-import zipfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -656,21 +655,8 @@ def _read_item(view: IO[bytes], info: NvcompStorageInfo, device: torch.device, w
     data = io.BytesIO(view.read(info.length))
     if data.getbuffer().nbytes != info.length:
         raise CorruptCheckpointError(f"{where}: the file ends {info.length - data.getbuffer().nbytes} bytes early")
-    try:
-        with zipfile.ZipFile(data) as archive:
-            for name in archive.namelist():
-                if name.endswith("/data.pkl"):
-                    archive.read(name)  # checks the pickle's CRC-32 (torch.load does not)
-    except Exception as err:
-        raise CorruptCheckpointError(f"{where}: the stored item is damaged ({err})") from None
-    data.seek(0)
     location = device if device.type == "cuda" and gpu_available() else torch.device("cpu")
-    try:
-        tensor = torch.load(data, map_location=location, weights_only=True)
-    except CheckpointError as err:
-        raise type(err)(f"{where}: {err}") from None
-    except Exception as err:
-        raise CorruptCheckpointError(f"{where}: cannot be decoded ({type(err).__name__}: {err})") from err
+    tensor = container.read(data, where, map_location=location)
     if not isinstance(tensor, torch.Tensor):
         raise CorruptCheckpointError(f"{where}: holds a {type(tensor).__name__}, not a tensor")
     return tensor

@@ -57,6 +57,14 @@ class _ThrottledFile:
         return getattr(self._f, name)
 
 
+def target_directory(path: str | os.PathLike) -> str:
+    """The directory a file at ``path`` goes in; FileNotFoundError naming both if it does not exist."""
+    directory = os.path.dirname(os.path.abspath(os.fspath(path)))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"cannot save {os.fspath(path)}: directory {directory} does not exist")
+    return directory
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> int:
     """Write a file through ``write(f)`` into a temporary name beside ``path``, fsync it, rename it over
     ``path`` and fsync the directory. Returns the file's size in bytes.
@@ -69,9 +77,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         OSError: the write failed (permissions, disk full, ...); the message names ``path``.
     """
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"cannot save {path}: directory {directory} does not exist")
+    directory = target_directory(path)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
     try:
         # Mode 0o666 filtered by the umask, like any file open() creates (mkstemp would make it owner-only).
