@@ -30,6 +30,7 @@ import torch
 
 from lightning_nvcomp.archive import ArchiveWriter
 from lightning_nvcomp.codec import record as records
+from lightning_nvcomp.codec.checksum import Crc32
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.policy import CodecPolicy, Prediction
 from lightning_nvcomp.storage import Storage, target_directory
@@ -65,10 +66,8 @@ class TensorInfo(NamedTuple):
 _describe: contextvars.ContextVar[Callable[..., Any] | None] = contextvars.ContextVar("describe", default=None)
 #: While set, called with the raw size of every record decoded (progress bars).
 _progress: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar("progress", default=None)
-#: Key under which a record dict keeps its decoded bytes while one load runs (torch.load's pickle memo hands every
-#: tensor of a record the same dict, and drops it when the load ends). An object, so no pickle can forge it.
-_DECODED = object()
-#: Key of the record dict's cache of storages already handed out (by index), so views keep sharing one.
+#: Key under which a record dict keeps its decoded storages while one load runs (torch.load's pickle memo hands
+#: every tensor of a record the same dict, and drops it when the load ends). An object, so no pickle can forge it.
 _STORAGES = object()
 
 
@@ -86,8 +85,9 @@ def _int_tuple(value: object, name: object, what: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _decoded_record(blobs: list[torch.Tensor], rec: dict, name: str) -> torch.Tensor:
-    cached = rec.get(_DECODED)
+def _decoded_storages(blobs: list[torch.Tensor], rec: dict, name: str) -> list[torch.Tensor]:
+    """The record's storages as uint8 tensors on the blobs' device (``map_location``), each in its own memory."""
+    cached = rec.get(_STORAGES)
     if cached is not None:
         return cached
     storages = rec.get("storages")
@@ -98,15 +98,23 @@ def _decoded_record(blobs: list[torch.Tensor], rec: dict, name: str) -> torch.Te
         raise _fail(name, "record storage table is malformed")
     if isinstance(nbytes, int) and any(off + n > nbytes for off, n in storages):
         raise _fail(name, f"a storage lies outside the record's {nbytes} bytes")
+    target = blobs[0].device if blobs else torch.device("cpu")
     try:
-        data = records.decode(blobs, rec, blobs[0].device if blobs else "cpu")
+        data = records.decode(blobs, rec, target, move=False)
     except CheckpointError as err:
         raise type(err)(f"tensor {name!r}: {err}") from None
-    rec[_DECODED] = data
+    pieces = [data[start : start + n] for start, n in storages]
+    if data.device != target:  # decoded on a GPU for a CPU load: one copy, straight into each storage's memory
+        pieces = [piece.to(target) for piece in pieces]
+    elif len(pieces) > 1:
+        # Storages packed together get their own memory: a tensor kept after the load (an optimizer keeps its
+        # state tensors) must not hold the whole record alive, nor be saved again with it.
+        pieces = [piece.clone() for piece in pieces]
+    rec[_STORAGES] = pieces
     report = _progress.get()
     if report is not None:
         report(rec["nbytes"])
-    return data
+    return pieces
 
 
 def decode_tensor(
@@ -152,7 +160,7 @@ def decode_tensor(
             raise _fail(name, str(err)) from None
         return describe(TensorInfo(name, rec["dtype"], size, rec, sum(b.numel() for b in blobs)))
 
-    data = _decoded_record(blobs, rec, name)
+    storage = _decoded_storages(blobs, rec, name)[index]
     start, nbytes = storages[index]
     itemsize = dtype.itemsize
     if nbytes % itemsize or start % itemsize:
@@ -162,13 +170,7 @@ def decode_tensor(
         raise _fail(name, f"shape {size} with stride {stride} at offset {offset} overruns its {numel} elements")
     if not all(size) and offset >= 1 << 48:  # an empty view reads nothing, but torch allows any offset for it
         raise _fail(name, f"offset {offset} is absurd")
-    handed = rec.setdefault(_STORAGES, {})
-    if index not in handed:
-        piece = data[start : start + nbytes]
-        # Storages packed together get their own memory: a tensor kept after the load (an optimizer keeps its
-        # state tensors) must not hold the whole record alive, nor be saved again with it.
-        handed[index] = piece if len(storages) == 1 else piece.clone()
-    flat = handed[index].view(dtype)
+    flat = storage.view(dtype)
     tensor = flat.as_strided(size, stride, offset)
     if parameter:
         return torch.nn.Parameter(tensor, requires_grad)
@@ -393,8 +395,8 @@ class _ArchivePickler(pickle.Pickler):
         return self.reductions.get(id(obj), NotImplemented)
 
 
-def _value(crc: Any) -> int:
-    return crc.result() if hasattr(crc, "result") else crc
+def _value(crc: Crc32 | int) -> int:
+    return crc.result() if isinstance(crc, Crc32) else crc
 
 
 class Snapshot:

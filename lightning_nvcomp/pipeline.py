@@ -16,7 +16,7 @@ from lightning_nvcomp import container, telemetry
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import CodecUnavailableError
 from lightning_nvcomp.policy import CodecPolicy, Prediction
-from lightning_nvcomp.storage import Storage
+from lightning_nvcomp.storage import Storage, wait_for_discards
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +165,7 @@ class CheckpointWriter:
         try:
             self.wait()
         finally:
+            wait_for_discards()
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None

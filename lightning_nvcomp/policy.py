@@ -90,9 +90,17 @@ def candidate_codecs(device: torch.device) -> list[str]:
     return ["zstd", "none"]
 
 
+def bulk_device(tensors: list[torch.Tensor]) -> torch.device:
+    """The device holding most of the bytes of ``tensors`` (the CPU when there are none)."""
+    nbytes: dict[torch.device, int] = {}
+    for t in tensors:
+        nbytes[t.device] = nbytes.get(t.device, 0) + t.numel() * t.element_size()
+    return max(nbytes, key=nbytes.__getitem__) if nbytes else torch.device("cpu")
+
+
 def sample_state(tensors: list[torch.Tensor], nbytes: int = 64 << 20) -> dict[torch.dtype, torch.Tensor]:
     """Up to ``nbytes`` of the state per dtype, taken evenly from its tensors, as flat uint8 buffers (on the
-    tensors' device) for calibration."""
+    tensors' device, which must be one) for calibration."""
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for t in tensors:
         if t.numel() and t.is_contiguous():
@@ -253,7 +261,8 @@ class CodecPolicy:
         """Codec calibration on a sample of ``tensors`` (cached per device and dtypes)."""
         if self._fixed_profiles is not None:
             return self._fixed_profiles
-        device = tensors[0].device if tensors else torch.device("cpu")
+        device = bulk_device(tensors)
+        tensors = [t for t in tensors if t.device == device]  # e.g. AdamW's CPU step counters: too small to matter
         key = (str(device), tuple(sorted({str(t.dtype) for t in tensors})))
         if key not in self._profiles:
             self._profiles[key] = calibrate(sample_state(tensors), candidate_codecs(device))

@@ -20,7 +20,7 @@ from conftest import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightning_nvcomp.codec import planes, record
+from lightning_nvcomp.codec import checksum, planes, record
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.container import DTYPES
 from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError, CorruptCheckpointError
@@ -475,6 +475,19 @@ def test_checksum_is_crc32_of_each_blob(valid_record):
     """Pins the documented format: crc32[s] is the CRC-32 of blob s (segment s's stored bytes)."""
     _, blobs, meta = valid_record
     assert meta["crc32"] == [zlib.crc32(b.numpy()) for b in blobs]
+
+
+@SETTINGS
+@given(st.binary(max_size=300), st.binary(max_size=300))
+def test_crc32_combine_matches_zlib_on_the_concatenation(a, b):
+    assert checksum.combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, checksum.PIECE_NBYTES - 1, checksum.PIECE_NBYTES, 2 * checksum.PIECE_NBYTES + 7])
+def test_crc32_in_parallel_pieces_equals_zlib(nbytes):
+    data = torch.from_numpy(np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8))
+    assert checksum.crc32(data) == zlib.crc32(data.numpy())
+    assert checksum.crc32(data[1:]) == zlib.crc32(data[1:].numpy())
 
 
 def test_damage_behind_a_recomputed_checksum_never_escapes_as_a_foreign_error():

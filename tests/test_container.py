@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lightning_nvcomp
-from lightning_nvcomp import container
+from lightning_nvcomp import container, storage
 from lightning_nvcomp.codec import record
 from lightning_nvcomp.container import DTYPES, SaveStats, TensorInfo, describe
 from lightning_nvcomp.errors import CheckpointError
@@ -235,7 +235,24 @@ def test_overwrite_replaces_the_previous_checkpoint(tmp_path):
     new = {"y": random_tensor((100,), torch.float64, 9)}
     lightning_nvcomp.save(new, path, codec="zstd")
     assert_tree_bit_exact(new, lightning_nvcomp.load(path))
+    storage.wait_for_discards()  # the old file is freed on a background thread
     assert os.listdir(tmp_path) == ["ck.pt"]
+
+
+def test_replaced_and_discarded_files_are_freed_and_stale_names_swept(tmp_path):
+    path, pruned = tmp_path / "last.ckpt", tmp_path / "epoch=0.ckpt"
+    lightning_nvcomp.save({"x": torch.ones(3)}, path, codec="zstd")
+    lightning_nvcomp.save({"x": torch.ones(3)}, pruned, codec="zstd")
+    old_inode = path.stat().st_ino
+    stale = tmp_path / ".epoch=7.ckpt.0123abcd.lnv-old"  # left by a process that died before freeing it
+    stale.write_bytes(b"old checkpoint")
+    storage.discard(pruned)
+    assert not pruned.exists()  # the name is gone at once
+    lightning_nvcomp.save({"y": torch.zeros(2)}, path, codec="zstd")
+    assert path.stat().st_ino != old_inode
+    storage.wait_for_discards()
+    assert os.listdir(tmp_path) == ["last.ckpt"]
+    assert_tree_bit_exact({"y": torch.zeros(2)}, lightning_nvcomp.load(path))
 
 
 def test_saved_file_permissions_match_torch_save(tmp_path):

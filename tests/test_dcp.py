@@ -297,10 +297,10 @@ def test_async_save_one_process_compresses_while_staging(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and nvCOMP")
-@pytest.mark.parametrize("codec", ["ans", "zstd"])
+@pytest.mark.parametrize("codec", ["ans", "zstd", "auto"])
 def test_gpu_save_load(tmp_path, codec):
-    """One rank, CUDA shards: dcp.save / dcp.async_save compress on the GPU; dcp.load decodes on the GPU (our
-    reader) or the CPU (DCP's); all bit-exact."""
+    """One rank, CUDA shards next to a CPU tensor: dcp.save / dcp.async_save compress on the GPU; dcp.load decodes
+    on the GPU (our reader) or the CPU (DCP's); all bit-exact. ``auto`` calibrates on the GPU shards."""
     state = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in _state(10).items()}
     state["cpu"] = trained_like(4096, torch.float32, 11)
     expected = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
@@ -317,7 +317,10 @@ def test_gpu_save_load(tmp_path, codec):
 
     writer = NvcompFileSystemWriter(tmp_path / "sync", codec=codec)
     dcp.save(state, storage_writer=writer)
-    assert writer.stats.codec == codec and writer.stats.ratio > 1.1, writer.stats
+    if codec == "auto":
+        assert writer.stats.codec in ("ans", "zstd", "none"), writer.stats
+    else:
+        assert writer.stats.codec == codec and writer.stats.ratio > 1.1, writer.stats
     check(tmp_path / "sync", NvcompFileSystemReader)
     check(tmp_path / "sync", dcp.FileSystemReader)
 
@@ -327,7 +330,7 @@ def test_gpu_save_load(tmp_path, codec):
         if isinstance(value, torch.Tensor):
             value.zero_()  # training goes on: the GPU shards were compressed while staging
     future.result()
-    assert writer.stats.stage_s > 0 and writer.stats.ratio > 1.1, writer.stats
+    assert writer.stats.stage_s > 0 and (codec == "auto" or writer.stats.ratio > 1.1), writer.stats
     check(tmp_path / "async", NvcompFileSystemReader)
     plain = tmp_path / "plain"
     dcp.save(expected, storage_writer=dcp.FileSystemWriter(plain))

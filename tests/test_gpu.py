@@ -214,6 +214,19 @@ def test_auto_calibrates_gpu_codecs_and_saves_bit_exactly(tmp_path):
     assert all(torch.equal(_bytes(back[k]), _bytes(v)) for k, v in state.items())
 
 
+def test_auto_on_gpu_state_with_cpu_step_counters(tmp_path):
+    """AdamW keeps its step counters on the CPU next to CUDA moments: auto calibrates on the CUDA bulk."""
+    from lightning_nvcomp.policy import CodecPolicy
+    from lightning_nvcomp.storage import ThrottledStorage
+
+    state = {"m": _trained_like(2_000_000, torch.float32), "step": torch.tensor(7.0), "w": _trained_like(1000, torch.bfloat16)}
+    policy = CodecPolicy(probe_nbytes=8 << 20, storage=ThrottledStorage(200))
+    stats = lightning_nvcomp.save(state, tmp_path / "auto.ckpt", codec="auto", policy=policy)
+    assert stats.codec == "ans"
+    back = lightning_nvcomp.load(tmp_path / "auto.ckpt")
+    assert all(torch.equal(_bytes(back[k]), _bytes(v)) for k, v in state.items())
+
+
 def test_uncompressed_save_of_gpu_state_is_a_plain_torch_file(tmp_path):
     state = {"w": _trained_like(100_000, torch.float32), "p": torch.nn.Parameter(_trained_like(10, torch.bfloat16))}
     lightning_nvcomp.save(state, tmp_path / "n.ckpt", codec="none")

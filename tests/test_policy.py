@@ -10,7 +10,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import lightning_nvcomp
-from lightning_nvcomp.policy import CodecPolicy, CodecProfile, calibrate, choose, predict, probe_bandwidth, sample_state
+from lightning_nvcomp.policy import (
+    CodecPolicy, CodecProfile, bulk_device, calibrate, choose, predict, probe_bandwidth, sample_state
+)
 from lightning_nvcomp.storage import Storage, ThrottledStorage
 
 ZSTD = CodecProfile("zstd", ratio=1.2, encode_gbps=0.5)
@@ -105,6 +107,20 @@ def test_calibration_measures_the_state():
     zstd, none = calibrate(samples, ["zstd", "none"])
     assert zstd.codec == "zstd" and zstd.ratio > 1.1 and 0 < zstd.encode_gbps < math.inf
     assert none == CodecProfile("none", 1.0, math.inf)
+
+
+def test_calibration_uses_the_device_with_most_bytes():
+    # An optimizer's step counters may live on the CPU next to GPU state; the meta device stands in for the GPU here
+    # only to check which tensors are sampled (nothing is coded).
+    step, bulk = torch.zeros(()), torch.empty(1 << 20, device="meta")
+    assert bulk_device([step, bulk, step]) == torch.device("meta")
+    assert bulk_device([torch.zeros(8), torch.empty(1, device="meta")]) == torch.device("cpu")
+    assert bulk_device([]) == torch.device("cpu")
+    g = torch.Generator().manual_seed(0)
+    weights = torch.randn(1 << 18, generator=g) * 0.02
+    policy = CodecPolicy()
+    profiles = policy.profiles([weights, torch.empty(4, device="meta")])
+    assert {p.codec for p in profiles} == {"zstd", "none"}
 
 
 def _probe_worker(rank: int, world: int, directory: str, port: int, results) -> None:

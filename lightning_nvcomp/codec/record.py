@@ -18,8 +18,7 @@ Every field is validated against the blobs before a byte is decoded: the dict ma
 from __future__ import annotations
 
 import functools
-import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ import numpy as np
 import torch
 
 from lightning_nvcomp.codec import planes as byte_planes
+from lightning_nvcomp.codec.checksum import Crc32, crc32
 from lightning_nvcomp.codec.cpu import CpuZstdEngine, cpu_threads
 from lightning_nvcomp.codec.engine import ChunkEngine
 from lightning_nvcomp.codec.gpu import NvcompEngine, gpu_available, nvcomp_version
@@ -172,23 +172,12 @@ def _segment_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="lnv-segment")
 
 
-@functools.cache
-def _checksum_pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="lnv-crc")
-
-
-def _crc32(blob: torch.Tensor, ready: torch.cuda.Event | None = None) -> int:
-    if ready is not None:  # the device-to-host copy into `blob` must have landed
-        ready.synchronize()
-    return zlib.crc32(blob.numpy())  # zlib releases the GIL: segments are checked in parallel
-
-
 def encode(
     data: torch.Tensor,
     dtype: torch.dtype,
     codec: str,
     segment: int | None = None,
-    on_blob: Callable[[torch.Tensor, Future | int], None] | None = None,
+    on_blob: Callable[[torch.Tensor, Crc32], None] | None = None,
     wait_checksums: bool = True,
 ) -> tuple[list[torch.Tensor], dict]:
     """Compress ``data`` (1-D contiguous uint8: the bytes of numbers of ``dtype``) with ``codec``.
@@ -196,9 +185,9 @@ def encode(
     ``segment`` (a multiple of 512; default :data:`SEGMENT_NBYTES` on the GPU, at most :data:`CPU_SEGMENT_NBYTES`
     on the CPU) bounds the bytes coded per engine call and so the scratch memory. Returns one CPU uint8 blob per
     segment (pinned when coded on the GPU) and the record dict. With ``on_blob``, each blob is handed over as soon
-    as it is in host memory, with its CRC-32 (or a future of it), and not returned: so it can be written while the
-    next segments are coded. With ``wait_checksums=False``, ``meta["crc32"]`` may hold futures of checksums still
-    computed on CPU threads (so training need not wait for them): :func:`resolve_checksums` before storing it.
+    as it is in host memory, with its CRC-32 (a :class:`Crc32` still being computed), and not returned: so it can be
+    written while the next segments are coded. With ``wait_checksums=False``, ``meta["crc32"]`` may hold such
+    pending checksums (so training need not wait for them): :func:`resolve_checksums` before storing it.
     """
     engine = engine_for(codec, data.device)
     on_gpu = engine is not None and engine.device_type == "cuda"
@@ -214,8 +203,7 @@ def encode(
             blob = _to_host(_pack(pieces))
             ready = torch.cuda.Event()
             ready.record()
-            # Checksums run on CPU threads while the GPU codes the next segment.
-            crc = _checksum_pool().submit(_crc32, blob, ready)
+            crc = Crc32(blob, ready)  # on CPU threads, while the GPU codes the next segment
             if on_blob is not None:
                 on_blob(blob, crc)
                 blob = None
@@ -252,12 +240,12 @@ def _encode_cpu_segment(
 ) -> tuple[torch.Tensor, list[int], int]:
     pieces = _encode_segment(engine, data[span[0] : span[0] + span[1]], layout)
     blob = _pack(pieces)
-    return blob, [p.numel() for p in pieces], _crc32(blob)
+    return blob, [p.numel() for p in pieces], crc32(blob)
 
 
 def resolve_checksums(meta: dict) -> dict:
     """Replace the checksum futures :func:`encode` may leave in ``meta`` by their values (waiting for them)."""
-    meta["crc32"] = [crc.result() if isinstance(crc, Future) else crc for crc in meta["crc32"]]
+    meta["crc32"] = [crc.result() if isinstance(crc, Crc32) else crc for crc in meta["crc32"]]
     return meta
 
 
@@ -356,8 +344,11 @@ def validate(meta: object, blob_sizes: list[int]) -> _Layout:
     return layout
 
 
-def decode(blobs: list[torch.Tensor], meta: dict, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Return the record's raw bytes (1-D uint8) on ``device``, after checking every field and checksum."""
+def decode(blobs: list[torch.Tensor], meta: dict, device: torch.device | str = "cpu", move: bool = True) -> torch.Tensor:
+    """Return the record's raw bytes (1-D uint8) on ``device``, after checking every field and checksum.
+
+    With ``move=False``, bytes decoded on a GPU for a CPU ``device`` (gANS has no CPU decoder) stay on the GPU, for
+    the caller to copy wherever they belong."""
     if not isinstance(blobs, list) or any(
         not isinstance(b, torch.Tensor) or b.dtype != torch.uint8 or b.dim() != 1 for b in blobs
     ):
@@ -380,8 +371,8 @@ def decode(blobs: list[torch.Tensor], meta: dict, device: torch.device | str = "
     engine = (_nvcomp_engine() if work.type == "cuda" else _cpu_engine()) if coded else None
 
     hosts = [b.cpu() for b in blobs]
-    for s, (got, want) in enumerate(zip(_checksum_pool().map(_crc32, hosts), meta["crc32"])):
-        if got != want:
+    for s, (got, want) in enumerate(zip([Crc32(h) for h in hosts], meta["crc32"])):
+        if got.result() != want:
             raise CorruptCheckpointError(f"checksum mismatch in segment {s} of the record: the file is damaged")
     out = torch.empty(meta["nbytes"], dtype=torch.uint8, device=work)
     jobs, pos = [], 0
@@ -405,6 +396,8 @@ def decode(blobs: list[torch.Tensor], meta: dict, device: torch.device | str = "
         for _ in _segment_pool().map(run, jobs):
             pass
     if work.type == "cuda" and device.type == "cpu":
+        if not move:
+            return out
         host = _to_host(out)  # pinned: no first-touch page faults, and the copy back to a GPU model is fast
         torch.cuda.current_stream(work).synchronize()
         return host

@@ -16,6 +16,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_nvcomp import container, telemetry
 from lightning_nvcomp.pipeline import CheckpointWriter
+from lightning_nvcomp.storage import discard
 
 
 class NvcompCheckpointIO(CheckpointIO):
@@ -71,7 +72,7 @@ class NvcompCheckpointIO(CheckpointIO):
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         self.writer.wait(os.fspath(path))
         if os.path.exists(path):
-            os.remove(path)
+            discard(path)
 
     def teardown(self) -> None:
         self.writer.close()
