@@ -15,6 +15,10 @@ def __getattr__(name: str):
         from lightning_nvcomp.integrations import lightning as integration
 
         return getattr(integration, name)
+    if name in ("NvcompFSDPStrategy", "NvcompModelParallelStrategy"):
+        from lightning_nvcomp.integrations import lightning_sharded
+
+        return getattr(lightning_sharded, name)
     raise AttributeError(f"module 'lightning_nvcomp' has no attribute {name!r}")
 
 
@@ -23,6 +27,8 @@ __all__ = [
     "CodecUnavailableError",
     "CorruptCheckpointError",
     "NvcompCheckpointIO",
+    "NvcompFSDPStrategy",
+    "NvcompModelParallelStrategy",
     "NvcompSavings",
     "SaveStats",
     "decode_tensor",

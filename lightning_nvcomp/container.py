@@ -18,6 +18,7 @@ import io
 import math
 import os
 import pickle
+import threading
 import time
 import zipfile
 from collections.abc import Mapping
@@ -64,6 +65,8 @@ class TensorInfo(NamedTuple):
 
 #: While set, decode_tensor hands each tensor's description to this callable instead of decoding.
 _describe: contextvars.ContextVar[Callable[..., Any] | None] = contextvars.ContextVar("describe", default=None)
+#: While set, records saved from a GPU decode onto the current GPU (when there is one), whatever the blobs' device.
+_keep_on_gpu: contextvars.ContextVar[bool] = contextvars.ContextVar("keep_on_gpu", default=False)
 #: While set, called with the raw size of every record decoded (progress bars).
 _progress: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar("progress", default=None)
 #: Key under which a record dict keeps its decoded storages while one load runs (torch.load's pickle memo hands
@@ -99,6 +102,8 @@ def _decoded_storages(blobs: list[torch.Tensor], rec: dict, name: str) -> list[t
     if isinstance(nbytes, int) and any(off + n > nbytes for off, n in storages):
         raise _fail(name, f"a storage lies outside the record's {nbytes} bytes")
     target = blobs[0].device if blobs else torch.device("cpu")
+    if _keep_on_gpu.get() and rec.get("device") == "cuda" and target.type == "cpu" and torch.cuda.is_available():
+        target = torch.device("cuda", torch.cuda.current_device())
     try:
         data = records.decode(blobs, rec, target, move=False)
     except CheckpointError as err:
@@ -284,9 +289,35 @@ def _storage_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (storage.nbytes(),), (1,))
 
 
+class _LayoutCache:
+    """The byte layout last chosen for each record, by the memory it was coded from. A training run saves the same
+    parameter and optimizer tensors again and again: choosing a layout (sampling entropy, trying gANS's typed model
+    and checking it round-trips) costs ~4 ms per record on an H200, coding it ~1 ms. Every layout is lossless, so a
+    stale entry (memory reused by other tensors) costs at most some ratio."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._layouts: OrderedDict[tuple, records.Layout] = OrderedDict()
+        self._size, self._lock = size, threading.Lock()
+
+    def get(self, key: tuple) -> records.Layout | None:
+        with self._lock:
+            return self._layouts.get(key)
+
+    def put(self, key: tuple, layout: records.Layout) -> None:
+        with self._lock:
+            self._layouts[key] = layout
+            self._layouts.move_to_end(key)
+            while len(self._layouts) > self._size:
+                self._layouts.popitem(last=False)
+
+
+_layouts = _LayoutCache()
+
+
 def _encode_record(
     rec: _Record, codec: str, segment: int | None, on_blob: Callable[[torch.Tensor, Any], None]
 ) -> tuple[list[torch.Tensor], dict]:
+    key = (codec, rec.dtype, segment, tuple((s.device, s.data_ptr(), s.nbytes()) for s in rec.storages))
     parts, table, pos = [], [], 0
     for storage in rec.storages:
         data = _storage_bytes(storage)
@@ -297,8 +328,10 @@ def _encode_record(
             parts.append(torch.zeros(pad, dtype=torch.uint8, device=rec.device))
         pos += data.numel() + pad
     data = records.concatenate(parts)
-    blobs, meta = records.encode(data, rec.dtype, codec, segment, on_blob, wait_checksums=False)
+    blobs, meta = records.encode(data, rec.dtype, codec, segment, on_blob, wait_checksums=False, layout=_layouts.get(key))
+    _layouts.put(key, records.Layout.of(meta))
     meta["storages"] = table
+    meta["device"] = rec.device.type  # where the tensors lived (load(keep_on_gpu=True) puts CUDA ones back there)
     return blobs, meta
 
 
@@ -566,17 +599,28 @@ def load(
     path: str | os.PathLike,
     map_location: Any = None,
     weights_only: bool = True,
-    mmap: bool = False,
+    mmap: bool = True,
+    keep_on_gpu: bool = False,
 ) -> Any:
     """Load a checkpoint written by :func:`save` (or any ``torch.save`` file), bit-exactly.
 
     Tensors come back on the CPU unless ``map_location`` says otherwise; ``map_location="cuda"`` decodes on the
-    GPU directly. Errors name ``path`` and the tensor at fault.
+    GPU directly. With ``keep_on_gpu`` (and no ``map_location``), compressed tensors saved from a GPU come back on
+    the current GPU when there is one, decoded there without a trip through host memory (what a resume wants: the
+    optimizer adopts them as they are). ``mmap`` maps the file instead of reading it (as ``torch.load(mmap=True)``):
+    compressed bytes go from the page cache straight to the decoder, ~4x faster than reading them into new memory;
+    tensors stored uncompressed then share the file's pages, copy-on-write. Errors name ``path`` and the tensor at
+    fault.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    return read(path, path, map_location, weights_only, mmap)
+    mmap = mmap and _is_zip(path)  # legacy (pre-zip) torch files cannot be mapped
+    token = _keep_on_gpu.set(keep_on_gpu and map_location is None)
+    try:
+        return read(path, path, map_location, weights_only, mmap)
+    finally:
+        _keep_on_gpu.reset(token)
 
 
 def read(source: str | BinaryIO, name: str, map_location: Any = None, weights_only: bool = True,
@@ -599,6 +643,13 @@ def read(source: str | BinaryIO, name: str, map_location: Any = None, weights_on
         raise CorruptCheckpointError(
             f"{name} cannot be loaded ({type(err).__name__}: {err}); the file may be truncated or damaged"
         ) from err
+
+
+def _is_zip(path: str) -> bool:
+    try:
+        return zipfile.is_zipfile(path)
+    except Exception:  # a damaged end record can make even this fail; read() then reports the damage
+        return False
 
 
 def _check_pickle_crc(source: str | BinaryIO, name: str) -> None:

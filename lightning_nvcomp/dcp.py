@@ -297,6 +297,11 @@ class NvcompFileSystemWriter(FileSystemWriter):
     def _distributed(self) -> bool:
         return dist.is_available() and dist.is_initialized() and getattr(self, "use_collectives", True)
 
+    def write_gbps(self) -> float:
+        """Write bandwidth of one writer to this checkpoint's storage, GB/s, measured once per run and file system
+        with every rank writing at once (a collective the first time: every rank calls it)."""
+        return (self.policy or _default_policy("sync")).write_gbps(_existing_dir(Path(self.path)))
+
     def _agree_codec(self, tensors: list[torch.Tensor], mode: str) -> str:
         """The codec of this save. ``auto``: every rank probes the storage together, rank 0 decides, and the
         decision is broadcast (every rank must call this at the same point)."""

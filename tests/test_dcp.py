@@ -334,4 +334,5 @@ def test_gpu_save_load(tmp_path, codec):
     check(tmp_path / "async", NvcompFileSystemReader)
     plain = tmp_path / "plain"
     dcp.save(expected, storage_writer=dcp.FileSystemWriter(plain))
-    assert (tmp_path / "sync" / "__0_0.distcp").stat().st_size < (plain / "__0_0.distcp").stat().st_size
+    if codec != "auto":  # auto may store raw bytes (fast local disk), in a container a little larger than DCP's
+        assert (tmp_path / "sync" / "__0_0.distcp").stat().st_size < (plain / "__0_0.distcp").stat().st_size

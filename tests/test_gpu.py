@@ -227,6 +227,19 @@ def test_auto_on_gpu_state_with_cpu_step_counters(tmp_path):
     assert all(torch.equal(_bytes(back[k]), _bytes(v)) for k, v in state.items())
 
 
+def test_keep_on_gpu_puts_back_only_what_was_on_the_gpu(tmp_path):
+    state = {"w": _trained_like(300_000, torch.float32), "cpu": _trained_like(300_000, torch.bfloat16, "cpu"),
+             "step": torch.tensor(3.0)}
+    lightning_nvcomp.save(state, tmp_path / "k.ckpt", codec="ans")
+    back = lightning_nvcomp.load(tmp_path / "k.ckpt", keep_on_gpu=True)
+    assert back["w"].is_cuda and not back["cpu"].is_cuda and not back["step"].is_cuda
+    assert all(torch.equal(_bytes(back[k]), _bytes(v)) for k, v in state.items())
+    assert not lightning_nvcomp.load(tmp_path / "k.ckpt")["w"].is_cuda
+    io = lightning_nvcomp.NvcompCheckpointIO("ans")
+    assert io.load_checkpoint(tmp_path / "k.ckpt")["w"].is_cuda
+    assert not io.load_checkpoint(tmp_path / "k.ckpt", map_location="cpu")["w"].is_cuda
+
+
 def test_uncompressed_save_of_gpu_state_is_a_plain_torch_file(tmp_path):
     state = {"w": _trained_like(100_000, torch.float32), "p": torch.nn.Parameter(_trained_like(10, torch.bfloat16))}
     lightning_nvcomp.save(state, tmp_path / "n.ckpt", codec="none")

@@ -75,11 +75,18 @@ def concatenate(parts: list[torch.Tensor]) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class _Layout:
+class Layout:
+    """How a record is coded: byte planes, each plane's codec, gANS's data type and the chunk size."""
+
     planes: int
     codecs: tuple[str, ...]
     data_type: str
     chunk: int
+
+    @classmethod
+    def of(cls, meta: dict) -> Layout:
+        """The layout a record dict (from :func:`encode`) was coded with."""
+        return cls(meta["planes"], tuple(meta["codecs"]), meta["data_type"], meta["chunk"])
 
 
 def engine_for(codec: str, device: torch.device) -> ChunkEngine | None:
@@ -119,7 +126,7 @@ def _plane_spans(width: int, n: int, pitch: int, chunk: int) -> list[list[tuple[
     return [[(k * pitch + j, min(chunk, n - j)) for j in range(0, n, chunk)] for k in range(width)]
 
 
-def _encode_segment(engine: ChunkEngine | None, seg: torch.Tensor, layout: _Layout) -> list[torch.Tensor]:
+def _encode_segment(engine: ChunkEngine | None, seg: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
     plane_data = byte_planes.split(seg, layout.planes)
     flat, pitch = byte_planes.flatten(plane_data)
     spans = _plane_spans(layout.planes, plane_data.shape[1], pitch, layout.chunk)
@@ -132,22 +139,22 @@ def _encode_segment(engine: ChunkEngine | None, seg: torch.Tensor, layout: _Layo
     return [piece for plane in stored for piece in plane]
 
 
-def _choose_layout(engine: ChunkEngine | None, data: torch.Tensor, dtype: torch.dtype, codec: str) -> _Layout:
+def _choose_layout(engine: ChunkEngine | None, data: torch.Tensor, dtype: torch.dtype, codec: str) -> Layout:
     if engine is None:
-        return _Layout(1, ("raw",), "|u1", CHUNK_NBYTES[("raw", "cpu")])
+        return Layout(1, ("raw",), "|u1", CHUNK_NBYTES[("raw", "cpu")])
     chunk = CHUNK_NBYTES[(codec, engine.device_type)]
     width = byte_planes.plane_width(dtype)
     if data.numel() % width:
         width = 1
     bits = byte_planes.entropy_bits(data, width)
-    layout = _Layout(width, tuple(codec if b < byte_planes.RAW_ENTROPY_BITS else "raw" for b in bits), "|u1", chunk)
+    layout = Layout(width, tuple(codec if b < byte_planes.RAW_ENTROPY_BITS else "raw" for b in bits), "|u1", chunk)
     typed = _TYPED_ANS.get(dtype) if codec == "ans" else None
     if typed is None or data.numel() < 4096:
         return layout
     # Pick gANS's typed model over byte planes only where it is smaller on a sample AND round-trips bit-exactly.
     start = (data.numel() // 2 - _TYPED_SAMPLE_NBYTES // 2) // 64 * 64
     sample = data[max(0, start) : max(0, start) + _TYPED_SAMPLE_NBYTES]
-    typed_layout = _Layout(1, ("ans",), typed, TYPED_ANS_CHUNK_NBYTES)
+    typed_layout = Layout(1, ("ans",), typed, TYPED_ANS_CHUNK_NBYTES)
     typed_pieces = _encode_segment(engine, sample, typed_layout)
     planes_size = sum(p.numel() for p in _encode_segment(engine, sample, layout))
     if sum(p.numel() for p in typed_pieces) >= planes_size:
@@ -179,6 +186,7 @@ def encode(
     segment: int | None = None,
     on_blob: Callable[[torch.Tensor, Crc32], None] | None = None,
     wait_checksums: bool = True,
+    layout: Layout | None = None,
 ) -> tuple[list[torch.Tensor], dict]:
     """Compress ``data`` (1-D contiguous uint8: the bytes of numbers of ``dtype``) with ``codec``.
 
@@ -188,6 +196,7 @@ def encode(
     as it is in host memory, with its CRC-32 (a :class:`Crc32` still being computed), and not returned: so it can be
     written while the next segments are coded. With ``wait_checksums=False``, ``meta["crc32"]`` may hold such
     pending checksums (so training need not wait for them): :func:`resolve_checksums` before storing it.
+    ``layout`` skips choosing one (sampling the data): any layout codes any data of this size losslessly.
     """
     engine = engine_for(codec, data.device)
     on_gpu = engine is not None and engine.device_type == "cuda"
@@ -195,7 +204,7 @@ def encode(
     if segment <= 0 or segment % 512:
         raise ValueError(f"segment size {segment} must be a positive multiple of 512 bytes")
     data = data.to("cuda" if on_gpu else "cpu")
-    layout = _choose_layout(engine, data, dtype, codec)
+    layout = layout or _choose_layout(engine, data, dtype, codec)
     if on_gpu:
         results = []
         for start, length in _segments(data.numel(), segment):
@@ -236,7 +245,7 @@ def encode(
 
 
 def _encode_cpu_segment(
-    engine: ChunkEngine | None, data: torch.Tensor, span: tuple[int, int], layout: _Layout
+    engine: ChunkEngine | None, data: torch.Tensor, span: tuple[int, int], layout: Layout
 ) -> tuple[torch.Tensor, list[int], int]:
     pieces = _encode_segment(engine, data[span[0] : span[0] + span[1]], layout)
     blob = _pack(pieces)
@@ -249,14 +258,14 @@ def resolve_checksums(meta: dict) -> dict:
     return meta
 
 
-def _chunk_lengths(length: int, layout: _Layout) -> list[int]:
+def _chunk_lengths(length: int, layout: Layout) -> list[int]:
     per_plane = length // layout.planes
     full, rest = divmod(per_plane, layout.chunk)
     return [layout.chunk] * full + ([rest] if rest else [])
 
 
 def _decode_segment(
-    engine: ChunkEngine | None, stored: torch.Tensor, sizes: list[int], out: torch.Tensor, layout: _Layout
+    engine: ChunkEngine | None, stored: torch.Tensor, sizes: list[int], out: torch.Tensor, layout: Layout
 ) -> None:
     n = out.numel() // layout.planes
     plane_out = out.view(1, -1) if layout.planes == 1 else byte_planes.empty(layout.planes, n, out.device)
@@ -287,7 +296,7 @@ def _decode_segment(
         byte_planes.join(plane_out, out)
 
 
-def validate(meta: object, blob_sizes: list[int]) -> _Layout:
+def validate(meta: object, blob_sizes: list[int]) -> Layout:
     """Check every field of a record dict against its blobs' sizes; raise CorruptCheckpointError if any is off."""
     if not isinstance(meta, dict):
         raise CorruptCheckpointError(f"record description is a {type(meta).__name__}, not a dict")
@@ -318,7 +327,7 @@ def validate(meta: object, blob_sizes: list[int]) -> _Layout:
         raise CorruptCheckpointError(f"record codecs {codecs!r} do not fit {planes} planes")
     if data_type not in _DATA_TYPES or (data_type != "|u1" and (planes != 1 or codecs != ["ans"])):
         raise CorruptCheckpointError(f"record data type {data_type!r} is invalid here")
-    layout = _Layout(planes, tuple(codecs), data_type, chunk)
+    layout = Layout(planes, tuple(codecs), data_type, chunk)
     segments = _segments(nbytes, segment)
     per_segment = [len(_chunk_lengths(length, layout)) * planes for _, length in segments]
     if len(sizes) != sum(per_segment) or len(crcs) != len(segments) or len(blob_sizes) != len(segments):

@@ -6,11 +6,13 @@ largest part - never passes through a hook. Every file ``save_state`` writes wit
 through one function, ``accelerate.checkpointing.save``. While an attached Accelerator runs ``save_state``, that
 name points to the shared :class:`~lightning_nvcomp.pipeline.CheckpointWriter`; everything else (file names that
 ``load_state`` parses, automatic checkpoint naming, ``total_limit`` pruning, RNG states) stays Accelerate's own.
+``load_state`` reads through ``accelerate.checkpointing.load`` likewise, with ``mmap=True``.
 The model is written as ``pytorch_model.bin`` (``safe_serialization=False``), the name ``load_state`` falls back to.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -52,9 +54,16 @@ class Attachment:
         return location
 
     def load_state(self, input_dir: str | None = None, **kwargs: Any) -> Any:
-        """``Accelerator.load_state``, after any background write has finished."""
+        """``Accelerator.load_state``, after any background write has finished. Its files are memory-mapped
+        (``torch.load(mmap=True)``): compressed bytes go from the page cache straight to the decoder."""
         self.wait()
-        return self._load_state(input_dir, **kwargs)
+        with _SWAP:
+            original = accelerate_checkpointing.load
+            accelerate_checkpointing.load = functools.partial(original, mmap=True)
+            try:
+                return self._load_state(input_dir, **kwargs)
+            finally:
+                accelerate_checkpointing.load = original
 
     def _save(self, obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
         # Same rule as accelerate.utils.save: one writer per job, or one per node.

@@ -37,6 +37,9 @@ class NvcompCheckpointIO(CheckpointIO):
         probe_mb: size of the write-bandwidth probe run once per file system (it sets the baseline that
             savings are measured against, and feeds ``auto``).
         interval_s: seconds between saves, used by ``auto`` in async mode.
+
+    ``load_checkpoint`` (a Trainer's resume) puts compressed tensors saved from a GPU back on this process's GPU,
+    decoded there, where the model and optimizer adopt them; pass ``map_location`` to choose otherwise.
     """
 
     def __init__(
@@ -67,7 +70,9 @@ class NvcompCheckpointIO(CheckpointIO):
         self, path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
         self.writer.wait(os.fspath(path))
-        return container.load(path, map_location=map_location or "cpu", weights_only=weights_only)
+        # Lightning passes no map_location: GPU-saved state comes back decoded on this process's GPU, where the
+        # model and optimizer take it without another copy (TorchCheckpointIO would return it on the CPU).
+        return container.load(path, map_location=map_location, weights_only=weights_only, keep_on_gpu=True)
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         self.writer.wait(os.fspath(path))
@@ -107,27 +112,30 @@ _register_with_pytorch_lightning()
 
 
 class SavingsLogging:
-    """Logs the checkpoint savings of an :class:`NvcompCheckpointIO` to the Trainer's loggers (TensorBoard, W&B,
-    CSV, MLflow...) at each checkpoint's global step. Idle when the Trainer uses another checkpoint IO."""
+    """Logs the checkpoint savings of an :class:`NvcompCheckpointIO` (and of a compressed sharded strategy,
+    :class:`~lightning_nvcomp.NvcompFSDPStrategy` or :class:`~lightning_nvcomp.NvcompModelParallelStrategy`) to
+    the Trainer's loggers (TensorBoard, W&B, CSV, MLflow...) at each checkpoint's global step. Idle when the Trainer
+    uses neither."""
 
     def __init__(self) -> None:
-        self.plugin: NvcompCheckpointIO | None = None
+        self.sources: list[Any] = []
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        from lightning_nvcomp.integrations.lightning_sharded import CompressedShardedSaves
+
         io = trainer.strategy.checkpoint_io
         while not isinstance(io, NvcompCheckpointIO) and getattr(io, "checkpoint_io", None) is not None:
             io = io.checkpoint_io  # unwrap Lightning's wrapping IOs
-        if isinstance(io, NvcompCheckpointIO):
-            self.plugin = io
-            io.logger_attached = True
-            io.savings.world_size = trainer.world_size
+        self.sources = [s for s in (io, trainer.strategy) if isinstance(s, (NvcompCheckpointIO, CompressedShardedSaves))]
+        for source in self.sources:
+            source.logger_attached = True
+            source.savings.world_size = trainer.world_size
 
     def _flush(self, trainer: Any) -> None:
-        if self.plugin is None:
-            return
-        for step, metrics in self.plugin.drain_metrics():
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=step)
+        for source in self.sources:
+            for step, metrics in source.drain_metrics():
+                for logger in trainer.loggers:
+                    logger.log_metrics(metrics, step=step)
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         self._flush(trainer)
@@ -139,8 +147,8 @@ class SavingsLogging:
         self._flush(trainer)
 
     def on_fit_end(self, trainer: Any, *args: Any) -> None:
-        if self.plugin is not None:
-            self.plugin.wait()  # the last background save's metrics
+        for source in self.sources:
+            source.wait()  # the last background save's metrics
         self._flush(trainer)
 
 

@@ -1,0 +1,70 @@
+"""A Lightning run with a sharded strategy, launched as a script (Lightning starts the other ranks by re-running it).
+
+    python lightning_sharded_run.py STRATEGY CODEC ROOT MAX_STEPS [CKPT_PATH]
+
+STRATEGY: ``mp`` (ModelParallelStrategy + FSDP2 on every CPU or GPU rank) or ``fsdp`` (FSDPStrategy, sharded state,
+GPU only); CODEC: a lightning_nvcomp codec, or ``plain`` for Lightning's own strategy. An epoch is 4 steps; a
+checkpoint is saved at the end of each into ROOT/checkpoints; logs go to ROOT/csv; ROOT/result-<rank>.json says
+what the run did.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import lightning.pytorch as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+
+from lightning_nvcomp import NvcompFSDPStrategy, NvcompModelParallelStrategy
+
+
+class Net(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(32, 1024), torch.nn.Tanh(), torch.nn.Linear(1024, 32))
+
+    def configure_model(self) -> None:
+        if isinstance(self.trainer.strategy, ModelParallelStrategy):
+            from torch.distributed._composable.fsdp import fully_shard
+
+            fully_shard(self.net, mesh=self.device_mesh["data_parallel"])
+
+    def training_step(self, batch, batch_idx):
+        return torch.nn.functional.mse_loss(self.net(batch), batch.flip(-1))
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.randn(32, 32, generator=torch.Generator().manual_seed(1)), batch_size=8)
+
+
+def main() -> None:
+    kind, codec, root, max_steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    ckpt_path = sys.argv[5] if len(sys.argv) > 5 else None
+    gpu = torch.cuda.is_available()
+    if kind == "mp":
+        strategy = ModelParallelStrategy() if codec == "plain" else NvcompModelParallelStrategy(codec=codec)
+    else:
+        strategy = (FSDPStrategy(state_dict_type="sharded") if codec == "plain"
+                    else NvcompFSDPStrategy(codec=codec, state_dict_type="sharded"))
+    trainer = L.Trainer(
+        accelerator="cuda" if gpu else "cpu", devices=1 if gpu else 2, strategy=strategy, max_steps=max_steps,
+        logger=CSVLogger(root, name="csv", version=0), enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[ModelCheckpoint(dirpath=f"{root}/checkpoints", every_n_epochs=1, save_top_k=-1)],
+    )
+    trainer.fit(Net(), ckpt_path=ckpt_path)
+    stats = getattr(strategy, "last_stats", None)
+    result = {"global_step": trainer.global_step,
+              "ranks": [[r.rank, r.codec, r.raw_nbytes, r.stored_nbytes] for r in stats.ranks] if stats else None}
+    with open(f"{root}/result-{trainer.global_rank}.json", "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
