@@ -197,7 +197,9 @@ def _default_policy(mode: str) -> CodecPolicy:
     """The policy behind ``codec="auto"`` when none is given: one per process and mode, so the storage is probed
     once per run (Lightning and Accelerate create a new writer for every save). Both modes share one set of
     measurements: the storage is probed and the codecs calibrated once, whichever save comes first."""
-    return CodecPolicy(mode="sync", collective=True) if mode == "sync" else _default_policy("sync").in_mode(mode)
+    if mode == "sync":
+        return CodecPolicy(mode="sync", collective=True, per_tensor=True)  # write_data codes item by item
+    return _default_policy("sync").in_mode(mode)
 
 
 def _existing_dir(path: Path) -> str:

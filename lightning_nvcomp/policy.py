@@ -98,9 +98,12 @@ def bulk_device(tensors: list[torch.Tensor]) -> torch.device:
     return max(nbytes, key=nbytes.__getitem__) if nbytes else torch.device("cpu")
 
 
-def sample_state(tensors: list[torch.Tensor], nbytes: int = 64 << 20) -> dict[torch.dtype, torch.Tensor]:
-    """Up to ``nbytes`` of the state per dtype, taken evenly from its tensors, as flat uint8 buffers (on the
-    tensors' device, which must be one) for calibration."""
+def sample_state(
+    tensors: list[torch.Tensor], nbytes: int = 64 << 20, per_tensor: bool = False
+) -> dict[torch.dtype, list[torch.Tensor]]:
+    """Up to ``nbytes`` of the state per dtype, as flat uint8 buffers (on the tensors' device, which must be one)
+    for calibration: one buffer taken evenly from all the tensors, or with ``per_tensor`` whole tensors picked
+    evenly, one buffer each (for saves that code every tensor by itself, whose per-call costs must count)."""
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for t in tensors:
         if t.numel() and t.is_contiguous():
@@ -109,26 +112,31 @@ def sample_state(tensors: list[torch.Tensor], nbytes: int = 64 << 20) -> dict[to
     for dtype, group in by_dtype.items():
         total = sum(t.numel() * t.element_size() for t in group)
         share = min(1.0, nbytes / total)
+        flats = [t.detach().reshape(-1).view(torch.uint8) for t in group]
+        if per_tensor:
+            step = max(1, round(1 / share))
+            samples[dtype] = flats[step // 2 :: step] or flats[:1]
+            continue
         parts = []
-        for t in group:
-            flat = t.detach().reshape(-1).view(torch.uint8)
+        for t, flat in zip(group, flats):
             take = int(flat.numel() * share) // t.element_size() * t.element_size()
             start = (flat.numel() - take) // 2 // t.element_size() * t.element_size()
             parts.append(flat[start : start + take])
-        samples[dtype] = torch.cat(parts)
+        samples[dtype] = [torch.cat(parts)]
     return samples
 
 
-def calibrate(samples: dict[torch.dtype, torch.Tensor], codecs: list[str]) -> list[CodecProfile]:
+def calibrate(samples: dict[torch.dtype, list[torch.Tensor]], codecs: list[str]) -> list[CodecProfile]:
     """Encode the samples with each codec (once to warm up, once timed); return ratio and throughput."""
     profiles = []
-    raw = sum(s.numel() for s in samples.values())
+    pieces = [(dtype, data) for dtype, datas in samples.items() for data in datas]
+    raw = sum(data.numel() for _, data in pieces)
     for codec in codecs:
         if codec == "none" or raw == 0:
-            profiles.append(CodecProfile(codec, 1.0, _host_copy_gbps(samples) if raw else math.inf))
+            profiles.append(CodecProfile(codec, 1.0, _host_copy_gbps([d for _, d in pieces]) if raw else math.inf))
             continue
         stored = seconds = 0.0
-        for dtype, data in samples.items():
+        for dtype, data in pieces:
             record.encode(data, dtype, codec)  # warm-up: codec setup, pinned memory
             if data.is_cuda:
                 torch.cuda.synchronize(data.device)
@@ -140,9 +148,9 @@ def calibrate(samples: dict[torch.dtype, torch.Tensor], codecs: list[str]) -> li
     return profiles
 
 
-def _host_copy_gbps(samples: dict[torch.dtype, torch.Tensor]) -> float:
+def _host_copy_gbps(samples: list[torch.Tensor]) -> float:
     """What an uncompressed save pays before writing: the copy of GPU state to pinned host memory (inf on the CPU)."""
-    gpu = [s for s in samples.values() if s.is_cuda]
+    gpu = [s for s in samples if s.is_cuda]
     if not gpu:
         return math.inf
     hosts = [torch.empty(s.numel(), dtype=torch.uint8, pin_memory=True) for s in gpu]
@@ -210,6 +218,8 @@ class CodecPolicy:
         write_gbps: skip the probe and use this bandwidth (e.g. known shared-storage bandwidth per writer).
         profiles: skip calibration and use these codec measurements (e.g. from an earlier run or for what-ifs).
         collective: every rank saves (sharded checkpoints): probe together (see :func:`probe_bandwidth`).
+        per_tensor: the saves code every tensor by itself (DCP items): calibrate on whole tensors, one codec call
+            each, so that per-call costs count as they will.
     """
 
     def __init__(
@@ -221,6 +231,7 @@ class CodecPolicy:
         write_gbps: float | None = None,
         profiles: list[CodecProfile] | None = None,
         collective: bool = False,
+        per_tensor: bool = False,
     ) -> None:
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be 'sync' or 'async', not {mode!r}")
@@ -231,13 +242,13 @@ class CodecPolicy:
         self._fixed_gbps = write_gbps
         self._bandwidth: dict[int, float] = {}  # by file system (st_dev)
         self._fixed_profiles = profiles
-        self.collective = collective
+        self.collective, self.per_tensor = collective, per_tensor
         self._profiles: dict[tuple, list[CodecProfile]] = {}
 
     def in_mode(self, mode: str, interval_s: float | None = None) -> CodecPolicy:
         """A policy for ``mode`` that shares this one's measurements (probe and calibration happen once)."""
         other = CodecPolicy(mode, interval_s, self.probe_nbytes, self.storage, self._fixed_gbps, self._fixed_profiles,
-                            self.collective)
+                            self.collective, self.per_tensor)
         other._bandwidth, other._profiles = self._bandwidth, self._profiles
         return other
 
@@ -265,7 +276,7 @@ class CodecPolicy:
         tensors = [t for t in tensors if t.device == device]  # e.g. AdamW's CPU step counters: too small to matter
         key = (str(device), tuple(sorted({str(t.dtype) for t in tensors})))
         if key not in self._profiles:
-            self._profiles[key] = calibrate(sample_state(tensors), candidate_codecs(device))
+            self._profiles[key] = calibrate(sample_state(tensors, per_tensor=self.per_tensor), candidate_codecs(device))
         return self._profiles[key]
 
     def decide(self, tensors: list[torch.Tensor], directory: str) -> tuple[Prediction, list[Prediction]]:

@@ -103,10 +103,18 @@ def test_calibration_measures_the_state():
     state = [(torch.randn(1 << 20, generator=g) * 0.02).bfloat16(), torch.randn(1 << 18, generator=g) * 0.02]
     samples = sample_state(state, nbytes=1 << 20)
     assert set(samples) == {torch.bfloat16, torch.float32}
-    assert all(s.numel() <= 1 << 20 for s in samples.values())
+    assert all(len(s) == 1 and s[0].numel() <= 1 << 20 for s in samples.values())
     zstd, none = calibrate(samples, ["zstd", "none"])
     assert zstd.codec == "zstd" and zstd.ratio > 1.1 and 0 < zstd.encode_gbps < math.inf
     assert none == CodecProfile("none", 1.0, math.inf)
+
+
+def test_per_tensor_samples_are_whole_tensors_picked_evenly():
+    tensors = [torch.full((1000,), float(i)) for i in range(10)] + [torch.ones(10, dtype=torch.bfloat16)]
+    samples = sample_state(tensors, nbytes=12_000, per_tensor=True)
+    assert [s.view(torch.float32)[0].item() for s in samples[torch.float32]] == [1.0, 4.0, 7.0]
+    assert all(s.numel() == 4000 for s in samples[torch.float32])
+    assert [s.numel() for s in samples[torch.bfloat16]] == [20]
 
 
 def test_calibration_uses_the_device_with_most_bytes():
