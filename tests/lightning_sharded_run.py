@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 
-from lightning_nvcomp import NvcompFSDPStrategy, NvcompModelParallelStrategy
+from lightning_nvcomp import NvcompFSDPStrategy, NvcompModelParallelStrategy, NvcompSavings
 
 
 class Net(L.LightningModule):
@@ -56,7 +56,8 @@ def main() -> None:
     trainer = L.Trainer(
         accelerator="cuda" if gpu else "cpu", devices=1 if gpu else 2, strategy=strategy, max_steps=max_steps,
         logger=CSVLogger(root, name="csv", version=0), enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[ModelCheckpoint(dirpath=f"{root}/checkpoints", every_n_epochs=1, save_top_k=-1)],
+        # NvcompSavings is also installed by the package's entry point; named here for runs from a source tree.
+        callbacks=[ModelCheckpoint(dirpath=f"{root}/checkpoints", every_n_epochs=1, save_top_k=-1), NvcompSavings()],
     )
     trainer.fit(Net(), ckpt_path=ckpt_path)
     stats = getattr(strategy, "last_stats", None)
