@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import datetime
+import functools
 import os
 import pathlib
 import pstats
@@ -66,6 +67,16 @@ def measure_resume(io, path: str, model: torch.nn.Module, opt: torch.optim.Optim
     return time.perf_counter() - begin
 
 
+def profiled(enabled: bool, fn, *args):
+    """``fn(*args)``, printing a cProfile of it when ``enabled``."""
+    if not enabled:
+        return fn(*args)
+    profiler = cProfile.Profile()
+    result = profiler.runcall(fn, *args)
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=200)
@@ -112,23 +123,12 @@ def main() -> None:
         io = make_io()
         first = measure_save(io, checkpoint, path, wait)
         # Lightning's own IOs have no first-save costs; ours allocate pinned memory and probe the disk once.
-        again = first
-        if "Nvcomp" in name:
-            profiler = cProfile.Profile() if args.profile else None
-            if profiler:
-                profiler.enable()
-            again = measure_save(io, checkpoint, path, wait)
-            if profiler:
-                profiler.disable()
-                pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
+        ours = "Nvcomp" in name
+        run = functools.partial(profiled, args.profile and ours)
+        again = run(measure_save, io, checkpoint, path, wait) if ours else first
+        if ours:
             print("  metrics of that save:", {k: round(v, 3) for k, v in io.savings.history[-1].items()}, flush=True)
-        profiler = cProfile.Profile() if args.profile and "Nvcomp" in name else None
-        if profiler:
-            profiler.enable()
-        resume = measure_resume(io, path, model, opt)
-        if profiler:
-            profiler.disable()
-            pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+        resume = run(measure_resume, io, path, model, opt)
         rows.append((name, first, again, resume))
         print(name, {k: round(v, 3) for k, v in again.items()}, "first blocked", round(first["blocked"], 3),
               "resume", round(resume, 2), flush=True)
