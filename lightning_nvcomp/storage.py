@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import os
@@ -87,6 +88,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     except OSError as err:
         raise OSError(err.errno, f"cannot save {path}: {err.strerror} (directory {directory})") from None
+    old = None
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -96,10 +98,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         old = _keep_for_discard(path)
         os.replace(tmp, path)
     except BaseException as err:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        for leftover in filter(None, (tmp, old)):
+            with contextlib.suppress(OSError):
+                os.unlink(leftover)
         cause = _os_error(err)  # torch.save wraps a failed write (disk full, quota) in a RuntimeError
         if cause is not None:
             raise OSError(cause.errno, f"cannot save {path}: {cause.strerror}; any previous file there is intact") from err
