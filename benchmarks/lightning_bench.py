@@ -47,17 +47,13 @@ def measure_save(io, checkpoint: dict, path: str, wait) -> dict:
         torch.cuda.reset_peak_memory_stats()
     begin = time.perf_counter()
     io.save_checkpoint(checkpoint, path)
-    if GPU:  # what the next training step waits for: the work queued on the stream it runs on
-        torch.cuda.current_stream().synchronize()
+    sync()
     blocked = time.perf_counter() - begin
-    sync()  # and every stream: the device-to-host copies that save_checkpoint left running on a side stream
-    on_host = time.perf_counter() - begin
     wait(io)
     fsync_path(path)
     durable = time.perf_counter() - begin
     extra = (torch.cuda.max_memory_allocated() - base) / 1e9 if GPU else 0.0
-    return {"blocked": blocked, "on_host": on_host, "durable": durable, "extra_gb": extra,
-            "size_gb": os.path.getsize(path) / 1e9}
+    return {"blocked": blocked, "durable": durable, "extra_gb": extra, "size_gb": os.path.getsize(path) / 1e9}
 
 
 def measure_resume(io, path: str, model: torch.nn.Module, opt: torch.optim.Optimizer) -> float:
@@ -154,17 +150,15 @@ def main() -> None:
         f"- byte-level GPT, {n_params / 1e6:.0f}M params, {args.steps} AdamW steps (bf16 autocast) on the Python "
         f"standard library's sources; checkpoint = fp32 weights + AdamW m, v: {raw_gb:.2f} GB on the GPU",
         f"- local disk: {write_gbps:.2f} GB/s ({args.probe_mb} MiB write + fsync); staging_mb={args.staging_mb}",
-        "- training blocked = until the training stream may run again; GPU copies done = until every stream is idle "
-        "(ours copies compressed segments to host memory on a side stream);",
         "- each method saves the same checkpoint twice through one CheckpointIO, as a Trainer does; the table shows the "
         "second save (the first also allocates pinned memory and probes the disk once: its blocked time is in the last "
         "column)",
         "",
-        "| method | training blocked s | GPU copies done s | durable after s | file GB | ratio | peak extra GPU GB | resume to GPU s | first save blocked s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | training blocked s | durable after s | file GB | ratio | peak extra GPU GB | resume to GPU s | first save blocked s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, first, again, resume in rows:
-        lines.append(f"| {name} | {again['blocked']:.3f} | {again['on_host']:.3f} | {again['durable']:.2f} | {again['size_gb']:.2f} | "
+        lines.append(f"| {name} | {again['blocked']:.3f} | {again['durable']:.2f} | {again['size_gb']:.2f} | "
                      f"{raw_gb / again['size_gb']:.3f} | {again['extra_gb']:.2f} | {resume:.2f} | {first['blocked']:.3f} |")
     lines += [
         "",

@@ -174,27 +174,6 @@ def _to_host(packed: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _copy_stream(device: int) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device)
-
-
-def _copy_to_host(packed: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
-    """Start copying a coded segment into pinned host memory; returns the host buffer and an event set once it is
-    filled. The copy runs on a side stream: the GPU codes the next segment meanwhile, and training, on the current
-    stream, need not wait for the last copies (the snapshot's readers wait for the event)."""
-    compute = torch.cuda.current_stream(packed.device)
-    copy = _copy_stream(packed.device.index)
-    copy.wait_stream(compute)
-    with torch.cuda.stream(copy):
-        host = torch.empty(packed.numel(), dtype=torch.uint8, pin_memory=True)
-        host.copy_(packed, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record(copy)
-    packed.record_stream(copy)  # its memory must not be reused before the copy has read it
-    return host, ready
-
-
-@functools.cache
 def _segment_pool() -> ThreadPoolExecutor:
     # Separate from the chunk pool the CPU engine uses inside each segment, so the two never wait on each other.
     return ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="lnv-segment")
@@ -228,13 +207,11 @@ def encode(
     layout = layout or _choose_layout(engine, data, dtype, codec)
     if on_gpu:
         results = []
-        previous: torch.cuda.Event | None = None
         for start, length in _segments(data.numel(), segment):
             pieces = _encode_segment(engine, data[start : start + length], layout)
-            blob, ready = _copy_to_host(_pack(pieces))
-            if previous is not None:  # at most two segments' copies in flight: GPU memory stays bounded
-                previous.synchronize()
-            previous = ready
+            blob = _to_host(_pack(pieces))
+            ready = torch.cuda.Event()
+            ready.record()
             crc = Crc32(blob, ready)  # on CPU threads, while the GPU codes the next segment
             if on_blob is not None:
                 on_blob(blob, crc)
