@@ -137,11 +137,12 @@ def calibrate(samples: dict[torch.dtype, list[torch.Tensor]], codecs: list[str])
             continue
         stored = seconds = 0.0
         for dtype, data in pieces:
-            record.encode(data, dtype, codec)  # warm-up: codec setup, pinned memory
+            _, meta = record.encode(data, dtype, codec)  # warm-up: codec setup, pinned memory, the byte layout
             if data.is_cuda:
                 torch.cuda.synchronize(data.device)
             begin = time.perf_counter()
-            blobs, _ = record.encode(data, dtype, codec)
+            # As a run's saves code it: with the layout already chosen (it is kept between saves).
+            blobs, _ = record.encode(data, dtype, codec, layout=record.Layout.of(meta))
             seconds += time.perf_counter() - begin
             stored += sum(b.numel() for b in blobs)
         profiles.append(CodecProfile(codec, raw / stored, raw / seconds / 1e9))
