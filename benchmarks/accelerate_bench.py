@@ -23,15 +23,12 @@ from lightning_nvcomp.integrations.accelerate import attach
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from gpt import GPT, stdlib_corpus, train  # noqa: E402
+from common import publish, sync  # noqa: E402
 
 
 def dir_gb(path: str) -> float:
     return sum(f.stat().st_size for f in pathlib.Path(path).iterdir()) / 1e9
 
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def timed_save(accelerator: Accelerator, path: str, wait) -> tuple[float, float]:
@@ -101,10 +98,7 @@ def main() -> None:
         if handle is not None:
             handle.detach()
         lines.append(f"| {name} | {blocked:.2f} | {durable:.2f} | {gb:.3f} ({plain_gb / gb:.3f}x) | {load_s:.2f} |")
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out:
-        pathlib.Path(args.out).write_text(report)
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,8 @@ from lightning_nvcomp.codec.gpu import gpu_available, nvcomp_version
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from gpt import GPT, state_by_class, stdlib_corpus, train  # noqa: E402
+from common import sync  # noqa: E402
 
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def timed(fn, repeat: int = 3) -> tuple[float, object]:

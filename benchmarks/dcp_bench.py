@@ -29,14 +29,11 @@ from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from gpt import GPT, stdlib_corpus, train
+from common import local_tensors, publish, sync  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
 warnings.filterwarnings("ignore", message=".*Detected an existing checkpoint.*")
 
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def distcp_nbytes(path: str) -> int:
@@ -90,20 +87,10 @@ def measure(name: str, make, state: dict, root: str, fresh: callable) -> dict:
     load_s = time.perf_counter() - begin
     exact = all(
         torch.equal(a.detach().reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8))
-        for a, b in zip(_tensors(state), _tensors(target))
+        for a, b in zip(local_tensors(state), local_tensors(target))
     )
     return {"method": name, "codec": codec, "save_s": save_s, "blocked_s": blocked, "async_s": async_done,
             "bytes": size, "load_s": load_s, "exact": exact}
-
-
-def _tensors(tree: object) -> list[torch.Tensor]:
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    if isinstance(tree, dict):
-        return [t for k in sorted(tree, key=str) for t in _tensors(tree[k])]
-    if isinstance(tree, (list, tuple)):
-        return [t for v in tree for t in _tensors(v)]
-    return []
 
 
 def main() -> None:
@@ -126,7 +113,7 @@ def main() -> None:
     opt = train(model, corpus, args.steps, args.batch, args.device, log_every=max(1, args.steps // 4))
     model_sd, optim_sd = get_state_dict(model, opt)
     state = {"model": model_sd, "optim": optim_sd}
-    raw = sum(t.numel() * t.element_size() for t in _tensors(state))
+    raw = sum(t.numel() * t.element_size() for t in local_tensors(state))
 
     def fresh() -> dict:
         clone = lambda t: torch.zeros_like(t) if isinstance(t, torch.Tensor) else t
@@ -164,10 +151,7 @@ def main() -> None:
             f"| {r['method']} | {r['codec']} | {r['save_s']:.3f} | {r['blocked_s']:.3f} | {r['async_s']:.3f} | "
             f"{r['bytes'] / 1e6:.2f} | {r['bytes'] / base:.3f} | {r['load_s']:.3f} | {'yes' if r['exact'] else 'NO'} |"
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        pathlib.Path(args.out).write_text(text)
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

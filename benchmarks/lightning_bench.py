@@ -29,14 +29,11 @@ from lightning_nvcomp.storage import fsync_path
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from gpt import GPT, stdlib_corpus, train  # noqa: E402
+from common import publish, sync  # noqa: E402
 
 
 GPU = torch.cuda.is_available()
 
-
-def sync() -> None:
-    if GPU:
-        torch.cuda.synchronize()
 
 
 def measure_save(io, checkpoint: dict, path: str, wait) -> dict:
@@ -166,10 +163,7 @@ def main() -> None:
         f"{ours[2]['durable']:.2f} s.",
         f"Resume through `lightning_nvcomp.load(map_location='{device}')` (decode on the {device}): {direct_s:.2f} s.",
     ]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out:
-        pathlib.Path(args.out).write_text(report)
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlan
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
 
 import lightning_nvcomp
 from lightning_nvcomp.codec.gpu import gpu_available, nvcomp_version
@@ -36,21 +35,9 @@ from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter,
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from gpt import GPT, stdlib_corpus  # noqa: E402
+from common import local_tensors, publish, sync  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*Detected an existing checkpoint.*")
-
-
-def local_tensors(tree: object) -> list[torch.Tensor]:
-    """This rank's shards, in a fixed order."""
-    if isinstance(tree, DTensor):
-        return [tree.to_local()]
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    if isinstance(tree, dict):
-        return [t for k in sorted(tree, key=str) for t in local_tensors(tree[k])]
-    if isinstance(tree, (list, tuple)):
-        return [t for v in tree for t in local_tensors(v)]
-    return []
 
 
 def same_bytes(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
@@ -60,10 +47,6 @@ def same_bytes(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
         for x, y in zip(a, b)
     )
 
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def save(state: dict, path: str, codec: str | None, asynchronous: bool) -> dict:
@@ -167,7 +150,6 @@ def main() -> None:
     dist.all_gather_object(all_same, same_ranks)
     dist.barrier()
 
-    lines: list[str] = []
     if rank == 0:
         # ... and on one process: the whole checkpoint, resharded from `world` ranks to 1.
         begin = time.perf_counter()
@@ -178,10 +160,8 @@ def main() -> None:
         want = {"model": full[0], "optim": full[1]}
         one_same = same_bytes(local_tensors(whole["model"]), local_tensors(want["model"])) and same_bytes(
             local_tensors(whole["optim"]["state"]), local_tensors(want["optim"]["state"]))
-        lines = report(args, n_params, world, rows, predictions, load_s, all(all_same), one_s, one_same, checked)
-        print("\n".join(lines))
-        if args.out:
-            pathlib.Path(args.out).write_text("\n".join(lines) + "\n")
+        publish(report(args, n_params, world, rows, predictions, load_s, all(all_same), one_s, one_same, checked),
+                args.out)
     dist.barrier()
     dist.destroy_process_group()
 

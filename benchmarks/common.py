@@ -1,0 +1,35 @@
+"""What every benchmark script here needs: a device-wide sync, a walk over a state's tensors, and the report."""
+
+from __future__ import annotations
+
+import pathlib
+
+import torch
+from torch.distributed.tensor import DTensor
+
+
+def sync() -> None:
+    """Wait for all GPU work (timings must include it)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def local_tensors(tree: object) -> list[torch.Tensor]:
+    """The tensors of a state (a DTensor's local shard), in a fixed order."""
+    if isinstance(tree, DTensor):
+        return [tree.to_local()]
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, dict):
+        return [t for k in sorted(tree, key=str) for t in local_tensors(tree[k])]
+    if isinstance(tree, (list, tuple)):
+        return [t for v in tree for t in local_tensors(v)]
+    return []
+
+
+def publish(lines: list[str], out: str | None) -> None:
+    """Print the report, and write it to ``out`` when given."""
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if out:
+        pathlib.Path(out).write_text(report)
