@@ -255,6 +255,24 @@ def test_replaced_and_discarded_files_are_freed_and_stale_names_swept(tmp_path):
     assert_tree_bit_exact({"y": torch.zeros(2)}, lightning_nvcomp.load(path))
 
 
+def test_layouts_are_chosen_once_per_record_across_saves(tmp_path, monkeypatch):
+    """A run saves the same tensors again and again: the byte layout of each record is chosen (sampled) once."""
+    chosen = []
+    choose = record._choose_layout
+    monkeypatch.setattr(record, "_choose_layout", lambda *args: chosen.append(args[2]) or choose(*args))
+    state = {"w": random_tensor((300_000,), torch.float32, 1), "b": random_tensor((1000,), torch.bfloat16, 2)}
+    lightning_nvcomp.save(state, tmp_path / "a.ckpt", codec="zstd")
+    first = len(chosen)
+    assert first == 2  # one record per dtype
+    state["w"].mul_(2)  # training changes values, not the memory the tensors live in
+    lightning_nvcomp.save(state, tmp_path / "b.ckpt", codec="zstd")
+    assert len(chosen) == first
+    assert_tree_bit_exact(state, lightning_nvcomp.load(tmp_path / "b.ckpt"))
+    state["w"] = random_tensor((300_001,), torch.float32, 3)  # new memory: a new choice
+    lightning_nvcomp.save(state, tmp_path / "c.ckpt", codec="zstd")
+    assert len(chosen) == first + 1
+
+
 def test_saved_file_permissions_match_torch_save(tmp_path):
     """A drop-in torch.save writes files with the umask's permissions (0644 by default), not mkstemp's 0600."""
     torch.save({"x": torch.ones(2)}, tmp_path / "plain.pt")
