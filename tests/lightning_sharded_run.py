@@ -1,6 +1,6 @@
 """A Lightning run with a sharded strategy, launched as a script (Lightning starts the other ranks by re-running it).
 
-    python lightning_sharded_run.py STRATEGY CODEC ROOT MAX_STEPS [CKPT_PATH]
+    python lightning_sharded_run.py STRATEGY CODEC ROOT MAX_STEPS [CKPT_PATH]   (GPUS=n: n GPUs, default 1)
 
 STRATEGY: ``mp`` (ModelParallelStrategy + FSDP2 on every CPU or GPU rank) or ``fsdp`` (FSDPStrategy, sharded state,
 GPU only); CODEC: a lightning_nvcomp codec, or ``plain`` for Lightning's own strategy. An epoch is 4 steps; a
@@ -11,6 +11,7 @@ what the run did.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import lightning.pytorch as L
@@ -54,7 +55,8 @@ def main() -> None:
         strategy = (FSDPStrategy(state_dict_type="sharded") if codec == "plain"
                     else NvcompFSDPStrategy(codec=codec, state_dict_type="sharded"))
     trainer = L.Trainer(
-        accelerator="cuda" if gpu else "cpu", devices=1 if gpu else 2, strategy=strategy, max_steps=max_steps,
+        accelerator="cuda" if gpu else "cpu", devices=int(os.environ.get("GPUS", 1)) if gpu else 2,
+        strategy=strategy, max_steps=max_steps,
         logger=CSVLogger(root, name="csv", version=0), enable_progress_bar=False, enable_model_summary=False,
         # NvcompSavings is also installed by the package's entry point; named here for runs from a source tree.
         callbacks=[ModelCheckpoint(dirpath=f"{root}/checkpoints", every_n_epochs=1, save_top_k=-1), NvcompSavings()],

@@ -21,8 +21,9 @@ from lightning_nvcomp.codec.gpu import gpu_available
 SCRIPT = Path(__file__).with_name("lightning_sharded_run.py")
 
 
-def _run(kind: str, codec: str, root: Path, steps: int, ckpt: Path | None = None) -> list[dict]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+def _run(kind: str, codec: str, root: Path, steps: int, ckpt: Path | None = None, gpus: int = 1) -> list[dict]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+               GPUS=str(gpus))
     args = [sys.executable, str(SCRIPT), kind, codec, str(root), str(steps)] + ([str(ckpt)] if ckpt else [])
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env, cwd=str(root.parent))
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -35,10 +36,10 @@ def _full_state(checkpoint: Path, out: Path) -> dict:
     return torch.load(out, weights_only=False)
 
 
-def _check(tmp_path: Path, kind: str, codec: str) -> None:
+def _check(tmp_path: Path, kind: str, codec: str, gpus: int = 1) -> None:
     plain, ours, resumed = tmp_path / "plain", tmp_path / "ours", tmp_path / "ours_resumed"
-    _run(kind, "plain", plain, 8)
-    results = _run(kind, codec, ours, 8)
+    _run(kind, "plain", plain, 8, gpus=gpus)
+    results = _run(kind, codec, ours, 8, gpus=gpus)
     names = ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"]
     assert sorted(p.name for p in (ours / "checkpoints").iterdir()) == names
     for name in names:
@@ -60,8 +61,8 @@ def _check(tmp_path: Path, kind: str, codec: str) -> None:
 
     # Resuming from the first compressed checkpoint ends where resuming from Lightning's own does, bit for bit.
     # (Not where the uninterrupted run ends: Lightning's resume of these strategies does not reproduce that.)
-    assert _run(kind, codec, resumed, 8, ours / "checkpoints" / names[0])[0]["global_step"] == 8
-    _run(kind, "plain", tmp_path / "plain_resumed", 8, plain / "checkpoints" / names[0])
+    assert _run(kind, codec, resumed, 8, ours / "checkpoints" / names[0], gpus)[0]["global_step"] == 8
+    _run(kind, "plain", tmp_path / "plain_resumed", 8, plain / "checkpoints" / names[0], gpus)
     assert_tree_bit_exact(_full_state(tmp_path / "plain_resumed" / "checkpoints" / names[1], tmp_path / "a.pt"),
                           _full_state(resumed / "checkpoints" / names[1], tmp_path / "b.pt"))
 
@@ -77,3 +78,10 @@ def test_model_parallel_on_two_cpu_ranks(tmp_path):
 @pytest.mark.parametrize("kind", ["fsdp", "mp"])
 def test_sharded_strategies_on_a_gpu(tmp_path, kind):
     _check(tmp_path, kind, "ans")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs and nvCOMP")
+@pytest.mark.parametrize("kind", ["fsdp", "mp"])
+def test_sharded_strategies_on_two_gpus(tmp_path, kind):
+    _check(tmp_path, kind, "ans", gpus=2)
