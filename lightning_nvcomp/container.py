@@ -608,7 +608,7 @@ def load(
     GPU directly. With ``keep_on_gpu`` (and no ``map_location``), compressed tensors saved from a GPU come back on
     the current GPU when there is one, decoded there without a trip through host memory (what a resume wants: the
     optimizer adopts them as they are). ``mmap`` maps the file instead of reading it (as ``torch.load(mmap=True)``):
-    compressed bytes go from the page cache straight to the decoder, ~4x faster than reading them into new memory;
+    compressed bytes go from the page cache straight to the decoder, 2-4x faster than reading them into new memory;
     tensors stored uncompressed then share the file's pages, copy-on-write. Errors name ``path`` and the tensor at
     fault.
     """

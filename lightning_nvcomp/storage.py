@@ -124,7 +124,7 @@ def wait_for_discards() -> None:
     _deleter().submit(lambda: None).result()
 
 
-# Freeing a multi-GB file (its blocks, its pages in the page cache) takes the kernel ~0.25 s per GB on a local disk.
+# Freeing a multi-GB file (its blocks, its pages in the page cache) takes the kernel ~0.3 s per GB on a local disk.
 # A save that replaces a checkpoint, or a pruned checkpoint, need not wait for it: the old file gets a second, hidden
 # name and is unlinked on a background thread. Names left behind by a process that died first are removed by the
 # next save into the same directory.
