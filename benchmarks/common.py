@@ -1,4 +1,5 @@
-"""What every benchmark script here needs: a device-wide sync, a walk over a state's tensors, and the report."""
+"""What every benchmark script here needs: a device-wide sync, a walk over a state's tensors, a bit-exact
+comparison, and the report."""
 
 from __future__ import annotations
 
@@ -25,6 +26,15 @@ def local_tensors(tree: object) -> list[torch.Tensor]:
     if isinstance(tree, (list, tuple)):
         return [t for v in tree for t in local_tensors(v)]
     return []
+
+
+def same_bytes(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    """Whether two lists of tensors are equal bit for bit (shapes, dtypes and bytes)."""
+    return len(a) == len(b) and all(
+        x.shape == y.shape and x.dtype == y.dtype
+        and torch.equal(x.detach().cpu().reshape(-1).view(torch.uint8), y.detach().cpu().reshape(-1).view(torch.uint8))
+        for x, y in zip(a, b)
+    )
 
 
 def publish(lines: list[str], out: str | None) -> None:

@@ -35,18 +35,9 @@ from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter,
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from gpt import GPT, stdlib_corpus  # noqa: E402
-from common import local_tensors, publish, sync  # noqa: E402
+from common import local_tensors, publish, same_bytes, sync  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*Detected an existing checkpoint.*")
-
-
-def same_bytes(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(
-        x.shape == y.shape and torch.equal(x.detach().cpu().reshape(-1).view(torch.uint8),
-                                           y.detach().cpu().reshape(-1).view(torch.uint8))
-        for x, y in zip(a, b)
-    )
-
 
 
 def save(state: dict, path: str, codec: str | None, asynchronous: bool) -> dict:
@@ -119,9 +110,9 @@ def main() -> None:
     reference = [t.detach().cpu().clone() for t in local_tensors(state)]
     full = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
-    methods = [("FileSystemWriter", None, False)]
-    methods += [(f"Nvcomp {c}", c, False) for c in (["ans", "zstd", "auto"] if gpu_available() else ["zstd", "auto"])]
-    methods += [("Nvcomp ans, async", "ans", True)] if gpu_available() else [("Nvcomp zstd, async", "zstd", True)]
+    codecs = ["ans", "zstd", "auto"] if gpu_available() else ["zstd", "auto"]
+    methods = [("FileSystemWriter", None, False)] + [(f"Nvcomp {c}", c, False) for c in codecs]
+    methods += [("FileSystemWriter, async", None, True)] + [(f"Nvcomp {c}, async", c, True) for c in codecs]
     rows = []
     for name, codec, asynchronous in methods:
         path = os.path.join(args.dir, name.replace(" ", "_").replace(",", ""))
@@ -136,37 +127,38 @@ def main() -> None:
     # auto: what it predicted for each codec (rank 0 decides; calibration and probe are cached by now)
     predictions = _default_policy("sync").decide(local_tensors(state), args.dir)[1] if rank == 0 else []
 
-    # Load the gANS (or zstd) checkpoint back on the same ranks, into zeroed state.
-    checked = rows[1][1]
-    for t in local_tensors(state):
-        t.zero_()
-    sync()
-    begin = time.perf_counter()
-    dcp.load(state, storage_reader=NvcompFileSystemReader(checked))
-    sync()
-    load_s = time.perf_counter() - begin
-    same_ranks = same_bytes(local_tensors(state), reference)
-    all_same: list = [None] * world
-    dist.all_gather_object(all_same, same_ranks)
+    # Load the plain and the gANS (or zstd) checkpoint back on the same ranks, into zeroed state ...
+    plain, checked = rows[0][1], rows[1][1]
+    loads = {}
+    for path in (plain, checked):
+        for t in local_tensors(state):
+            t.zero_()
+        sync()
+        begin = time.perf_counter()
+        dcp.load(state, storage_reader=NvcompFileSystemReader(path))
+        sync()
+        seconds = time.perf_counter() - begin
+        same: list = [None] * world
+        dist.all_gather_object(same, same_bytes(local_tensors(state), reference))
+        loads[path] = [seconds, all(same), None, None]
     dist.barrier()
 
     if rank == 0:
         # ... and on one process: the whole checkpoint, resharded from `world` ranks to 1.
-        begin = time.perf_counter()
-        whole: dict = {}
-        _load_state_dict(whole, storage_reader=NvcompFileSystemReader(checked), planner=_EmptyStateDictLoadPlanner(),
-                         no_dist=True)
-        one_s = time.perf_counter() - begin
-        want = {"model": full[0], "optim": full[1]}
-        one_same = same_bytes(local_tensors(whole["model"]), local_tensors(want["model"])) and same_bytes(
-            local_tensors(whole["optim"]["state"]), local_tensors(want["optim"]["state"]))
-        publish(report(args, n_params, world, rows, predictions, load_s, all(all_same), one_s, one_same, checked),
-                args.out)
+        want = local_tensors(full[0]) + local_tensors(full[1]["state"])
+        for path in (plain, checked):
+            begin = time.perf_counter()
+            whole: dict = {}
+            _load_state_dict(whole, storage_reader=NvcompFileSystemReader(path), planner=_EmptyStateDictLoadPlanner(),
+                             no_dist=True)
+            loads[path][2] = time.perf_counter() - begin
+            loads[path][3] = same_bytes(local_tensors(whole["model"]) + local_tensors(whole["optim"]["state"]), want)
+        publish(report(args, n_params, world, rows, predictions, loads), args.out)
     dist.barrier()
     dist.destroy_process_group()
 
 
-def report(args, n_params, world, rows, predictions, load_s, same_ranks, one_s, one_same, checked) -> list[str]:
+def report(args, n_params, world, rows, predictions, loads) -> list[str]:
     gpu = torch.cuda.is_available()
     lines = [
         "# Sharded checkpoints on several GPUs (FSDP2 + DCP)",
@@ -200,10 +192,12 @@ def report(args, n_params, world, rows, predictions, load_s, same_ranks, one_s, 
     lines += ["", "auto's predictions on rank 0 (per rank; it picks the shortest predicted blocked time, within 5% "
               "the better ratio):", "", "| codec | ratio | encode s | write s | blocked s |", "|---|---|---|---|---|"]
     lines += [f"| {p.codec} | {p.ratio:.3f} | {p.encode_s:.2f} | {p.write_s:.2f} | {p.blocked_s:.2f} |" for p in predictions]
-    lines += ["", f"Load of `{pathlib.Path(checked).name}` on the same {world} ranks: {load_s:.2f} s, "
-              f"bit-exact on every rank: {'yes' if same_ranks else 'NO'}.",
-              f"Load of it on one process (resharded {world} -> 1, all of model and AdamW state): {one_s:.2f} s, "
-              f"bit-exact against the full state dict: {'yes' if one_same else 'NO'}."]
+    lines += ["", "Loads: into the zeroed state on the same ranks, then the whole checkpoint on one process (resharded "
+              f"{world} -> 1: all of model and AdamW state, checked against the full state dict).", "",
+              f"| checkpoint | load on {world} ranks s | bit-exact | load on 1 process s | bit-exact |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {pathlib.Path(path).name} | {a:.2f} | {'yes' if a_ok else 'NO'} | {b:.2f} | {'yes' if b_ok else 'NO'} |"
+              for path, (a, a_ok, b, b_ok) in loads.items()]
     return lines
 
 

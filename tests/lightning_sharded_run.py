@@ -42,20 +42,25 @@ class Net(L.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
 
     def train_dataloader(self):
-        return torch.utils.data.DataLoader(torch.randn(32, 32, generator=torch.Generator().manual_seed(1)), batch_size=8)
+        # 4 steps an epoch on every rank, however many data-parallel ranks share the data
+        data = torch.randn(32 * self.trainer.world_size, 32, generator=torch.Generator().manual_seed(1))
+        return torch.utils.data.DataLoader(data, batch_size=8)
 
 
 def main() -> None:
     kind, codec, root, max_steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     ckpt_path = sys.argv[5] if len(sys.argv) > 5 else None
     gpu = torch.cuda.is_available()
+    devices = int(os.environ.get("GPUS", 1)) if gpu else 2
     if kind == "mp":
-        strategy = ModelParallelStrategy() if codec == "plain" else NvcompModelParallelStrategy(codec=codec)
+        # Lightning's default makes every device a tensor-parallel rank; Net shards across data-parallel ranks only.
+        sizes = {"data_parallel_size": devices, "tensor_parallel_size": 1}
+        strategy = ModelParallelStrategy(**sizes) if codec == "plain" else NvcompModelParallelStrategy(codec=codec, **sizes)
     else:
         strategy = (FSDPStrategy(state_dict_type="sharded") if codec == "plain"
                     else NvcompFSDPStrategy(codec=codec, state_dict_type="sharded"))
     trainer = L.Trainer(
-        accelerator="cuda" if gpu else "cpu", devices=int(os.environ.get("GPUS", 1)) if gpu else 2,
+        accelerator="cuda" if gpu else "cpu", devices=devices,
         strategy=strategy, max_steps=max_steps,
         logger=CSVLogger(root, name="csv", version=0), enable_progress_bar=False, enable_model_summary=False,
         # NvcompSavings is also installed by the package's entry point; named here for runs from a source tree.
