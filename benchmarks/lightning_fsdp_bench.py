@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 import lightning_nvcomp
 from lightning_nvcomp import NvcompFSDPStrategy, NvcompModelParallelStrategy
 from lightning_nvcomp.codec.gpu import gpu_available, nvcomp_version
-from lightning_nvcomp.dcp import NvcompFileSystemReader
+from lightning_nvcomp.dcp import NvcompFileSystemReader, _default_policy
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from gpt import GPT, Block, stdlib_corpus  # noqa: E402
@@ -92,14 +92,14 @@ class SaveAndLoad(L.Callback):
     """At the end of training (model and optimizer still sharded on the GPUs): every save, then the loads."""
 
     def __init__(self, args: argparse.Namespace, own: type) -> None:
-        self.args, self.own, self.rows, self.loads = args, own, [], {}
+        self.args, self.own, self.rows, self.loads, self.predictions = args, own, [], {}, []
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         strategy, rank = trainer.strategy, trainer.global_rank
         reference = [t.cpu().clone() for t in trained_state(trainer)]
         raw = sum(t.numel() * t.element_size() for t in reference)
-        methods = [("Lightning", None)] + [(f"Nvcomp {c}", c) for c in (["ans", "zstd", "auto"] if gpu_available()
-                                                                       else ["zstd", "auto"])]
+        codecs = [c for c in (["ans", "zstd", "auto"] if gpu_available() else ["zstd", "auto"]) if c in self.args.codecs]
+        methods = [("Lightning", None)] + [(f"Nvcomp {c}", c) for c in codecs]
         paths = {}
         for name, codec in methods:
             path = paths[name] = os.path.join(self.args.dir, name.replace(" ", "_"))
@@ -121,8 +121,11 @@ class SaveAndLoad(L.Callback):
             blocked = time.perf_counter() - begin
             extra = (torch.cuda.max_memory_allocated() - base) / 1e9 if torch.cuda.is_available() else 0.0
             stored = sum(p.stat().st_size for p in pathlib.Path(path).glob(f"__{rank}_*.distcp"))
-            mine = {"raw": raw, "stored": stored, "blocked": blocked, "extra_gb": extra,
-                    "codec": strategy.last_stats.codec if codec else "-"}
+            mine = {"raw": raw, "stored": stored, "blocked": blocked, "extra_gb": extra, "codec": "-", "write_s": None}
+            if codec is not None:
+                mine.update(codec=strategy.last_stats.codec, write_s=strategy.last_stats.ranks[rank].write_s)
+            if codec == "auto" and _default_policy("sync").last_decision:
+                self.predictions = _default_policy("sync").last_decision[1]  # rank 0 decides: its predictions
             gathered: list = [None] * trainer.world_size
             dist.all_gather_object(gathered, mine)
             self.rows.append((name, gathered))
@@ -165,6 +168,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--dir", default="/tmp/lightning-fsdp-bench")
+    parser.add_argument("--codecs", default="ans,zstd,auto", help="our codecs to save with (besides Lightning's own)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     gpu = torch.cuda.is_available()
@@ -206,16 +210,23 @@ def report(args: argparse.Namespace, n_params: int, world: int, bench: SaveAndLo
         "- each save at the end of training, by every rank to the local disk, files fsynced; blocked = "
         "trainer.save_checkpoint's work (dump_checkpoint + the strategy's save_checkpoint + barrier)",
         "",
-        "| method | codec | rank | raw GB | stored GB | ratio | blocked s | extra GPU GB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | codec | rank | raw GB | stored GB | ratio | blocked s | of it, DCP write s | extra GPU GB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, gathered in bench.rows:
         for r, g in enumerate(gathered):
             lines.append(f"| {name} | {g['codec']} | {r} | {g['raw'] / 1e9:.2f} | {g['stored'] / 1e9:.2f} | "
-                         f"{g['raw'] / g['stored']:.3f} | {g['blocked']:.2f} | {g['extra_gb']:.2f} |")
+                         f"{g['raw'] / g['stored']:.3f} | {g['blocked']:.2f} | "
+                         f"{'-' if g['write_s'] is None else format(g['write_s'], '.2f')} | {g['extra_gb']:.2f} |")
         raw, stored = sum(g["raw"] for g in gathered), sum(g["stored"] for g in gathered)
         lines.append(f"| {name} | | all | {raw / 1e9:.2f} | {stored / 1e9:.2f} | {raw / stored:.3f} | "
-                     f"{max(g['blocked'] for g in gathered):.2f} | {max(g['extra_gb'] for g in gathered):.2f} |")
+                     f"{max(g['blocked'] for g in gathered):.2f} | | {max(g['extra_gb'] for g in gathered):.2f} |")
+    if bench.predictions:
+        lines += ["", "auto's predictions on rank 0 (per rank; it picks the shortest predicted blocked time; within 5%, "
+                  "the better ratio if better by over 1%, else the faster encoder):", "",
+                  "| codec | ratio | encode s | write s | blocked s |", "|---|---|---|---|---|"]
+        lines += [f"| {p.codec} | {p.ratio:.3f} | {p.encode_s:.2f} | {p.write_s:.2f} | {p.blocked_s:.2f} |"
+                  for p in bench.predictions]
     lines += ["", "| load | seconds | bit-exact |", "|---|---|---|"]
     for name, (sec, same) in bench.loads.items():
         where = name if "one process" in name else f"{name}, strategy.load_checkpoint on {world} ranks"

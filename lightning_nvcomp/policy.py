@@ -4,13 +4,15 @@ The model (see README "Choosing the codec"): a save of ``R`` raw bytes with a co
 throughput ``E`` (GPU coding, device-to-host copy and checksums, measured together) to storage that takes ``W``
 bytes/s per writer costs
 
-* ``encode = R / E`` and ``write = R / r / W``;
+* ``encode = R / E`` and ``write = R / r / W``; ``E`` covers what training waits for: GPU coding and the copy of
+  the compressed bytes to host memory (their CRC-32 runs on CPU threads while the next bytes are coded and written);
 * sync mode: segments are written while the next ones are coded, so training is blocked about
   ``max(encode, write)`` (the file is durable when the save returns);
 * async mode: training is blocked ``encode`` (the snapshot is in host memory), plus any part of the previous write
   still running when the next save starts: ``max(0, write - interval)``.
 
-The codec with the smallest blocked time wins; predictions within 5% count as a tie, won by the better ratio.
+The codec with the smallest blocked time wins; predictions within 5% count as a tie, won by the better ratio when
+it is better by more than 1% (a sample's ratios are not more precise than that), else by the faster encode.
 Uncompressed saves (``none``) have ``r = 1`` and ``E`` = the device-to-host copy rate (``inf`` for CPU state).
 """
 
@@ -35,6 +37,7 @@ EMA_WEIGHT = 0.3
 #: Writes smaller than this do not refine the estimate: their time is mostly fsync latency, not bandwidth.
 MIN_OBSERVED_NBYTES = 64 << 20
 _TIE = 0.05
+_RATIO_TIE = 0.01
 
 
 @dataclass(frozen=True)
@@ -75,12 +78,14 @@ def predict(
 
 
 def choose(predictions: list[Prediction]) -> Prediction:
-    """The prediction with the least blocked time; within 5% of it, the one with the best ratio."""
+    """The prediction with the least blocked time; within 5% of it, the one with the best ratio, unless others are
+    within 1% of that ratio: then, of those, the fastest encoder (their blocked times differ by sampling noise)."""
     if not predictions:
         raise ValueError("no codec to choose from")
     best = min(p.blocked_s for p in predictions)
     close = [p for p in predictions if p.blocked_s <= best * (1 + _TIE) + 1e-9]
-    return max(close, key=lambda p: (p.ratio, -p.blocked_s))
+    top = max(p.ratio for p in close)
+    return min((p for p in close if p.ratio * (1 + _RATIO_TIE) >= top), key=lambda p: (p.encode_s, p.blocked_s))
 
 
 def candidate_codecs(device: torch.device) -> list[str]:
@@ -141,9 +146,13 @@ def calibrate(samples: dict[torch.dtype, list[torch.Tensor]], codecs: list[str])
             if data.is_cuda:
                 torch.cuda.synchronize(data.device)
             begin = time.perf_counter()
-            # As a run's saves code it: with the layout already chosen (it is kept between saves).
-            blobs, _ = record.encode(data, dtype, codec, layout=record.Layout.of(meta))
+            # As a run's saves code it: with the layout already chosen (it is kept between saves), and with the
+            # checksums left to CPU threads (saves wait for them only when writing, overlapped with coding).
+            blobs, meta = record.encode(data, dtype, codec, layout=record.Layout.of(meta), wait_checksums=False)
+            if data.is_cuda:
+                torch.cuda.synchronize(data.device)  # the compressed bytes are in host memory
             seconds += time.perf_counter() - begin
+            record.resolve_checksums(meta)
             stored += sum(b.numel() for b in blobs)
         profiles.append(CodecProfile(codec, raw / stored, raw / seconds / 1e9))
     return profiles
@@ -154,13 +163,12 @@ def _host_copy_gbps(samples: list[torch.Tensor]) -> float:
     gpu = [s for s in samples if s.is_cuda]
     if not gpu:
         return math.inf
-    hosts = [torch.empty(s.numel(), dtype=torch.uint8, pin_memory=True) for s in gpu]
     seconds = math.inf
-    for _ in range(2):  # the first round warms up
+    for _ in range(2):  # the first round warms up (the pinned memory is cached for the next saves, as for these)
         torch.cuda.synchronize()
         begin = time.perf_counter()
-        for host, s in zip(hosts, gpu):
-            host.copy_(s, non_blocking=True)
+        for s in gpu:
+            torch.empty(s.numel(), dtype=torch.uint8, pin_memory=True).copy_(s, non_blocking=True)
         torch.cuda.synchronize()
         seconds = time.perf_counter() - begin
     return sum(s.numel() for s in gpu) / seconds / 1e9
@@ -245,6 +253,8 @@ class CodecPolicy:
         self._fixed_profiles = profiles
         self.collective, self.per_tensor = collective, per_tensor
         self._profiles: dict[tuple, list[CodecProfile]] = {}
+        #: The last :meth:`decide`'s result (the chosen codec's prediction, every candidate's): why auto chose.
+        self.last_decision: tuple[Prediction, list[Prediction]] | None = None
 
     def in_mode(self, mode: str, interval_s: float | None = None) -> CodecPolicy:
         """A policy for ``mode`` that shares this one's measurements (probe and calibration happen once)."""
@@ -285,4 +295,5 @@ class CodecPolicy:
         raw = sum(t.numel() * t.element_size() for t in tensors)
         gbps = self.write_gbps(directory)
         predictions = [predict(raw, p, gbps, self.mode, self.interval_s) for p in self.profiles(tensors)]
-        return choose(predictions), predictions
+        self.last_decision = (choose(predictions), predictions)
+        return self.last_decision
