@@ -89,8 +89,10 @@ def choose(predictions: list[Prediction]) -> Prediction:
 
 
 def candidate_codecs(device: torch.device) -> list[str]:
-    """Codecs worth calibrating for state on ``device``: gANS needs a GPU and nvCOMP; zstd and none run anywhere."""
-    if device.type == "cuda" and gpu_available():
+    """Codecs worth calibrating for state on ``device``: gANS needs a GPU and nvCOMP (CPU state is coded there after
+    a copy, e.g. Lightning's FSDPStrategy offloads sharded state to the CPU before saving); zstd and none run
+    anywhere."""
+    if device.type in ("cuda", "cpu") and gpu_available():
         return ["ans", "zstd", "none"]
     return ["zstd", "none"]
 

@@ -192,3 +192,15 @@ def test_a_policy_in_another_mode_shares_its_measurements(tmp_path):
     asynchronous = sync.in_mode("async", interval_s=60)
     assert asynchronous.mode == "async" and asynchronous.interval_s == 60
     assert asynchronous.write_gbps(str(tmp_path)) == gbps  # no second probe
+
+
+def test_cpu_state_candidates(tmp_path):
+    """CPU state is calibrated for gANS too where a GPU is there to code it (after a copy), else zstd and none."""
+    from conftest import trained_like
+
+    from lightning_nvcomp.codec.gpu import gpu_available
+
+    state = [trained_like(1 << 20, torch.float32, 3), trained_like(1 << 20, torch.bfloat16, 4)]
+    _, predictions = CodecPolicy(write_gbps=1.0).decide(state, str(tmp_path))
+    assert [p.codec for p in predictions] == (["ans", "zstd", "none"] if gpu_available() else ["zstd", "none"])
+    assert all(p.ratio > 1.05 for p in predictions if p.codec != "none"), predictions
