@@ -1,8 +1,7 @@
 """What ``codec="auto"`` means: measure the storage and the codecs, predict each codec's save time, pick the fastest.
 
 The model (see README "Choosing the codec"): a save of ``R`` raw bytes with a codec of ratio ``r`` and encode
-throughput ``E`` (GPU coding, device-to-host copy and checksums, measured together) to storage that takes ``W``
-bytes/s per writer costs
+throughput ``E`` to storage that takes ``W`` bytes/s per writer costs
 
 * ``encode = R / E`` and ``write = R / r / W``; ``E`` covers what training waits for: GPU coding and the copy of
   the compressed bytes to host memory (their CRC-32 runs on CPU threads while the next bytes are coded and written);
