@@ -85,7 +85,7 @@ def trained_state(trainer: L.Trainer) -> list[torch.Tensor]:
     params = list(trainer.lightning_module.parameters())
     opt = trainer.optimizers[0]
     states = [opt.state[p][k] for p in params if p in opt.state for k in sorted(opt.state[p])]
-    return [p.detach() for p in local_tensors(params)] + [t for t in local_tensors(states)]
+    return [p.detach() for p in local_tensors(params)] + local_tensors(states)
 
 
 class SaveAndLoad(L.Callback):

@@ -144,19 +144,23 @@ def calibrate(samples: dict[torch.dtype, list[torch.Tensor]], codecs: list[str])
         stored = seconds = 0.0
         for dtype, data in pieces:
             _, meta = record.encode(data, dtype, codec)  # warm-up: codec setup, pinned memory, the byte layout
-            if data.is_cuda:
-                torch.cuda.synchronize(data.device)
+            _sync_gpu()
             begin = time.perf_counter()
             # As a run's saves code it: with the layout already chosen (it is kept between saves), and with the
             # checksums left to CPU threads (saves wait for them only when writing, overlapped with coding).
             blobs, meta = record.encode(data, dtype, codec, layout=record.Layout.of(meta), wait_checksums=False)
-            if data.is_cuda:
-                torch.cuda.synchronize(data.device)  # the compressed bytes are in host memory
+            _sync_gpu()  # the compressed bytes are in host memory
             seconds += time.perf_counter() - begin
             record.resolve_checksums(meta)
             stored += sum(b.numel() for b in blobs)
         profiles.append(CodecProfile(codec, raw / stored, raw / seconds / 1e9))
     return profiles
+
+
+def _sync_gpu() -> None:
+    """Wait for the GPU: gANS codes CPU samples there too (after a copy), so the device of the data does not say."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def _host_copy_gbps(samples: list[torch.Tensor]) -> float:
