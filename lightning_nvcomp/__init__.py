@@ -3,7 +3,7 @@
 ``import lightning_nvcomp`` registers the decoder with ``torch.load`` (also for ``weights_only=True``).
 """
 
-from lightning_nvcomp.container import SaveStats, decode_tensor, load, save
+from lightning_nvcomp.container import DecodeLimitError, SaveStats, decode_storage, decode_tensor, load, save
 from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError, CorruptCheckpointError
 
 __version__ = "0.1.0"
@@ -26,11 +26,13 @@ __all__ = [
     "CheckpointError",
     "CodecUnavailableError",
     "CorruptCheckpointError",
+    "DecodeLimitError",
     "NvcompCheckpointIO",
     "NvcompFSDPStrategy",
     "NvcompModelParallelStrategy",
     "NvcompSavings",
     "SaveStats",
+    "decode_storage",
     "decode_tensor",
     "load",
     "save",

@@ -4,10 +4,12 @@ Commands:
 
 * ``inspect FILE``: what a checkpoint holds (tensors, codecs, compression ratios), without decoding anything.
 * ``verify FILE``: decode every record and check every checksum.
-* ``convert IN OUT --codec {zstd,ans,none}``: rewrite a checkpoint with another codec (``none``: plain torch.save).
+* ``convert IN OUT --codec {zstd,ans,none,torch}``: rewrite a checkpoint with another codec (``torch``: a plain
+  torch.save file).
 
-Exit status: 0 success; 1 the file is missing, damaged or unreadable; 2 it cannot be processed on this machine
-(gANS records without a CUDA GPU and nvCOMP), or the command line is wrong.
+Exit status: 0 success; 1 the file is missing or damaged; 2 it cannot be processed on this machine (gANS records
+without a CUDA GPU and nvCOMP, refused by ``weights_only``, over the decode limit, out of memory, a device error),
+or the command line is wrong.
 
 Each command is one ``cmd_*`` function taking the parsed arguments and returning the exit status; all of them
 are registered in :func:`build_parser`.
@@ -32,7 +34,8 @@ from lightning_nvcomp import __version__, container
 from lightning_nvcomp import estimate as costs
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.container import DTYPES, TensorInfo
-from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError
+from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError, CorruptCheckpointError
+from lightning_nvcomp.storage import atomic_write
 
 PROG = "lightning-nvcomp"
 #: Rows ``inspect`` shows without ``--all``.
@@ -193,18 +196,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """Decode every record of a checkpoint and check every checksum."""
+    """Decode every record of a checkpoint and check every checksum: 0 intact, 1 damaged, 2 cannot be checked here."""
     survey = _survey(args.file)
     compressed = survey.raw_nbytes(compressed_only=True)
     with _decode_progress(compressed, args.quiet):
         container.load(args.file, map_location="cpu")
-    checked = "checksums and decode verified" if compressed else "plain torch.save file, loads"
+    checked = "checksums and decode verified" if compressed else "plain torch.save file, zip checksums verified"
     print(f"OK: {len(survey.entries)} tensors, {_size(survey.raw_nbytes())} raw, {checked}")
     return 0
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    """Load a checkpoint and save it again with another codec."""
+    """Load a checkpoint (verified: damaged input is refused) and save it again with another codec."""
     if os.path.realpath(args.input) == os.path.realpath(args.output):
         return _error(f"{args.input} and {args.output} are the same file: convert to a new path", 1)
     if args.codec == "ans" and not gpu_available():
@@ -213,14 +216,19 @@ def cmd_convert(args: argparse.Namespace) -> int:
         return _error("--device cuda: no CUDA GPU is available here", EXIT_UNAVAILABLE)
     begin = time.perf_counter()
     survey = _survey(args.input)
-    device = args.device or ("cuda" if survey.gans_writers and args.codec != "none" and gpu_available() else "cpu")
+    device = args.device or ("cuda" if survey.gans_writers and args.codec not in ("none", "torch") and gpu_available() else "cpu")
     with _decode_progress(survey.raw_nbytes(compressed_only=True), args.quiet):
         obj = container.load(args.input, map_location=device)
-    stats = container.save(obj, args.output, codec=args.codec)
+    if args.codec == "torch":
+        size = atomic_write(args.output, lambda f: torch.save(obj, f))
+        codec = "plain torch.save"
+    else:
+        stats = container.save(obj, args.output, codec=args.codec)
+        size, codec = stats.file_nbytes, stats.codec
     before = os.path.getsize(args.input)
     print(
-        f"converted {args.input} -> {args.output} ({stats.codec}): {_size(before)} -> {_size(stats.file_nbytes)} "
-        f"({before / stats.file_nbytes:.2f}x), {time.perf_counter() - begin:.1f} s"
+        f"converted {args.input} -> {args.output} ({codec}): {_size(before)} -> {_size(size)} "
+        f"({before / size:.2f}x), {time.perf_counter() - begin:.1f} s"
     )
     return 0
 
@@ -272,8 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
         "verify",
         parents=[progress],
         help="decode every tensor and check every checksum",
-        description="Fully decode a checkpoint on the CPU (gANS records on the GPU) and check every checksum. "
-        "Exits 0 if intact, 1 if missing or damaged, 2 if it holds gANS records and there is no CUDA GPU here.",
+        description="Fully decode a checkpoint on the CPU (gANS records on the GPU) and check every checksum (the "
+        "zip's CRC-32s for a plain torch.save file). Exits 0 if intact, 1 if missing or damaged, 2 if it cannot be "
+        "checked here (gANS records and no CUDA GPU, refused by weights_only, too large to decode, out of "
+        "memory...).",
     )
     verify.add_argument("file", help="checkpoint to verify")
     verify.set_defaults(run=cmd_verify)
@@ -282,23 +292,25 @@ def build_parser() -> argparse.ArgumentParser:
         "convert",
         parents=[progress],
         help="rewrite a checkpoint with another codec",
-        description="Load a checkpoint and save it with another codec, e.g. gANS -> zstd on a GPU machine so that "
-        "it loads anywhere, or -> none for a plain torch.save file that needs no lightning_nvcomp.",
+        description="Load a checkpoint (verified: a damaged one is refused, nothing is written) and save it with "
+        "another codec, e.g. gANS -> zstd on a GPU machine so that it loads anywhere, or -> torch for a plain "
+        "torch.save file that needs no lightning_nvcomp.",
     )
     convert.add_argument("input", metavar="IN", help="checkpoint to read")
     convert.add_argument("output", metavar="OUT", help="file to write (replaced atomically; must differ from IN)")
     convert.add_argument(
         "--codec",
         required=True,
-        choices=[c for c in container.SAVE_CODECS if c != "auto"],
+        choices=[c for c in container.SAVE_CODECS if c != "auto"] + ["torch"],
         help="zstd: loads anywhere, GPU or CPU; ans: nvCOMP gANS, fastest, needs a GPU to write and to read; "
-        "none: a plain torch.save file",
+        "none: uncompressed, checksummed; torch: a plain torch.save file that loads without lightning_nvcomp "
+        "(and without checksums on its tensors)",
     )
     convert.add_argument(
         "--device",
         choices=["cpu", "cuda"],
         help="where tensors are decoded and re-encoded (default: cuda if IN holds gANS records, a GPU is "
-        "available and --codec is not none, else cpu; with none, the plain file records this device)",
+        "available and --codec is not none or torch, else cpu; a torch file records this device)",
     )
     convert.set_defaults(run=cmd_convert)
 
@@ -368,11 +380,14 @@ def _error(message: str, status: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line on ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    """Run the command line on ``argv`` (default ``sys.argv[1:]``); return the exit status: 1 for a missing or
+    damaged file, 2 for anything that keeps it from being processed here (see the module docstring)."""
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except CodecUnavailableError as err:
-        return _error(str(err), EXIT_UNAVAILABLE)
-    except (CheckpointError, OSError) as err:
+    except (CorruptCheckpointError, FileNotFoundError, IsADirectoryError) as err:
         return _error(str(err), 1)
+    except CheckpointError as err:  # not damage: a codec missing here, weights_only, the decode limit
+        return _error(str(err), EXIT_UNAVAILABLE)
+    except (OSError, MemoryError, RuntimeError, ValueError) as err:  # the machine, not the file
+        return _error(f"{type(err).__name__}: {err}", EXIT_UNAVAILABLE)

@@ -18,8 +18,10 @@ import io
 import math
 import os
 import pickle
+import struct
 import threading
 import time
+import weakref
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,12 +31,13 @@ from typing import Any, BinaryIO, Callable, NamedTuple
 
 import torch
 
+from lightning_nvcomp import _torch_compat
 from lightning_nvcomp.archive import ArchiveWriter
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec.checksum import Crc32
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.policy import CodecPolicy, Prediction
-from lightning_nvcomp.storage import Storage, target_directory
+from lightning_nvcomp.storage import Storage, check_local, target_directory
 
 #: Codec names :func:`save` accepts.
 SAVE_CODECS = ("auto", "ans", "zstd", "none")
@@ -69,9 +72,109 @@ _describe: contextvars.ContextVar[Callable[..., Any] | None] = contextvars.Conte
 _keep_on_gpu: contextvars.ContextVar[bool] = contextvars.ContextVar("keep_on_gpu", default=False)
 #: While set, called with the raw size of every record decoded (progress bars).
 _progress: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar("progress", default=None)
-#: Key under which a record dict keeps its decoded storages while one load runs (torch.load's pickle memo hands
-#: every tensor of a record the same dict, and drops it when the load ends). An object, so no pickle can forge it.
-_STORAGES = object()
+
+#: Default bound on what one load decodes: this multiple of the file's size plus :data:`DECODE_ALLOWANCE` bytes.
+#: Real checkpoints compress 1.2-1.6x; only constant data (zeros) compresses more, and the allowance covers some.
+DECODE_MULTIPLE = 16
+DECODE_ALLOWANCE = 256 << 20
+#: Environment variable that sets the bound in bytes for every load of the process (``unlimited``: none).
+DECODE_LIMIT_ENV = "LIGHTNING_NVCOMP_MAX_DECODED_BYTES"
+
+
+class DecodeLimitError(CheckpointError):
+    """A load would decode more bytes than its bound allows (a decompression bomb, or data that is mostly zeros)."""
+
+
+def _env_limit() -> int | None | bool:
+    """The bound set by :data:`DECODE_LIMIT_ENV`: bytes, None for unlimited, False when it is not set."""
+    value = os.environ.get(DECODE_LIMIT_ENV, "").strip()
+    if not value:
+        return False
+    if value.lower() in ("unlimited", "none", "inf"):
+        return None
+    try:
+        return int(float(value))
+    except ValueError:
+        raise ValueError(f"{DECODE_LIMIT_ENV}={value!r} is not a number of bytes or 'unlimited'") from None
+
+
+class LoadState:
+    """What one load has decoded: the bound on decoded bytes, decoded records (copies of one record decode once)
+    and the storages handed out (every other storage in the result came from the file as it is).
+
+    Args:
+        name: how errors name the file.
+        limit: the most bytes this load may decode (None: unlimited). With ``file_nbytes`` unknown (a plain
+            ``torch.load``), the compressed bytes seen so far stand in for the file's size.
+        file_nbytes: the size of the file being loaded, when known.
+    """
+
+    def __init__(self, name: str = "", limit: int | None | bool = False, file_nbytes: int | None = None) -> None:
+        self.name, self.file_nbytes = name, file_nbytes
+        env = _env_limit()
+        self.limit = limit if limit is not False else env
+        self.decoded = self.compressed = 0
+        self.cache: dict[tuple, list[torch.Tensor]] = {}
+        self.produced: set[int] = set()
+        self._seen: set[tuple] = set()
+
+    def bound(self) -> int | None:
+        if self.limit is not False:
+            return self.limit
+        base = self.file_nbytes if self.file_nbytes is not None else self.compressed
+        return DECODE_MULTIPLE * base + DECODE_ALLOWANCE
+
+    def charge(self, blobs: list[torch.Tensor], nbytes: int, name: str) -> None:
+        """Count a record about to be decoded; raise DecodeLimitError if the load would exceed its bound."""
+        for b in blobs:
+            key = _blob_key(b)
+            if key not in self._seen:
+                self._seen.add(key)
+                self.compressed += b.numel()
+        bound = self.bound()
+        if bound is not None and self.decoded + nbytes > bound:
+            rule = (f"{self.limit} bytes" if self.limit is not False else
+                    f"{DECODE_MULTIPLE} x the file's {self.file_nbytes if self.file_nbytes is not None else self.compressed}"
+                    f" bytes + {DECODE_ALLOWANCE >> 20} MiB")
+            raise DecodeLimitError(
+                f"{self.name + ': ' if self.name else ''}tensor {name!r}: decoding it would bring this load to "
+                f"{self.decoded + nbytes} bytes, over its limit of {bound} ({rule}), which guards against "
+                "decompression bombs. If you trust the file, raise the limit: lightning_nvcomp.load(..., "
+                f"max_decoded_nbytes=N) or the environment variable {DECODE_LIMIT_ENV}=N (bytes, or 'unlimited')"
+            )
+        self.decoded += nbytes
+
+
+#: The state of the load running in this context (our loaders set it; see :func:`_load_state`).
+_load: contextvars.ContextVar[LoadState | None] = contextvars.ContextVar("load", default=None)
+#: States of plain torch.load calls, by their unpickler (freed with it, when the load ends).
+_torch_loads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: Without a known load (torch changed), records are cached by their first blob, and bounded one by one: by the
+#: blob's id, dropped when the blob is (tensors compare elementwise, so they cannot be weak dictionary keys).
+_orphans: dict[int, LoadState] = {}
+
+
+def _load_state(blobs: list[torch.Tensor]) -> LoadState:
+    state = _load.get()
+    if state is not None:
+        return state
+    unpickler = _torch_compat.current_torch_load()
+    if unpickler is not None:
+        try:
+            return _torch_loads.setdefault(unpickler, LoadState())
+        except TypeError:  # not weak-referenceable: treat as unknown
+            pass
+    if not blobs:
+        return LoadState()
+    key = id(blobs[0])
+    if key not in _orphans:
+        _orphans[key] = LoadState()
+        weakref.finalize(blobs[0], _orphans.pop, key, None)
+    return _orphans[key]
+
+
+def _blob_key(b: torch.Tensor) -> tuple:
+    return (b.untyped_storage()._cdata, b.storage_offset(), b.numel())
 
 
 def _fail(name: object, message: str) -> CorruptCheckpointError:
@@ -88,38 +191,75 @@ def _int_tuple(value: object, name: object, what: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _decoded_storages(blobs: list[torch.Tensor], rec: dict, name: str) -> list[torch.Tensor]:
-    """The record's storages as uint8 tensors on the blobs' device (``map_location``), each in its own memory."""
-    cached = rec.get(_STORAGES)
-    if cached is not None:
-        return cached
+def _check_blobs(blobs: object, name: object) -> None:
+    if not isinstance(blobs, list) or any(
+        not isinstance(b, torch.Tensor) or b.dtype != torch.uint8 or b.dim() != 1 for b in blobs
+    ):
+        raise _fail(name, "its compressed bytes are not a list of 1-D uint8 tensors")
+
+
+def _check_record(rec: object, blobs: list[torch.Tensor], name: object) -> dict:
+    """Validate a record dict against its blobs (every field; format 2: its own check)."""
+    if not isinstance(rec, dict):
+        raise _fail(name, "its record description is not a dict")
+    try:
+        records.validate(rec, [b.numel() for b in blobs])
+    except CheckpointError as err:
+        raise _fail(name, str(err)) from None
     storages = rec.get("storages")
-    nbytes = rec.get("nbytes")
     if not isinstance(storages, list) or any(
-        not isinstance(s, list) or len(s) != 2 or any(not isinstance(v, int) or v < 0 for v in s) for s in storages
+        not isinstance(s, list) or len(s) != 2 or any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in s)
+        for s in storages
     ):
         raise _fail(name, "record storage table is malformed")
-    if isinstance(nbytes, int) and any(off + n > nbytes for off, n in storages):
-        raise _fail(name, f"a storage lies outside the record's {nbytes} bytes")
+    if any(off + n > rec["nbytes"] for off, n in storages):
+        raise _fail(name, f"a storage lies outside the record's {rec['nbytes']} bytes")
+    if not isinstance(rec.get("dtype"), str) or rec["dtype"] not in DTYPES:
+        raise _fail(name, f"unknown dtype {rec.get('dtype')!r}")
+    return rec
+
+
+def _record_storages(blobs: list[torch.Tensor], rec: dict, name: str) -> list[torch.Tensor]:
+    """The record's storages as uint8 tensors on the blobs' device (``map_location``), each in its own memory;
+    decoded once per load (copies of one record included), within the load's bound."""
+    state = _load_state(blobs)
     target = blobs[0].device if blobs else torch.device("cpu")
     if _keep_on_gpu.get() and rec.get("device") == "cuda" and target.type == "cpu" and torch.cuda.is_available():
         target = torch.device("cuda", torch.cuda.current_device())
+    identity = rec["check"] if rec["format"] >= 2 else id(rec)
+    key = (tuple(_blob_key(b) for b in blobs), identity, str(target))
+    cached = state.cache.get(key)
+    if cached is not None:
+        return cached
+    state.charge(blobs, rec["nbytes"], name)
     try:
         data = records.decode(blobs, rec, target, move=False)
     except CheckpointError as err:
         raise type(err)(f"tensor {name!r}: {err}") from None
-    pieces = [data[start : start + n] for start, n in storages]
+    pieces = [data[start : start + n] for start, n in rec["storages"]]
     if data.device != target:  # decoded on a GPU for a CPU load: one copy, straight into each storage's memory
         pieces = [piece.to(target) for piece in pieces]
     elif len(pieces) > 1:
         # Storages packed together get their own memory: a tensor kept after the load (an optimizer keeps its
         # state tensors) must not hold the whole record alive, nor be saved again with it.
         pieces = [piece.clone() for piece in pieces]
-    rec[_STORAGES] = pieces
+    state.cache[key] = pieces
+    state.produced.update(p.untyped_storage()._cdata for p in pieces)
     report = _progress.get()
     if report is not None:
         report(rec["nbytes"])
     return pieces
+
+
+def tensor_check(rec: dict, index: int, offset: int, size: tuple, stride: tuple, requires_grad: bool,
+                 parameter: bool, name: str) -> int:
+    """The ``check`` argument of :func:`decode_tensor`: a CRC-32 over the tensor's record and placement."""
+    return records.canonical_crc([rec["check"], index, offset, list(size), list(stride), requires_grad, parameter, name])
+
+
+def storage_check(rec: dict, index: int, dtype: str | None) -> int:
+    """The ``check`` argument of :func:`decode_storage`."""
+    return records.canonical_crc([rec["check"], index, dtype])
 
 
 def decode_tensor(
@@ -132,40 +272,33 @@ def decode_tensor(
     requires_grad: bool,
     parameter: bool,
     name: str,
+    check: int | None = None,
 ) -> torch.Tensor:
     """Rebuild one tensor from a compressed record (called by ``torch.load``; import lightning_nvcomp first).
 
-    Every argument is validated: this function is reachable from any pickle.
+    Every argument is validated: this function is reachable from any pickle. ``check`` (format 2 records) is the
+    CRC-32 of the record's ``check`` and every other argument (:func:`tensor_check`): a damaged placement fails here,
+    under any loader. Format 1 records (v0.1) are called without it.
     """
     if not isinstance(name, str):
         raise CorruptCheckpointError(f"tensor name {name!r} is not a string")
-    if not isinstance(blobs, list) or any(
-        not isinstance(b, torch.Tensor) or b.dtype != torch.uint8 or b.dim() != 1 for b in blobs
-    ):
-        raise _fail(name, "its compressed bytes are not a list of 1-D uint8 tensors")
-    if not isinstance(rec, dict):
-        raise _fail(name, "its record description is not a dict")
-    dtype = DTYPES.get(rec["dtype"]) if isinstance(rec.get("dtype"), str) else None
-    if dtype is None:
-        raise _fail(name, f"unknown dtype {rec.get('dtype')!r}")
+    _check_blobs(blobs, name)
+    rec = _check_record(rec, blobs, name)
     size = _int_tuple(size, name, "shape")
     stride = _int_tuple(stride, name, "stride")
     if len(size) != len(stride) or not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
         raise _fail(name, f"shape {size}, stride {stride} and offset {offset!r} do not fit together")
     if not isinstance(requires_grad, bool) or not isinstance(parameter, bool):
         raise _fail(name, "requires_grad or parameter is not a bool")
-    storages = rec.get("storages")
-    if not isinstance(index, int) or not isinstance(storages, list) or not 0 <= index < len(storages):
+    storages = rec["storages"]
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(storages):
         raise _fail(name, f"storage index {index!r} is out of range")
-    describe = _describe.get()
-    if describe is not None:
-        try:
-            records.validate(rec, [b.numel() for b in blobs])
-        except CheckpointError as err:
-            raise _fail(name, str(err)) from None
-        return describe(TensorInfo(name, rec["dtype"], size, rec, sum(b.numel() for b in blobs)))
-
-    storage = _decoded_storages(blobs, rec, name)[index]
+    if rec["format"] >= 2:
+        if check != tensor_check(rec, index, offset, size, stride, requires_grad, parameter, name):
+            raise _fail(name, "its placement (record, index, offset, shape, stride, flags) is damaged: check mismatch")
+    elif check is not None:
+        raise _fail(name, "a format-1 record with a check argument")
+    dtype = DTYPES[rec["dtype"]]
     start, nbytes = storages[index]
     itemsize = dtype.itemsize
     if nbytes % itemsize or start % itemsize:
@@ -175,16 +308,50 @@ def decode_tensor(
         raise _fail(name, f"shape {size} with stride {stride} at offset {offset} overruns its {numel} elements")
     if not all(size) and offset >= 1 << 48:  # an empty view reads nothing, but torch allows any offset for it
         raise _fail(name, f"offset {offset} is absurd")
-    flat = storage.view(dtype)
-    tensor = flat.as_strided(size, stride, offset)
+    describe = _describe.get()
+    if describe is not None:
+        return describe(TensorInfo(name, rec["dtype"], size, rec, sum(b.numel() for b in blobs)))
+    storage = _record_storages(blobs, rec, name)[index]
+    tensor = storage.view(dtype).as_strided(size, stride, offset)
     if parameter:
         return torch.nn.Parameter(tensor, requires_grad)
     return tensor.requires_grad_(requires_grad)
 
 
-# Found by torch.load's pickle as `lightning_nvcomp.decode_tensor`; allowed for weights_only=True.
-decode_tensor.__module__ = "lightning_nvcomp"
-torch.serialization.add_safe_globals([decode_tensor])
+def _torch_dtype(name: object) -> torch.dtype | None:
+    value = getattr(torch, name, None) if isinstance(name, str) and name.isidentifier() else None
+    return value if isinstance(value, torch.dtype) else None
+
+
+def decode_storage(blobs: list[torch.Tensor], rec: dict, index: int, dtype: str | None, check: int) -> Any:
+    """Rebuild one storage from a record: how tensors that are not stored through :func:`decode_tensor` (conj or
+    neg views, subclasses, sparse tensors, dtypes the record format does not name) get their bytes, checked.
+
+    Returns a ``TypedStorage`` of ``dtype`` (uint8 when ``dtype`` is None: a storage saved untyped), as
+    ``torch.load``'s persistent storages are; torch's own rebuild functions place the tensors in it.
+    """
+    where = f"storage {index!r} of a record"
+    _check_blobs(blobs, where)
+    rec = _check_record(rec, blobs, where)
+    typed = _torch_dtype(dtype) if dtype is not None else None
+    if dtype is not None and typed is None:
+        raise _fail(where, f"unknown dtype {dtype!r}")
+    storages = rec["storages"]
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(storages):
+        raise _fail(where, f"storage index {index!r} is out of range")
+    if rec["format"] < 2 or check != storage_check(rec, index, dtype):
+        raise _fail(where, "its description is damaged: check mismatch")
+    if _describe.get() is not None:  # describe decodes nothing: a storage of the right size that holds no memory
+        piece = torch.empty(storages[index][1], dtype=torch.uint8, device="meta")
+    else:
+        piece = _record_storages(blobs, rec, where)[index]
+    # As torch.load's storages: typed, and uint8 for storages saved untyped.
+    return torch.storage.TypedStorage(wrap_storage=piece.untyped_storage(), dtype=typed or torch.uint8, _internal=True)
+
+
+# Found by torch.load's pickle as `lightning_nvcomp.decode_tensor` / `.decode_storage`; allowed for weights_only=True.
+decode_tensor.__module__ = decode_storage.__module__ = "lightning_nvcomp"
+torch.serialization.add_safe_globals([decode_tensor, decode_storage])
 
 
 def _eligible(obj: object) -> bool:
@@ -203,22 +370,60 @@ class _NullSink:
         return len(data)
 
 
-def _find_tensors(obj: object) -> list[torch.Tensor]:
-    """Every tensor ``torch.save`` would meet in ``obj``, in pickling order (a dry-run pickle)."""
-    found: dict[int, torch.Tensor] = {}
+@dataclass
+class Contents:
+    """What ``torch.save`` would store of an object, found by a dry-run pickle.
+
+    ``tensors``: the dense tensors stored through :func:`decode_tensor`, in pickling order. ``storages``: the storages
+    of every other tensor (conj/neg views, subclasses, sparse parts, dtypes the format does not name) and storages
+    saved as such, by ``_cdata``: ``(storage, dtype name or None for an untyped storage)``; they are stored through
+    :func:`decode_storage`. ``kept``: every object the save must not copy (it holds or is what was found).
+    """
+
+    tensors: list[torch.Tensor]
+    storages: dict[int, tuple[torch.UntypedStorage, str | None]]
+    kept: list[object]
+
+
+def find_contents(obj: object) -> Contents:
+    """The tensors and storages ``torch.save`` would meet in ``obj``."""
+    tensors: dict[int, torch.Tensor] = {}
+    storages: dict[int, tuple[torch.UntypedStorage, str | None]] = {}
+    kept: dict[int, object] = {}
 
     class Finder(pickle.Pickler):
         def persistent_id(self, item: object) -> object:
-            return "storage" if isinstance(item, (torch.UntypedStorage, torch.storage.TypedStorage)) else None
+            if isinstance(item, torch.storage.TypedStorage):
+                untyped, dtype = item._untyped_storage, str(item.dtype).removeprefix("torch.")
+            elif isinstance(item, torch.UntypedStorage):
+                untyped, dtype = item, None
+            else:
+                return None
+            seen = storages.setdefault(untyped._cdata, (untyped, dtype))
+            if dtype is not None and seen[1] is None:
+                storages[untyped._cdata] = (untyped, dtype)
+            elif dtype is not None and seen[1] != dtype:
+                raise CheckpointError(
+                    f"two tensors view one storage as {seen[1]} and {dtype}; torch.save refuses this too: save a copy "
+                    "of one of them"
+                )
+            return "storage"
 
         def reducer_override(self, item: object) -> object:
             if _eligible(item):
-                found.setdefault(id(item), item)
+                tensors.setdefault(id(item), item)
                 return int, ()
+            if isinstance(item, (torch.Tensor, torch.UntypedStorage, torch.storage.TypedStorage)):
+                kept.setdefault(id(item), item)
             return NotImplemented
 
     Finder(_NullSink(), protocol=2).dump(obj)
-    return list(found.values())
+    return Contents(list(tensors.values()), storages, [*tensors.values(), *kept.values()])
+
+
+def _find_tensors(obj: object) -> list[torch.Tensor]:
+    """Every tensor stored through :func:`decode_tensor` in ``obj``, in pickling order (see :func:`find_contents`)."""
+    return find_contents(obj).tensors
 
 
 def _tensor_names(obj: object) -> dict[int, str]:
@@ -246,9 +451,13 @@ class _Record:
 
 
 def _plan(
-    tensors: list[torch.Tensor], names: dict[int, str], group_nbytes: int | None = None
+    tensors: list[torch.Tensor],
+    names: dict[int, str],
+    group_nbytes: int | None = None,
+    extra: dict[int, tuple[torch.UntypedStorage, str | None]] | None = None,
 ) -> tuple[list[_Record], dict[int, tuple[int, int]]]:
-    """Group the tensors' storages into records. Returns the records and, per storage, (record, index)."""
+    """Group the storages of ``tensors`` and the ``extra`` storages (see :class:`Contents`) into records. Returns the
+    records and, per storage, (record, index)."""
     group_limit = group_nbytes or _GROUP_NBYTES
     small_limit = min(_SMALL_NBYTES, group_limit)
     dtypes: dict[int, tuple[torch.dtype, str]] = {}
@@ -263,6 +472,18 @@ def _plan(
                 " torch.save refuses this too: save a copy of one of them"
             )
         unique.setdefault(storage._cdata, storage)
+    for key, (storage, dtype_name) in (extra or {}).items():
+        if storage.device.type not in ("cpu", "cuda"):
+            raise CheckpointError(f"a storage on {storage.device} cannot be saved: move it to the CPU or a GPU first")
+        if key in dtypes:
+            if dtype_name is not None and str(dtypes[key][0]).removeprefix("torch.") != dtype_name:
+                raise CheckpointError(
+                    f"tensor {dtypes[key][1]!r} ({dtypes[key][0]}) and another tensor ({dtype_name}) view the same "
+                    "storage as different types; torch.save refuses this too: save a copy of one of them"
+                )
+            continue
+        dtypes[key] = (DTYPES.get(dtype_name or "uint8", torch.uint8), "<storage>")
+        unique[key] = storage
     plan: list[_Record] = []
     where: dict[int, tuple[int, int]] = {}
     open_groups: dict[tuple, int] = {}
@@ -328,7 +549,8 @@ def _encode_record(
             parts.append(torch.zeros(pad, dtype=torch.uint8, device=rec.device))
         pos += data.numel() + pad
     data = records.concatenate(parts)
-    blobs, meta = records.encode(data, rec.dtype, codec, segment, on_blob, wait_checksums=False, layout=_layouts.get(key))
+    coder = "raw" if codec == "none" else codec
+    blobs, meta = records.encode(data, rec.dtype, coder, segment, on_blob, wait_checksums=False, layout=_layouts.get(key))
     _layouts.put(key, records.Layout.of(meta))
     meta["storages"] = table
     meta["device"] = rec.device.type  # where the tensors lived (load(keep_on_gpu=True) puts CUDA ones back there)
@@ -399,61 +621,82 @@ class _StoredBlob:
 
 
 class _ArchivePickler(pickle.Pickler):
-    """torch.save's pickling: storages become persistent ids (``data/<key>`` entries), our tensors decode calls."""
+    """torch.save's pickling, where every tensor is a call of our decoders: dense tensors of :func:`decode_tensor`
+    (``reductions``, by tensor id), every other storage of :func:`decode_storage` (``storage_reductions``, by
+    ``_cdata``); the blobs are persistent ids of ``data/<key>`` entries, as torch.save stores storages."""
 
-    def __init__(self, file: io.BytesIO, reductions: dict[int, tuple], first_key: int) -> None:
+    def __init__(self, file: io.BytesIO, reductions: dict[int, tuple], storage_reductions: dict[int, Callable]) -> None:
         super().__init__(file, protocol=2)
-        self.reductions = reductions
-        self.storages: dict[str, torch.UntypedStorage] = {}  # found while pickling: written after the pickle
-        self._keys: dict[int, str] = {}
-        self._next = first_key
+        self.reductions, self.storage_reductions = reductions, storage_reductions
 
     def persistent_id(self, obj: object) -> tuple | None:
         if isinstance(obj, _StorageKey):
             return ("storage", torch.ByteStorage, obj.key, "cpu", obj.nbytes)
-        if not (isinstance(obj, torch.storage.TypedStorage) or torch.is_storage(obj)):
-            return None
-        if isinstance(obj, torch.storage.TypedStorage):
-            storage, kind, numel = obj._untyped_storage, getattr(torch, obj._pickle_storage_type()), obj._size()
-        else:
-            storage, kind, numel = obj, torch.serialization.normalize_storage_type(type(obj)), obj.nbytes()
-        if storage._cdata not in self._keys:
-            self._keys[storage._cdata] = str(self._next)
-            self._next += 1
-        key = self._keys[storage._cdata]
-        self.storages[key] = storage
-        return ("storage", kind, key, torch.serialization.location_tag(storage), numel)
+        return None
 
     def reducer_override(self, obj: object) -> object:
-        return self.reductions.get(id(obj), NotImplemented)
+        reduction = self.reductions.get(id(obj))
+        if reduction is not None:
+            return reduction
+        if isinstance(obj, torch.storage.TypedStorage):
+            untyped, dtype = obj._untyped_storage, str(obj.dtype).removeprefix("torch.")
+        elif isinstance(obj, torch.UntypedStorage):
+            untyped, dtype = obj, None
+        else:
+            return NotImplemented
+        make = self.storage_reductions.get(untyped._cdata)
+        if make is None:
+            raise CheckpointError(f"a {type(obj).__name__} appeared in the object after its snapshot was taken")
+        return make(dtype)
 
 
 def _value(crc: Crc32 | int) -> int:
     return crc.result() if isinstance(crc, Crc32) else crc
 
 
+class _Placement(NamedTuple):
+    """Where one tensor lies in its record: :func:`decode_tensor`'s arguments but the record's own."""
+
+    slot: int
+    index: int
+    offset: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    requires_grad: bool
+    parameter: bool
+    name: str
+
+
 class Snapshot:
     """A checkpoint whose tensors are compressed into host memory (or already written), ready to be written by
     any thread. Tensors in the saved object are not read again."""
 
-    def __init__(self, obj: object, codec: str, raw_nbytes: int, encode_s: float, reductions: dict[int, tuple],
-                 pending: list[tuple[str, torch.Tensor, Any]], metas: list[dict]) -> None:
+    def __init__(self, obj: object, codec: str, raw_nbytes: int, encode_s: float, placements: dict[int, _Placement],
+                 storages: dict[int, tuple[int, int]], encoded: list[tuple[list[_StoredBlob], dict]],
+                 pending: list[tuple[str, torch.Tensor, Any]]) -> None:
         self.obj, self.codec, self.raw_nbytes, self.encode_s = obj, codec, raw_nbytes, encode_s
-        self._reductions, self._pending, self._metas = reductions, pending, metas
-        self._blob_count = sum(len(meta["crc32"]) for meta in metas)
+        self._placements, self._storages, self._encoded, self._pending = placements, storages, encoded, pending
 
     def write_to(self, writer: ArchiveWriter) -> None:
         """Write the blobs not yet written, the pickle and the rest of the archive."""
         for key, blob, crc in self._pending:
             writer.add(f"data/{key}", blob.numpy(), _value(crc))
         self._pending = []
-        for meta in self._metas:
-            records.resolve_checksums(meta)
+        for _, meta in self._encoded:
+            records.seal(meta)  # every checksum known: the record's own check covers them
+        reductions = {}
+        for key, p in self._placements.items():
+            blobs, meta = self._encoded[p.slot]
+            check = tensor_check(meta, p.index, p.offset, p.size, p.stride, p.requires_grad, p.parameter, p.name)
+            reductions[key] = (decode_tensor, (blobs, meta, *p[1:], check))
+
+        def storage_reduction(slot: int, index: int) -> Callable[[str | None], tuple]:
+            blobs, meta = self._encoded[slot]
+            return lambda dtype: (decode_storage, (blobs, meta, index, dtype, storage_check(meta, index, dtype)))
+
+        storage_reductions = {key: storage_reduction(*where) for key, where in self._storages.items()}
         buffer = io.BytesIO()
-        pickler = _ArchivePickler(buffer, self._reductions, self._blob_count)
-        pickler.dump(self.obj)
-        for key, storage in pickler.storages.items():
-            writer.add(f"data/{key}", _storage_bytes(storage).cpu().numpy())
+        _ArchivePickler(buffer, reductions, storage_reductions).dump(self.obj)
         writer.add_torch_metadata()
         writer.add("data.pkl", buffer.getbuffer())
         writer.finish("data.pkl")
@@ -466,54 +709,35 @@ class Snapshot:
                          time.perf_counter() - begin, prediction)
 
 
-def _host_copies(tensors: list[torch.Tensor], isolate: bool) -> dict[int, tuple]:
-    """Reductions that pickle each tensor as a plain CPU tensor: GPU storages copied to pinned host memory (fast,
-    and safe from later GPU updates), CPU storages copied only when ``isolate``. Views keep sharing storage."""
-    copies: dict[int, torch.UntypedStorage] = {}
-    reductions = {}
-    for t in tensors:
-        storage = t.untyped_storage()
-        key = storage._cdata
-        if key not in copies:
-            if storage.device.type == "cpu" and not isolate:
-                copies[key] = storage
-            else:
-                host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=storage.device.type == "cuda")
-                host.copy_(_storage_bytes(storage), non_blocking=True)
-                copies[key] = host.untyped_storage()
-        twin = torch.empty(0, dtype=t.dtype).set_(copies[key], t.storage_offset(), t.shape, t.stride())
-        twin = torch.nn.Parameter(twin, t.requires_grad) if type(t) is torch.nn.Parameter else twin.requires_grad_(t.requires_grad)
-        reductions[id(t)] = twin.__reduce_ex__(2)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return reductions
-
-
 def snapshot(
     obj: object,
     codec: str,
-    tensors: list[torch.Tensor] | None = None,
+    tensors: list[torch.Tensor] | Contents | None = None,
     isolate: bool = False,
     staging_nbytes: int | None = None,
     on_blob: Callable[[str, torch.Tensor, Any], None] | None = None,
 ) -> Snapshot:
-    """Copy every tensor of ``obj`` into host memory, compressed with ``codec`` (``ans``, ``zstd``; ``none``: as is).
+    """Copy every tensor of ``obj`` into host memory, compressed with ``codec`` (``ans``, ``zstd``; ``none``: stored
+    raw, still checksummed).
 
-    Compressed blobs are always fresh copies. With ``isolate`` (saves written while training goes on) the rest of
-    ``obj`` is copied too, and with ``none`` so are CPU tensors. ``staging_nbytes`` (a multiple of 512) bounds the records and segments coded at
-    once, so a GPU save borrows about three times that much GPU memory (default: 256 MiB). With ``on_blob``, each
-    compressed segment is handed to ``on_blob(key, blob, crc)`` as soon as it is in host memory (to be written as
-    entry ``data/<key>``) instead of being kept in the snapshot.
+    Blobs are always fresh copies. ``tensors``: what :func:`find_contents` found in ``obj`` (found here unless
+    given). With ``isolate`` (saves written while training goes
+    on) the rest of ``obj`` is copied too. ``staging_nbytes`` (a multiple of 512) bounds the records and segments
+    coded at once, so a GPU save borrows about three times that much GPU memory (default: 256 MiB). With ``on_blob``,
+    each compressed segment is handed to ``on_blob(key, blob, crc)`` as soon as it is in host memory (to be written
+    as entry ``data/<key>``) instead of being kept in the snapshot.
     """
     begin = time.perf_counter()
-    tensors = _find_tensors(obj) if tensors is None else tensors
+    if tensors is None:
+        tensors = find_contents(obj)
+    contents = tensors if isinstance(tensors, Contents) else find_contents(obj)
     if isolate:
         # The file is written later: freeze the structure (dicts, counters, callback states) as it is now; the
-        # tensors themselves are copied below, so the copy shares them.
-        obj = copy.deepcopy(obj, memo={id(t): t for t in tensors})
-    raw = sum(t.untyped_storage().nbytes() for t in {t.untyped_storage()._cdata: t for t in tensors}.values())
-    if codec == "none":
-        return Snapshot(obj, codec, raw, time.perf_counter() - begin, _host_copies(tensors, isolate), [], [])
+        # tensors and storages themselves are copied below, so the copy shares them.
+        obj = copy.deepcopy(obj, memo={id(t): t for t in contents.kept})
+    names = _tensor_names(obj)
+    plan, where = _plan(contents.tensors, names, staging_nbytes, contents.storages)
+    raw = sum(s.nbytes() for rec in plan for s in rec.storages)
     pending: list[tuple[str, torch.Tensor, Any]] = []
     refs: list[_StoredBlob] = []
 
@@ -525,24 +749,22 @@ def snapshot(
         else:
             on_blob(key, blob, crc)
 
-    reductions: dict[int, tuple] = {}
-    names = _tensor_names(obj)
-    plan, where = _plan(tensors, names, staging_nbytes)
     encoded = []
     for rec in plan:
         first = len(refs)
         _, meta = _encode_record(rec, codec, staging_nbytes, take)
         encoded.append((refs[first:], meta))
-    for t in tensors:
+    placements = {}
+    for t in contents.tensors:
         slot, index = where[t.untyped_storage()._cdata]
-        blobs, meta = encoded[slot]
-        args = (blobs, meta, index, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.requires_grad,
-                type(t) is torch.nn.Parameter, names.get(id(t), "<unnamed>"))
-        reductions[id(t)] = (decode_tensor, args)
-    return Snapshot(obj, codec, raw, time.perf_counter() - begin, reductions, pending, [m for _, m in encoded])
+        placements[id(t)] = _Placement(slot, index, t.storage_offset(), tuple(t.shape), tuple(t.stride()),
+                                       t.requires_grad, type(t) is torch.nn.Parameter, names.get(id(t), "<unnamed>"))
+    # Every planned storage: other tensors reach them too (the parts of a sparse tensor are made while pickling).
+    return Snapshot(obj, codec, raw, time.perf_counter() - begin, placements, where, encoded, pending)
 
 
-def _stream(f: BinaryIO, obj: object, codec: str, tensors: list[torch.Tensor], staging_nbytes: int | None) -> Snapshot:
+def _stream(f: BinaryIO, obj: object, codec: str, tensors: list[torch.Tensor] | Contents,
+            staging_nbytes: int | None) -> Snapshot:
     """Compress ``obj`` into the archive ``f``, each segment written (on a disk thread) while the next is coded."""
     writer = ArchiveWriter(f)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-nvcomp-write") as disk:
@@ -567,13 +789,15 @@ def save(
     storage: Storage | None = None,
     staging_nbytes: int | None = None,
 ) -> SaveStats:
-    """Save ``obj`` like ``torch.save``, its tensors compressed losslessly, atomically and durably.
+    """Save ``obj`` like ``torch.save``, its tensors compressed losslessly and checksummed, atomically and durably.
 
     Args:
-        obj: anything ``torch.save`` accepts; plain dense tensors and parameters are compressed.
-        path: the file to write. It appears complete or not at all; a previous file there survives failures.
+        obj: anything ``torch.save`` accepts; plain dense tensors and parameters are compressed, every other
+            storage is stored checksummed too.
+        path: the file to write (a local path; a symlink is written through). It appears complete or not at all; a
+            previous file there survives failures and keeps its permissions.
         codec: ``"ans"`` (nvCOMP gANS on the GPU: fastest, needs a GPU to load), ``"zstd"`` (GPU or CPU, loads
-            anywhere), ``"none"`` (a plain ``torch.save`` file), or ``"auto"``: the codec with the shortest
+            anywhere), ``"none"`` (stored as is, with checksums), or ``"auto"``: the codec with the shortest
             predicted save, from this directory's measured write bandwidth and the codecs measured on this state
             (see :mod:`lightning_nvcomp.policy`; the first save to a file system probes it).
         policy: the :class:`~lightning_nvcomp.policy.CodecPolicy` behind ``"auto"`` (default: one per process).
@@ -582,12 +806,13 @@ def save(
 
     Compressed segments are written while the next ones are coded, so coding overlaps the write.
     """
-    tensors = _find_tensors(obj)
+    check_local(path)
+    contents = find_contents(obj)
     directory = target_directory(path)
-    codec, prediction = resolve_codec(codec, tensors, directory, policy)
+    codec, prediction = resolve_codec(codec, contents.tensors, directory, policy)
     begin = time.perf_counter()
     snaps: list[Snapshot] = []
-    size = (storage or Storage()).write(path, lambda f: snaps.append(_stream(f, obj, codec, tensors, staging_nbytes)))
+    size = (storage or Storage()).write(path, lambda f: snaps.append(_stream(f, obj, codec, contents, staging_nbytes)))
     seconds = time.perf_counter() - begin
     encode_s = snaps[0].encode_s
     stats = SaveStats(os.fspath(path), codec, snaps[0].raw_nbytes, size, encode_s, seconds - encode_s, prediction)
@@ -599,73 +824,185 @@ def load(
     path: str | os.PathLike,
     map_location: Any = None,
     weights_only: bool = True,
-    mmap: bool = True,
+    mmap: bool | None = None,
     keep_on_gpu: bool = False,
+    max_decoded_nbytes: int | None | bool = False,
 ) -> Any:
-    """Load a checkpoint written by :func:`save` (or any ``torch.save`` file), bit-exactly.
+    """Load a checkpoint written by :func:`save` (or any ``torch.save`` file), bit-exactly and verified.
 
-    Tensors come back on the CPU unless ``map_location`` says otherwise; ``map_location="cuda"`` decodes on the
-    GPU directly. With ``keep_on_gpu`` (and no ``map_location``), compressed tensors saved from a GPU come back on
-    the current GPU when there is one, decoded there without a trip through host memory (what a resume wants: the
-    optimizer adopts them as they are). ``mmap`` maps the file instead of reading it (as ``torch.load(mmap=True)``):
-    compressed bytes go from the page cache straight to the decoder, 2-4x faster than reading them into new memory;
-    tensors stored uncompressed then share the file's pages, copy-on-write. Errors name ``path`` and the tensor at
-    fault.
+    The file is opened once: the load reads the file that was at ``path`` when it began, whatever replaces it
+    meanwhile. Every tensor is checked before it is returned (our records by their CRC-32s and checks, the storages
+    of a plain ``torch.save`` file by the zip's CRC-32s), and so is the pickle. Returned tensors are in memory of
+    their own, never pages of the file, unless ``mmap=True``: then tensors stored by plain ``torch.save`` share the
+    file's pages, copy-on-write, as with ``torch.load(mmap=True)``. Compressed bytes go from the page cache to the
+    decoder either way.
+
+    Args:
+        path: the checkpoint (a local path).
+        map_location: as ``torch.load``'s; ``"cuda"`` decodes on the GPU directly. Default: the CPU.
+        weights_only: as ``torch.load``'s.
+        mmap: True maps plain tensors from the file (see above); None or False: they are copied.
+        keep_on_gpu: with no ``map_location``, compressed tensors saved from a GPU come back on the current GPU
+            when there is one, decoded there (what a resume wants: the optimizer adopts them as they are).
+        max_decoded_nbytes: the most bytes the load may decode (None: unlimited). Default: 16 x the file's size +
+            256 MiB, or the environment variable ``LIGHTNING_NVCOMP_MAX_DECODED_BYTES``; a guard against
+            decompression bombs (:class:`DecodeLimitError`).
+
+    Raises:
+        CorruptCheckpointError: the file is damaged (the message names it and the tensor at fault).
+        CodecUnavailableError: a codec it needs cannot run here (gANS without a GPU).
+        CheckpointError: anything else about the file (not a checkpoint, refused by ``weights_only``, too large
+            to decode). Errors of the machine (memory, devices, threads) pass through, the file named.
     """
+    check_local(path)
     path = os.fspath(path)
-    if not os.path.isfile(path):
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"checkpoint {path} is a directory, not a checkpoint file")
+    if not os.path.exists(path):
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    mmap = mmap and _is_zip(path)  # legacy (pre-zip) torch files cannot be mapped
     token = _keep_on_gpu.set(keep_on_gpu and map_location is None)
     try:
-        return read(path, path, map_location, weights_only, mmap)
+        with open(path, "rb") as f:
+            return read(f, path, map_location, weights_only, mmap, max_decoded_nbytes)
     finally:
         _keep_on_gpu.reset(token)
 
 
-def read(source: str | BinaryIO, name: str, map_location: Any = None, weights_only: bool = True,
-         mmap: bool = False) -> Any:
-    """``torch.load`` of a file path or a seekable binary file, after checking the pickle's CRC-32 (torch.load does
-    not); every failure becomes a :class:`CheckpointError` whose message starts with ``name``."""
-    _check_pickle_crc(source, name)
+#: The start of a legacy (pre-zip) torch file: protocol 2, then the pickled magic number 0x1950a86a20f9469cfc6c.
+_LEGACY_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
+_TORCH_ZIP_ERRORS = ("PytorchStreamReader", "inline_container")
+_OUR_DECODERS = (b"lightning_nvcomp\ndecode_tensor\n", b"lightning_nvcomp\ndecode_storage\n")
+
+
+def _fd_path(f: BinaryIO) -> str | None:
+    """A path that opens the very file ``f`` has open (Linux), for torch.load(mmap=True), which wants a path."""
     try:
-        return torch.load(source, map_location=map_location, weights_only=weights_only, mmap=mmap)
+        fd_path = f"/proc/self/fd/{f.fileno()}"
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        return None
+    return fd_path if os.path.exists(fd_path) else None
+
+
+def read(source: BinaryIO, name: str, map_location: Any = None, weights_only: bool = True,
+         mmap: bool | None = None, max_decoded_nbytes: int | None | bool = False) -> Any:
+    """``torch.load`` of a seekable binary file, verified: the zip's structure and the CRC-32 of every small entry
+    (the pickle among them) first, every record's checks while decoding, and the zip CRC-32s of the storages of a
+    plain ``torch.save`` file after. Every failure is named after ``name``; :class:`CorruptCheckpointError` means
+    damage and nothing else. See :func:`load` for the arguments."""
+    source.seek(0, os.SEEK_END)
+    file_nbytes = source.tell()
+    source.seek(0)
+    pickle_bytes = _check_structure(source, name, file_nbytes)
+    ours = pickle_bytes is not None and any(d in pickle_bytes for d in _OUR_DECODERS)
+    state = LoadState(name, max_decoded_nbytes, file_nbytes)
+    # Map the file only where no returned tensor can share its pages: ours decode into new memory.
+    fd_path = _fd_path(source) if pickle_bytes is not None and (mmap or (mmap is None and ours)) else None
+    token = _load.set(state)
+    try:
+        obj = torch.load(fd_path or source, map_location=map_location, weights_only=weights_only,
+                         mmap=fd_path is not None)
+        foreign = _describe.get() is None and _foreign_storages(obj, state.produced)
+        if foreign and pickle_bytes is not None:
+            _check_data_crcs(source, name)
+            if fd_path is not None and not mmap:  # a file of ours with plain storages in it: load them copied
+                source.seek(0)
+                obj = torch.load(source, map_location=map_location, weights_only=weights_only)
+        return obj
     except CheckpointError as err:
-        raise type(err)(f"{name}: {err}") from None
+        raise type(err)(err.args[0] if str(err).startswith(name) else f"{name}: {err}") from None
     except pickle.UnpicklingError as err:
-        if weights_only and "weights_only" in str(err).lower():
-            raise CheckpointError(
-                f"{name} holds objects that weights_only=True refuses (see below); if you trust the file, load it "
-                f"with weights_only=False.\n{err}"
-            ) from None
-        raise CorruptCheckpointError(f"{name} cannot be read as a checkpoint (truncated or damaged?): {err}") from err
-    except Exception as err:  # a damaged zip or pickle fails in many ways inside torch.load
-        raise CorruptCheckpointError(
-            f"{name} cannot be loaded ({type(err).__name__}: {err}); the file may be truncated or damaged"
-        ) from err
-
-
-def _is_zip(path: str) -> bool:
-    try:
-        return zipfile.is_zipfile(path)
-    except Exception:  # a damaged end record can make even this fail; read() then reports the damage
-        return False
-
-
-def _check_pickle_crc(source: str | BinaryIO, name: str) -> None:
-    """Check the CRC-32 that the zip records for the pickle (shapes, strides, all non-tensor values). Legacy
-    (non-zip) torch files have none to check. A file object is left at its start."""
-    try:
-        if zipfile.is_zipfile(source):
-            with zipfile.ZipFile(source) as archive:
-                for entry in archive.namelist():
-                    if entry.endswith("/data.pkl"):
-                        archive.read(entry)  # raises BadZipFile on a CRC mismatch
-    except Exception as err:  # zipfile fails a damaged directory in many ways (BadZipFile, NotImplementedError...)
-        raise CorruptCheckpointError(f"{name}: the checkpoint's structure is damaged ({err})") from None
+        if pickle_bytes is None:  # a legacy file: its pickle has no checksum to tell damage from refusal
+            raise CorruptCheckpointError(f"{name} cannot be read as a checkpoint (truncated or damaged?): {err}") from err
+        raise CheckpointError(
+            f"{name} holds objects that weights_only=True does not load (its pickle is intact: this is not damage). "
+            f"Allow them with torch.serialization.add_safe_globals, or, only for a file you trust, load it with "
+            f"weights_only=False.\n{err}"
+        ) from None
+    except RuntimeError as err:
+        # torch's zip reader (inline_container.cc) parses the directory itself, and fails damage we let through.
+        if any(mark in str(err) for mark in _TORCH_ZIP_ERRORS) or pickle_bytes is None:
+            raise CorruptCheckpointError(f"{name} cannot be loaded ({err}); the file is damaged") from err
+        raise _named(err, name) from err
+    except Exception as err:
+        if pickle_bytes is None and not isinstance(err, (MemoryError, OSError)):
+            raise CorruptCheckpointError(f"{name} cannot be loaded ({type(err).__name__}: {err}); the legacy file "
+                                         "may be truncated or damaged") from err
+        raise _named(err, name) from err
     finally:
-        if not isinstance(source, str):
-            source.seek(0)
+        _load.reset(token)
+
+
+def _named(err: BaseException, name: str) -> BaseException:
+    """``err`` with ``name`` in its message (same type), for errors of the machine rather than of the file."""
+    try:
+        named = type(err)(f"{name}: {err}")
+    except Exception:
+        return err
+    return named
+
+
+def _check_structure(f: BinaryIO, name: str, file_nbytes: int) -> bytes | None:
+    """Check the zip's directory, every entry's local header and the CRC-32 of every small entry (the pickle, the
+    byte order...); return the pickle's bytes. A legacy (non-zip) torch file has no checksums: None. ``f`` is left
+    at its start."""
+    try:
+        head = f.read(len(_LEGACY_MAGIC))
+        f.seek(0)
+        if not zipfile.is_zipfile(f):
+            if head == _LEGACY_MAGIC:
+                return None
+            what = "empty" if file_nbytes == 0 else f"{file_nbytes} bytes"
+            raise CorruptCheckpointError(
+                f"{name} is not a checkpoint ({what}, neither a torch.save zip nor a legacy torch file): truncated "
+                "or damaged, or another kind of file"
+            )
+        pickle_bytes = None
+        with zipfile.ZipFile(f) as archive:
+            infos = archive.infolist()
+            top = infos[0].filename.split("/", 1)[0] if infos else ""
+            for info in infos:
+                if info.filename.split("/", 1)[0] != top or not 0 <= info.header_offset < file_nbytes:
+                    raise CorruptCheckpointError(f"{name}: the zip directory entry {info.filename!r} is damaged")
+                f.seek(info.header_offset)
+                header = f.read(30 + len(info.orig_filename.encode()))
+                if header[:4] != b"PK\x03\x04" or header[30:] != info.orig_filename.encode():
+                    raise CorruptCheckpointError(f"{name}: the header of entry {info.filename!r} is damaged")
+                if "/data/" in info.filename and not info.filename.endswith("serialization_id"):
+                    continue  # storages: checked by their records, or after the load (plain torch.save files)
+                data = archive.read(info)  # raises BadZipFile on a CRC mismatch
+                if info.filename.endswith("/data.pkl"):
+                    pickle_bytes = data
+        if pickle_bytes is None:
+            raise CorruptCheckpointError(f"{name}: the checkpoint has no pickle (data.pkl): damaged")
+        return pickle_bytes
+    except CorruptCheckpointError:
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError, ValueError, struct.error,
+            UnicodeDecodeError, KeyError, RuntimeError, OSError) as err:  # zipfile's ways to fail damage
+        raise CorruptCheckpointError(f"{name}: the checkpoint's structure is damaged ({type(err).__name__}: {err})") from None
+    finally:
+        f.seek(0)
+
+
+def _check_data_crcs(f: BinaryIO, name: str) -> None:
+    """Check the zip CRC-32 of every storage entry (a plain ``torch.save`` file's tensors have no other check)."""
+    try:
+        with zipfile.ZipFile(f) as archive:
+            for info in archive.infolist():
+                with archive.open(info) as entry:
+                    while entry.read(16 << 20):
+                        pass
+    except (zipfile.BadZipFile, EOFError, ValueError, struct.error) as err:
+        raise CorruptCheckpointError(f"{name}: a tensor's stored bytes are damaged ({type(err).__name__}: {err})") from None
+    finally:
+        f.seek(0)
+
+
+def _foreign_storages(obj: object, produced: set[int]) -> bool:
+    """Whether ``obj`` holds a storage our decoders did not make (one torch.load took from the file as it is)."""
+    contents = find_contents(obj)
+    keys = [t.untyped_storage()._cdata for t in contents.tensors] + list(contents.storages)
+    return any(key not in produced for key in keys)
 
 
 def describe(path: str | os.PathLike) -> Any:

@@ -149,10 +149,10 @@ def test_missing_file_exits_1_naming_it(capsys, tmp_path, command):
     assert not (tmp_path / "out.ckpt").exists()
 
 
-def test_convert_zstd_to_none_loads_with_plain_torch(capsys, tmp_path, zstd_ckpt, state):
+def test_convert_zstd_to_torch_loads_with_plain_torch(capsys, tmp_path, zstd_ckpt, state):
     out_path = tmp_path / "plain.pt"
-    status, out, _ = run(capsys, "convert", zstd_ckpt, out_path, "--codec", "none")
-    assert status == 0 and out.startswith(f"converted {zstd_ckpt} -> {out_path} (none)")
+    status, out, _ = run(capsys, "convert", zstd_ckpt, out_path, "--codec", "torch")
+    assert status == 0 and out.startswith(f"converted {zstd_ckpt} -> {out_path} (plain torch.save)")
     child = python_child(
         CHILD_DIGEST_SRC
         + """

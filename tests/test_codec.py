@@ -297,12 +297,18 @@ def test_valid_record_validates_and_decodes(valid_record):
 
 
 def mutated(meta: dict, **changes) -> dict:
+    """``meta`` with ``changes``, its own check forged to match (so that validation itself is what is tested)."""
     out = copy.deepcopy(meta)
     for key, value in changes.items():
         if value is KeyError:
             del out[key]
         else:
             out[key] = value(out) if callable(value) else value
+    if "check" not in changes:
+        try:
+            out["check"] = record.record_check(out)
+        except CorruptCheckpointError:  # a field no checkpoint holds: validation refuses it either way
+            pass
     return out
 
 
@@ -467,6 +473,9 @@ def test_wrong_checksum_value_fails(valid_record):
     _, blobs, meta = valid_record
     bad = copy.deepcopy(meta)
     bad["crc32"][-1] ^= 1
+    with pytest.raises(CorruptCheckpointError, match="description is damaged"):
+        record.decode(blobs, bad, "cpu")  # the record's own check catches the damaged field
+    bad["check"] = record.record_check(bad)  # forged to match: the blob's CRC-32 still does not
     with pytest.raises(CorruptCheckpointError, match="checksum"):
         record.decode(blobs, bad, "cpu")
 

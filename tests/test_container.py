@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -244,7 +246,9 @@ def test_replaced_and_discarded_files_are_freed_and_stale_names_swept(tmp_path):
     lightning_nvcomp.save({"x": torch.ones(3)}, path, codec="zstd")
     lightning_nvcomp.save({"x": torch.ones(3)}, pruned, codec="zstd")
     old_inode = path.stat().st_ino
-    stale = tmp_path / ".epoch=7.ckpt.0123abcd.lnv-old"  # left by a process that died before freeing it
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a process id that no longer runs: the stale name below is of a process of this host that died
+    stale = tmp_path / f".epoch=7.ckpt.lnv-{storage.HOST_ID}-{dead.pid}-0123abcd.lnv-old"
     stale.write_bytes(b"old checkpoint")
     storage.discard(pruned)
     assert not pruned.exists()  # the name is gone at once
@@ -346,11 +350,16 @@ def test_resumed_training_continues_bit_exactly(tmp_path):
 # ------------------------------------------------------------------------------------------ child processes
 
 
-def test_codec_none_is_a_plain_torch_file_loadable_without_the_package(tmp_path):
+def test_convert_to_torch_writes_a_plain_file_loadable_without_the_package(tmp_path):
+    """codec="none" files are checksummed records (they need the package); `convert --codec torch` is the way to a
+    file that needs nothing but torch."""
+    from lightning_nvcomp import cli
+
     obj = {"w": trained_like(1000, torch.bfloat16), "i": torch.arange(7), "v": None}
     obj["wv"] = obj["w"][::5]
-    path = tmp_path / "plain.pt"
-    lightning_nvcomp.save(obj, path, codec="none")
+    ours, path = tmp_path / "none.pt", tmp_path / "plain.pt"
+    lightning_nvcomp.save(obj, ours, codec="none")
+    assert cli.main(["convert", str(ours), str(path), "--codec", "torch", "-q"]) == 0
     code = CHILD_DIGEST_SRC + """
 import json, sys
 obj = torch.load(sys.argv[1], weights_only=True)
@@ -362,6 +371,8 @@ print(json.dumps({"digests": {k: tensor_digest(v) for k, v in obj.items() if v i
     out = child_json(python_child(code, str(path), check=True))
     assert out["digests"] == {k: tensor_digest(v) for k, v in obj.items() if v is not None}
     assert out["v"] is None and out["shared"]
+    unchecked = python_child(code, str(ours))
+    assert unchecked.returncode != 0 and "lightning_nvcomp.decode_tensor" in unchecked.stderr
 
 
 LOAD_IN_CHILD = CHILD_DIGEST_SRC + """

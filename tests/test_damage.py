@@ -27,7 +27,7 @@ from conftest import (
 )
 
 import lightning_nvcomp
-from lightning_nvcomp import decode_tensor
+from lightning_nvcomp import container, decode_tensor
 from lightning_nvcomp.codec import record
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError, CorruptCheckpointError
@@ -208,20 +208,40 @@ def good_args():
     data = torch.arange(64, dtype=torch.float32)
     blobs, meta = record.encode(tensor_bytes(data), torch.float32, "zstd")
     meta["storages"] = [[0, 256]]
-    return data, blobs, meta
+    meta["device"] = "cpu"
+    return data, blobs, record.seal(meta)
+
+
+def forged_check(args: dict) -> int:
+    """The check an attacker computes for any arguments (the checks guard against damage, not against forgery:
+    hostile arguments must be refused by validation too)."""
+    try:
+        return container.tensor_check(*list(args.values())[1:])
+    except Exception:
+        return 0
+
+
+def decode_args(good_args, default_name: str, **kw) -> tuple:
+    data, good_blobs, meta = good_args
+    args = dict(blobs=good_blobs, rec=dict(meta), index=0, offset=0, size=(64,), stride=(1,), requires_grad=False,
+                parameter=False, name=default_name)
+    check = kw.pop("check", None)
+    args.update(kw)
+    return (*args.values(), forged_check(args) if check is None else check)
 
 
 def call(good_args, **kw):
-    data, good_blobs, meta = good_args
-    args = dict(blobs=good_blobs, rec=dict(meta), index=0, offset=0, size=(64,), stride=(1,), requires_grad=False,
-                parameter=False, name="x")
-    args.update(kw)
-    return decode_tensor(*args.values())
+    return decode_tensor(*decode_args(good_args, "x", **kw))
 
 
 def with_meta(good_args, **changes) -> dict:
+    """The good record with ``changes``, its own check forged to match."""
     rec = dict(good_args[2])
     rec.update(changes)
+    try:
+        rec["check"] = record.record_check(rec)
+    except Exception:
+        pass
     return rec
 
 
@@ -327,12 +347,9 @@ class Reduce:
 
 
 def hand_built(path: Path, good_args, **kw) -> Path:
-    """torch.save a file whose one tensor is a decode_tensor call with ``kw`` replacing good arguments."""
-    data, blobs, meta = good_args
-    args = dict(blobs=blobs, rec=dict(meta), index=0, offset=0, size=(64,), stride=(1,), requires_grad=False,
-                parameter=False, name="evil")
-    args.update(kw)
-    torch.save({"evil": Reduce(*args.values()), "fine": 1}, path)
+    """torch.save a file whose one tensor is a decode_tensor call with ``kw`` replacing good arguments (and a
+    check forged to match them)."""
+    torch.save({"evil": Reduce(*decode_args(good_args, "evil", **kw)), "fine": 1}, path)
     return path
 
 

@@ -11,6 +11,8 @@ The layout, whole:
   size equal to the chunk's raw size means the chunk is stored raw. Segment ``s`` is stored as blob ``s``: its
   stored chunks in order, each followed by zero bytes up to a multiple of 16 (nvCOMP reads 16-byte aligned chunks).
 * ``crc32[s]`` is the CRC-32 of blob ``s``, checked before anything is decoded.
+* ``check`` (format 2) is the CRC-32 of every other field, in the canonical form :func:`record_check` gives: a
+  damaged field is caught before it is used, by any loader. Format 1 records (v0.1) have none.
 
 Every field is validated against the blobs before a byte is decoded: the dict may come from a hostile file.
 """
@@ -18,6 +20,8 @@ Every field is validated against the blobs before a byte is decoded: the dict ma
 from __future__ import annotations
 
 import functools
+import json
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 from dataclasses import dataclass
@@ -32,7 +36,9 @@ from lightning_nvcomp.codec.engine import ChunkEngine
 from lightning_nvcomp.codec.gpu import NvcompEngine, gpu_available, nvcomp_version
 from lightning_nvcomp.errors import CodecUnavailableError, CorruptCheckpointError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Record formats this version reads: 1 (v0.1, no ``check``) and 2.
+READ_FORMATS = (1, 2)
 #: Codecs a save can ask for. ``"raw"`` stores bytes as they are (still checksummed).
 CODECS = ("ans", "zstd", "raw")
 #: Default segment size: the bytes coded by one engine call (nvCOMP calls have a fixed cost, up to ~20 ms for Zstd)
@@ -165,6 +171,28 @@ def _choose_layout(engine: ChunkEngine | None, data: torch.Tensor, dtype: torch.
     return typed_layout if torch.equal(check, sample) else layout
 
 
+def canonical_crc(value: object) -> int:
+    """CRC-32 of the canonical JSON form of ``value`` (ints, strings, bools, None, lists): what checks cover.
+
+    Raises CorruptCheckpointError for values that have none (a hostile record may hold anything)."""
+    try:
+        return zlib.crc32(json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode())
+    except (TypeError, ValueError, RecursionError) as err:
+        raise CorruptCheckpointError(f"a record field holds a value no checkpoint holds ({err})") from None
+
+
+def record_check(meta: dict) -> int:
+    """The ``check`` of a record dict: the CRC-32 of every string-keyed field but ``check`` itself."""
+    return canonical_crc({k: v for k, v in meta.items() if isinstance(k, str) and k != "check"})
+
+
+def seal(meta: dict) -> dict:
+    """Resolve the checksums :func:`encode` may leave pending and set ``check``: the record is final after this."""
+    resolve_checksums(meta)
+    meta["check"] = record_check(meta)
+    return meta
+
+
 def _to_host(packed: torch.Tensor) -> torch.Tensor:
     if packed.device.type == "cpu":
         return packed
@@ -194,12 +222,13 @@ def encode(
     on the CPU) bounds the bytes coded per engine call and so the scratch memory. Returns one CPU uint8 blob per
     segment (pinned when coded on the GPU) and the record dict. With ``on_blob``, each blob is handed over as soon
     as it is in host memory, with its CRC-32 (a :class:`Crc32` still being computed), and not returned: so it can be
-    written while the next segments are coded. With ``wait_checksums=False``, ``meta["crc32"]`` may hold such
-    pending checksums (so training need not wait for them): :func:`resolve_checksums` before storing it.
+    written while the next segments are coded. The record is sealed (:func:`seal`); with ``wait_checksums=False``,
+    ``meta["crc32"]`` may hold such pending checksums instead (so training need not wait for them): :func:`seal`
+    it before storing it, also after adding fields.
     ``layout`` skips choosing one (sampling the data): any layout codes any data of this size losslessly.
     """
     engine = engine_for(codec, data.device)
-    on_gpu = engine is not None and engine.device_type == "cuda"
+    on_gpu = engine.device_type == "cuda" if engine is not None else data.device.type == "cuda"
     segment = segment or (SEGMENT_NBYTES if on_gpu else min(SEGMENT_NBYTES, CPU_SEGMENT_NBYTES))
     if segment <= 0 or segment % 512:
         raise ValueError(f"segment size {segment} must be a positive multiple of 512 bytes")
@@ -208,8 +237,11 @@ def encode(
     if on_gpu:
         results = []
         for start, length in _segments(data.numel(), segment):
-            pieces = _encode_segment(engine, data[start : start + length], layout)
-            blob = _to_host(_pack(pieces))
+            if engine is None:  # stored raw: one copy to pinned host memory, no coding
+                blob, pieces = _raw_blob(data[start : start + length]), _raw_chunks(length, layout.chunk)
+            else:
+                pieces = _encode_segment(engine, data[start : start + length], layout)
+                blob = _to_host(_pack(pieces))
             ready = torch.cuda.Event()
             ready.record()
             crc = Crc32(blob, ready)  # on CPU threads, while the GPU codes the next segment
@@ -240,16 +272,38 @@ def encode(
         "nvcomp": nvcomp_version() if "ans" in layout.codecs else None,
     }
     if wait_checksums:
-        resolve_checksums(meta)
+        seal(meta)
     return [blob for blob, _, _ in results if blob is not None], meta
+
+
+def _raw_chunks(length: int, chunk: int) -> list[torch.Tensor]:
+    """Stand-ins with the sizes of a raw segment's chunks (only their sizes are used)."""
+    return [torch.empty(min(chunk, length - j), dtype=torch.uint8, device="meta") for j in range(0, length, chunk)]
+
+
+def _raw_blob(seg: torch.Tensor) -> torch.Tensor:
+    """A segment stored raw, as its blob: the bytes, then zeros up to a multiple of 16 (raw chunks are multiples
+    of 16 but the last), in fresh host memory (pinned for a GPU segment)."""
+    n = seg.numel()
+    blob = torch.empty(_padded(n), dtype=torch.uint8, pin_memory=seg.device.type == "cuda")
+    blob[n:] = 0
+    if seg.device.type == "cpu":
+        blob[:n].numpy()[:] = seg.numpy()
+    else:
+        blob[:n].copy_(seg, non_blocking=True)
+    return blob
 
 
 def _encode_cpu_segment(
     engine: ChunkEngine | None, data: torch.Tensor, span: tuple[int, int], layout: Layout
 ) -> tuple[torch.Tensor, list[int], int]:
-    pieces = _encode_segment(engine, data[span[0] : span[0] + span[1]], layout)
-    blob = _pack(pieces)
-    return blob, [p.numel() for p in pieces], crc32(blob)
+    seg = data[span[0] : span[0] + span[1]]
+    if engine is None:
+        blob, sizes = _raw_blob(seg), [p.numel() for p in _raw_chunks(seg.numel(), layout.chunk)]
+    else:
+        pieces = _encode_segment(engine, seg, layout)
+        blob, sizes = _pack(pieces), [p.numel() for p in pieces]
+    return blob, sizes, crc32(blob)
 
 
 def resolve_checksums(meta: dict) -> dict:
@@ -301,12 +355,14 @@ def validate(meta: object, blob_sizes: list[int]) -> Layout:
     if not isinstance(meta, dict):
         raise CorruptCheckpointError(f"record description is a {type(meta).__name__}, not a dict")
     version = meta.get("format")
-    if isinstance(version, int) and version > FORMAT_VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
         raise CorruptCheckpointError(
             f"record format {version} is newer than this lightning_nvcomp reads ({FORMAT_VERSION}): upgrade it"
         )
-    if version != FORMAT_VERSION:
+    if version not in READ_FORMATS or isinstance(version, bool):
         raise CorruptCheckpointError(f"unknown record format {version!r}")
+    if version >= 2 and meta.get("check") != record_check(meta):
+        raise CorruptCheckpointError("the record's description is damaged (its check does not match its fields)")
 
     def field(name: str, kind: type) -> object:
         value = meta.get(name)
