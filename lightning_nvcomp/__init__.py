@@ -3,8 +3,8 @@
 ``import lightning_nvcomp`` registers the decoder with ``torch.load`` (also for ``weights_only=True``).
 """
 
-from lightning_nvcomp.container import DecodeLimitError, SaveStats, decode_storage, decode_tensor, load, save
-from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError, CorruptCheckpointError
+from lightning_nvcomp.container import SaveStats, decode_storage, decode_tensor, load, save
+from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError, CorruptCheckpointError, DecodeLimitError
 
 __version__ = "0.1.0"
 

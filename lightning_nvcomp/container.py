@@ -35,7 +35,7 @@ from lightning_nvcomp import _torch_compat
 from lightning_nvcomp.archive import ArchiveWriter
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec.checksum import Crc32
-from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
+from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, DecodeLimitError
 from lightning_nvcomp.policy import CodecPolicy, Prediction
 from lightning_nvcomp.storage import Storage, check_local, target_directory
 
@@ -79,10 +79,6 @@ DECODE_MULTIPLE = 16
 DECODE_ALLOWANCE = 256 << 20
 #: Environment variable that sets the bound in bytes for every load of the process (``unlimited``: none).
 DECODE_LIMIT_ENV = "LIGHTNING_NVCOMP_MAX_DECODED_BYTES"
-
-
-class DecodeLimitError(CheckpointError):
-    """A load would decode more bytes than its bound allows (a decompression bomb, or data that is mostly zeros)."""
 
 
 def _env_limit() -> int | None | bool:
@@ -239,9 +235,9 @@ def _record_storages(blobs: list[torch.Tensor], rec: dict, name: str) -> list[to
     pieces = [data[start : start + n] for start, n in rec["storages"]]
     if data.device != target:  # decoded on a GPU for a CPU load: one copy, straight into each storage's memory
         pieces = [piece.to(target) for piece in pieces]
-    elif len(pieces) > 1:
-        # Storages packed together get their own memory: a tensor kept after the load (an optimizer keeps its
-        # state tensors) must not hold the whole record alive, nor be saved again with it.
+    elif len(pieces) > 1 or (pieces and pieces[0].numel() != data.numel()):
+        # Each storage gets its own memory, exactly its bytes: tensors are placed in it by absolute offsets, and a
+        # tensor kept after the load (an optimizer keeps its state tensors) must not hold the whole record alive.
         pieces = [piece.clone() for piece in pieces]
     state.cache[key] = pieces
     state.produced.update(p.untyped_storage()._cdata for p in pieces)

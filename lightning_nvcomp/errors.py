@@ -11,3 +11,8 @@ class CorruptCheckpointError(CheckpointError):
 
 class CodecUnavailableError(CheckpointError):
     """The codec a record needs cannot run here (e.g. gANS without a CUDA GPU and nvCOMP)."""
+
+
+class DecodeLimitError(CheckpointError):
+    """A load would decode more bytes than its bound allows (a decompression bomb, or data that is mostly zeros);
+    the message says how to raise the bound for a trusted file."""
