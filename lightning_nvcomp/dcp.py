@@ -44,7 +44,27 @@ registers the decoder with ``torch.load(weights_only=True)``. So:
 Overwriting a checkpoint directory in place (Lightning's ``last.ckpt``) is crash-safe: a data file name already in
 the directory is never reused (the new file gets a ``.<save id>`` infix), the new ``.metadata`` replaces the old one
 atomically once every rank has written, and only then are data files no longer referenced deleted. A save that
-fails on any rank leaves the previous checkpoint loadable.
+fails on any rank, or a rank killed mid-save, leaves the previous checkpoint loadable (its partial data files are
+referenced by nothing and are deleted by the next successful save).
+
+Damage and hostile metadata. DCP pickles ``Metadata`` with no checksum, so a flipped byte in an item's
+``(offset, length)`` or a chunk's offsets/sizes could load wrong data without an error. :class:`NvcompFileSystemWriter`
+therefore writes ``.metadata`` as a pickle of one small object that unpickles through :func:`_checked_metadata`
+``(payload, crc, version)``: ``payload`` is DCP's own pickle of the ``Metadata``, ``crc`` its CRC-32, checked before
+the payload is unpickled (:class:`~lightning_nvcomp.errors.CorruptCheckpointError` naming ``.metadata`` when it
+fails). DCP's default ``FileSystemReader`` does a plain ``pickle.load`` of ``.metadata`` (``read_metadata`` in
+``torch/distributed/checkpoint/filesystem.py``, torch 2.13), so it gets the verified ``Metadata`` transparently;
+``.metadata`` files of earlier versions (a plain pickled ``Metadata``) still load with either reader. (Rank-local
+metadata files, ``use_collectives=False``, stay DCP's own.) :class:`NvcompFileSystemReader` also checks, for every
+item it reads and before opening any file: its ``relative_path`` names a file inside the checkpoint directory (no
+absolute path, no ``..``), ``offset``/``length`` are non-negative ints within the data file's size, the codec is
+known; after decoding, the tensor's dtype and shape must be those the metadata records for the chunk. Items stored
+as plain ``torch.save`` zips (byte items such as ``step``, and tensors of plain DCP checkpoints) have every zip
+CRC-32 checked before ``torch.load`` (DCP's reader checks none: a flipped byte there can change a non-tensor value
+silently). Every error names the data file and the item.
+
+Remote paths (``s3://``, ``gs://``...) are refused at construction with a ``ValueError`` naming them: DCP's
+``FileSystem`` would otherwise write them into a local directory named ``s3:`` (remote storage comes later).
 
 Telemetry: after a save, ``writer.stats`` (:class:`DcpSaveStats`) holds this rank's raw and stored bytes and times;
 ``writer.gather_stats()`` (a collective: every rank calls it) returns the whole checkpoint's :class:`DcpCheckpointStats`;
@@ -56,6 +76,7 @@ with ``collective=True``), decides on rank 0 and broadcasts the choice, so all r
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import io
@@ -65,10 +86,12 @@ import queue
 import re
 import threading
 import time
+import zipfile
+import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath, PureWindowsPath
 from typing import IO, Any, cast
 
 import torch
@@ -82,11 +105,12 @@ from torch.distributed.checkpoint.filesystem import (
     _split_by_size_and_type,
     _StorageInfo,
 )
-from torch.distributed.checkpoint.metadata import STATE_DICT_TYPE, Metadata
+from torch.distributed.checkpoint.metadata import STATE_DICT_TYPE, Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import (
     LoadItemType,
     LoadPlan,
     LoadPlanner,
+    ReadItem,
     SavePlan,
     SavePlanner,
     WriteItem,
@@ -119,6 +143,122 @@ _METADATA = ".metadata"
 _ENCODE_LOCK = threading.Lock()
 #: Data files this writer (or DCP's) may have left in a checkpoint directory.
 _DATA_FILE = re.compile(r"^__\d+_\d+(\.[0-9a-f]+)?" + re.escape(DEFAULT_SUFFIX) + "$")
+#: The version of the checked ``.metadata`` format (see :func:`_checked_metadata`).
+_METADATA_FORMAT = 1
+#: A path with a URL scheme: storage this module cannot write or read where it names (yet).
+_REMOTE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+#: ``Path("s3://bucket/x")`` is ``s3:/bucket/x``: the same URL once pathlib has collapsed its slashes.
+_REMOTE_COLLAPSED = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
+#: Codecs an item's storage info may name (``None``: a plain ``torch.save`` item).
+_ITEM_CODECS = ("ans", "zstd", "none")
+#: Offsets and lengths beyond this are refused before any arithmetic or allocation (no file is that large).
+_MAX_FILE_OFFSET = 1 << 62
+#: The name ``_checked_metadata`` reports: the path while our reader reads it, else ``.metadata``.
+_metadata_name: contextvars.ContextVar[str] = contextvars.ContextVar("lnv_dcp_metadata", default=_METADATA)
+
+
+def _refuse_remote(path: Any, what: str) -> None:
+    """Raise ``ValueError`` for a URL (``s3://...``): DCP's ``FileSystem`` would write it into a local directory."""
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else path
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if not isinstance(text, str):
+        return
+    match = _REMOTE.match(text) or (isinstance(path, PurePath) and _REMOTE_COLLAPSED.match(text))
+    if match:
+        raise ValueError(
+            f"{what}: {text!r} is a remote URL ({match.group(1)}://); lightning_nvcomp.dcp reads and writes local "
+            f"directories only (remote storage is not supported yet), and a local write would silently create a "
+            f"directory named {match.group(1) + ':'!r}. Use a local path"
+        )
+
+
+# -- checked .metadata ------------------------------------------------------------------------------------------
+
+
+class _CheckedMetadata:
+    """What ``.metadata`` holds: DCP's pickle of the ``Metadata`` and its CRC-32. Unpickling it (any reader's
+    ``pickle.load``) calls :func:`_checked_metadata`, which returns the verified ``Metadata`` itself."""
+
+    __slots__ = ("crc", "payload")
+
+    def __init__(self, metadata: Metadata) -> None:
+        self.payload = pickle.dumps(metadata)
+        self.crc = zlib.crc32(self.payload)
+
+    def __reduce__(self) -> tuple:
+        return (_checked_metadata, (self.payload, self.crc, _METADATA_FORMAT))
+
+
+def _checked_metadata(payload: bytes, crc: int, version: int = _METADATA_FORMAT) -> Metadata:
+    """Unpickle a checkpoint's ``Metadata`` after checking its CRC-32 (called by ``pickle.load`` of ``.metadata``).
+
+    Raises:
+        CorruptCheckpointError: the CRC does not match (the checkpoint metadata is damaged), or the fields are not
+            what the writer stores.
+        CheckpointError: a format version this code does not know, or an intact payload that cannot be unpickled
+            here (a module missing, say).
+    """
+    where = _metadata_name.get()
+    if type(version) is not int or version != _METADATA_FORMAT:
+        raise CheckpointError(
+            f"{where}: the checkpoint metadata has format version {version!r}, unknown to this lightning_nvcomp "
+            f"(it reads version {_METADATA_FORMAT}): written by a newer version, or damaged"
+        )
+    if not isinstance(payload, bytes) or type(crc) is not int:
+        raise CorruptCheckpointError(f"{where}: the checkpoint metadata is damaged (its checked record is malformed)")
+    actual = zlib.crc32(payload)
+    if actual != crc:
+        raise CorruptCheckpointError(
+            f"{where}: the checkpoint metadata is damaged (CRC-32 {actual:#010x}, recorded {crc:#010x}); the "
+            "checkpoint cannot be loaded safely"
+        )
+    try:
+        metadata = pickle.loads(payload)
+    except (MemoryError, CheckpointError):
+        raise
+    except Exception as err:  # intact bytes (the CRC matched): not damage
+        raise CheckpointError(
+            f"{where}: the checkpoint metadata is intact but cannot be unpickled here ({type(err).__name__}: {err})"
+        ) from err
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(f"{where}: holds a {type(metadata).__name__}, not DCP Metadata")
+    return metadata
+
+
+def _load_metadata(data: bytes, name: str) -> Metadata:
+    """The ``Metadata`` of a ``.metadata`` file's bytes: the checked format (CRC verified) or a plain pickle (files
+    of earlier versions, DCP's own). Errors name ``name``; damage raises :class:`CorruptCheckpointError`."""
+    # The checked wrapper names lightning_nvcomp.dcp._checked_metadata in its first bytes (DCP's pickle names
+    # torch.distributed.checkpoint.metadata.Metadata there); damage may have changed one of the two names.
+    checked = b"_checked_metadata" in data[:64] or b"lightning_nvcomp.dcp" in data[:64]
+    token = _metadata_name.set(name)
+    try:
+        metadata = pickle.loads(data)
+    except (MemoryError, CheckpointError):
+        raise
+    except (ImportError, AttributeError) as err:
+        if checked:  # the checked wrapper names nothing but _checked_metadata: a different name is damage
+            raise CorruptCheckpointError(
+                f"{name}: the checkpoint metadata is damaged ({type(err).__name__}: {err})"
+            ) from err
+        raise CheckpointError(
+            f"{name}: the checkpoint metadata needs something this environment lacks ({type(err).__name__}: {err}); "
+            "a module is missing, or the file is damaged"
+        ) from err
+    except Exception as err:  # a truncated or damaged pickle fails in many ways
+        raise CorruptCheckpointError(
+            f"{name}: the checkpoint metadata is damaged or truncated ({type(err).__name__}: {err})"
+        ) from err
+    finally:
+        _metadata_name.reset(token)
+    if not isinstance(metadata, Metadata):
+        raise CorruptCheckpointError(f"{name}: holds a {type(metadata).__name__}, not DCP checkpoint metadata")
+    if not isinstance(getattr(metadata, "storage_data", None), dict) or not isinstance(
+        getattr(metadata, "state_dict_metadata", None), dict
+    ):
+        raise CorruptCheckpointError(f"{name}: the checkpoint metadata is damaged (no storage or state dict records)")
+    return metadata
 
 
 @dataclass
@@ -274,6 +414,7 @@ class NvcompFileSystemWriter(FileSystemWriter):
             raise ValueError(f"stage_compress must be one of {STAGE_COMPRESS}, not {stage_compress!r}")
         if _extensions:
             raise ValueError("NvcompFileSystemWriter compresses shards itself; DCP stream extensions are not supported")
+        _refuse_remote(path, "NvcompFileSystemWriter")
         super().__init__(
             path,
             single_file_per_rank=single_file_per_rank,
@@ -395,6 +536,8 @@ class NvcompFileSystemWriter(FileSystemWriter):
     # -- writing ------------------------------------------------------------------------------------------------
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        if checkpoint_id:
+            _refuse_remote(checkpoint_id, "NvcompFileSystemWriter")
         super().reset(checkpoint_id)
         self.totals = None
 
@@ -541,8 +684,8 @@ class NvcompFileSystemWriter(FileSystemWriter):
         return results, encode_s
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        """Write ``.metadata`` atomically (the new checkpoint exists from that instant), then delete data files no
-        longer referenced (an overwritten checkpoint's)."""
+        """Write ``.metadata`` atomically, with its CRC-32 (see :func:`_checked_metadata`; the new checkpoint exists
+        from that instant), then delete data files no longer referenced (an overwritten checkpoint's)."""
         infos = [r.storage_data for rs in results for r in rs]
         ours = [i for i in infos if isinstance(i, NvcompStorageInfo)]
         self.totals = {
@@ -556,7 +699,8 @@ class NvcompFileSystemWriter(FileSystemWriter):
         metadata.version = CURRENT_DCP_VERSION
         metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
         metadata.storage_meta = self.storage_meta()
-        atomic_write(Path(self.path) / _METADATA, lambda f: pickle.dump(metadata, f))
+        checked = _CheckedMetadata(metadata)
+        atomic_write(Path(self.path) / _METADATA, lambda f: pickle.dump(checked, f))
         referenced = {i.relative_path for i in infos}
         for entry in os.listdir(self.path):
             if _DATA_FILE.match(entry) and entry not in referenced:
@@ -607,66 +751,224 @@ class NvcompFileSystemReader(FileSystemReader):
     """DCP ``FileSystemReader`` for checkpoints of :class:`NvcompFileSystemWriter` (and plain DCP ones).
 
     Compressed items are decoded on the target shard's device (nvCOMP on a GPU, CPU zstd otherwise) after their
-    record fields, segment CRCs and pickle CRC are checked; errors name the file and the item. DCP's default
+    record fields, segment CRCs and pickle CRC are checked; ``.metadata``'s CRC is checked (files of earlier
+    versions, without one, still load); every item's storage info is validated before its file is opened (a file
+    inside the checkpoint directory, an ``(offset, length)`` within it, a known codec) and every decoded tensor's
+    dtype and shape against the metadata; plain ``torch.save`` items have their zip CRCs checked. Errors name the
+    file and the item; damage raises :class:`~lightning_nvcomp.errors.CorruptCheckpointError`. DCP's default
     ``FileSystemReader`` reads these checkpoints too (on the CPU), see the module docstring.
     """
 
+    def __init__(self, path: str | os.PathLike, _extension_registry: Any = None) -> None:
+        _refuse_remote(path, "NvcompFileSystemReader")
+        super().__init__(path, _extension_registry)
+        self._metadata: Metadata | None = None
+
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        if checkpoint_id:
+            _refuse_remote(checkpoint_id, "NvcompFileSystemReader")
+        super().reset(checkpoint_id)
+        self._metadata = None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as f:
+            data = f.read()
+        metadata = _load_metadata(data, str(path))
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        self._metadata = metadata
+
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        per_file: dict[str, list] = {}
+        per_file: dict[str, list[tuple[ReadItem, _StorageInfo]]] = {}
         for req in plan.items:
-            per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
+            info = self.storage_data.get(req.storage_index)
+            if not isinstance(info, _StorageInfo):
+                raise CorruptCheckpointError(
+                    f"{_METADATA}: item {req.storage_index.fqn!r} has no valid storage record "
+                    f"({type(info).__name__}); the checkpoint metadata is damaged"
+                )
+            _check_storage_info(info, f"item {req.storage_index.fqn!r}")
+            per_file.setdefault(info.relative_path, []).append((req, info))
         for relative_path, reqs in per_file.items():
             path = self.fs.concat_path(self.path, relative_path)
             with self.fs.create_stream(path, "rb") as stream:
-                for req in reqs:
-                    info = self.storage_data[req.storage_index]
-                    view = self._slice_file(stream, info)
-                    if isinstance(info, NvcompStorageInfo) and info.codec is not None:
-                        target = planner.resolve_tensor(req).detach()
-                        tensor = _read_item(view, info, target.device, f"{relative_path}: item {req.storage_index.fqn!r}")
-                        tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
-                        if target.size() != tensor.size():
-                            raise CorruptCheckpointError(
-                                f"{relative_path}: item {req.storage_index.fqn!r} has shape {tuple(tensor.shape)} "
-                                f"where the plan expects {tuple(target.shape)}"
-                            )
-                        target.copy_(tensor)
-                        planner.commit_tensor(req, target)
-                        continue
-                    source = self.transforms.transform_load_stream(req, info.transform_descriptors or (), view)
-                    if req.type == LoadItemType.BYTE_IO:
-                        data = io.BytesIO(source.read(-1))
-                        data.seek(0)
-                        planner.load_bytes(req, data)
-                        continue
-                    if not source.seekable():
-                        source = io.BytesIO(source.read(-1))
-                    tensor = cast(torch.Tensor, torch.load(source, map_location="cpu", weights_only=True))
-                    tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
-                    target = planner.resolve_tensor(req).detach()
-                    if target.size() != tensor.size():
-                        raise AssertionError(f"req {req.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
-                    target.copy_(tensor)
-                    planner.commit_tensor(req, target)
+                size = _stream_size(stream)
+                for req, info in reqs:
+                    where = f"{relative_path}: item {req.storage_index.fqn!r}"
+                    if info.offset + info.length > size:
+                        raise CorruptCheckpointError(
+                            f"{where} lies at bytes {info.offset}..{info.offset + info.length} but the file has "
+                            f"{size} bytes: the data file is truncated or the metadata is damaged"
+                        )
+                    self._read_one(stream, req, info, planner, where)
         fut: Future = Future()
         fut.set_result(None)
         return fut
 
+    def _read_one(self, stream: Any, req: ReadItem, info: _StorageInfo, planner: LoadPlanner, where: str) -> None:
+        view = self._slice_file(stream, info)
+        if isinstance(info, NvcompStorageInfo) and info.codec is not None:
+            target = planner.resolve_tensor(req).detach()
+            tensor = _read_item(view, info, target.device, where)
+            self._check_tensor(req, tensor, where)
+            tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+            if target.size() != tensor.size():
+                raise CorruptCheckpointError(
+                    f"{where} has shape {tuple(tensor.shape)} where the plan expects {tuple(target.shape)}"
+                )
+            target.copy_(tensor)
+            planner.commit_tensor(req, target)
+            return
+        source = self.transforms.transform_load_stream(req, info.transform_descriptors or (), view)
+        data = source.read(-1) if info.transform_descriptors else _read_exactly(view, info.length, where)
+        _check_zip_crcs(data, where)
+        if req.type == LoadItemType.BYTE_IO:
+            _check_torch_zip(data, where)  # the planner's torch.load would fail it with a bare RuntimeError
+            buffer = io.BytesIO(data)
+            buffer.seek(0)
+            planner.load_bytes(req, buffer)
+            return
+        try:
+            tensor = cast(torch.Tensor, torch.load(io.BytesIO(data), map_location="cpu", weights_only=True))
+        except (MemoryError, CheckpointError):
+            raise
+        except Exception as err:
+            raise CorruptCheckpointError(f"{where} cannot be loaded ({type(err).__name__}: {err})") from err
+        if not isinstance(tensor, torch.Tensor):
+            raise CorruptCheckpointError(f"{where}: holds a {type(tensor).__name__}, not a tensor")
+        self._check_tensor(req, tensor, where)
+        tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+        target = planner.resolve_tensor(req).detach()
+        if target.size() != tensor.size():
+            raise CorruptCheckpointError(
+                f"{where} has shape {tuple(tensor.shape)} where the plan expects {tuple(target.shape)}"
+            )
+        target.copy_(tensor)
+        planner.commit_tensor(req, target)
+
+    def _check_tensor(self, req: ReadItem, tensor: torch.Tensor, where: str) -> None:
+        """The stored tensor is the chunk the metadata describes: its dtype and its shape (``copy_`` into the target
+        would otherwise convert a wrong dtype silently)."""
+        md = self._metadata.state_dict_metadata.get(req.storage_index.fqn) if self._metadata is not None else None
+        if not isinstance(md, TensorStorageMetadata):
+            return
+        chunk = _find_chunk(md, req.storage_index)
+        expected_dtype = md.properties.dtype
+        if tensor.dtype != expected_dtype or (chunk is not None and tuple(tensor.shape) != tuple(chunk.sizes)):
+            shape = tuple(chunk.sizes) if chunk is not None else "?"
+            raise CorruptCheckpointError(
+                f"{where} holds {tensor.dtype} {tuple(tensor.shape)} where the checkpoint metadata records "
+                f"{expected_dtype} {shape}: the item is damaged"
+            )
+
+
+def _find_chunk(md: TensorStorageMetadata, index: Any) -> Any:
+    chunks = md.chunks
+    hint = index.index
+    if type(hint) is int and 0 <= hint < len(chunks) and chunks[hint].offsets == index.offset:
+        return chunks[hint]
+    return next((c for c in chunks if c.offsets == index.offset), None)
+
+
+def _check_storage_info(info: _StorageInfo, where: str) -> None:
+    """Refuse an item whose storage info cannot be honest: a data file outside the checkpoint directory, offsets or
+    lengths that are not non-negative ints of a plausible size, an unknown codec (before any file is opened)."""
+    rel = info.relative_path
+    if not isinstance(rel, str) or not rel or "\x00" in rel:
+        raise CorruptCheckpointError(f"{where}: its data file name {rel!r} is not a file name (damaged metadata)")
+    parts = re.split(r"[\\/]", rel)
+    if os.path.isabs(rel) or rel[0] in "/\\" or ".." in parts or PureWindowsPath(rel).drive:
+        raise CorruptCheckpointError(
+            f"{where}: its data file {rel!r} lies outside the checkpoint directory; refused (damaged or hostile "
+            "metadata)"
+        )
+    for field in ("offset", "length"):
+        value = getattr(info, field, None)
+        if type(value) is not int or not 0 <= value < _MAX_FILE_OFFSET:
+            raise CorruptCheckpointError(f"{rel}: {where} has {field} {value!r}; the checkpoint metadata is damaged")
+    if isinstance(info, NvcompStorageInfo):
+        if info.codec is not None and info.codec not in _ITEM_CODECS:
+            raise CorruptCheckpointError(f"{rel}: {where}: unknown codec {info.codec!r} in the checkpoint metadata")
+        if info.codec is not None and info.transform_descriptors:
+            raise CorruptCheckpointError(
+                f"{rel}: {where}: stream transforms {info.transform_descriptors!r} on a compressed item "
+                "(the writer never applies any); the checkpoint metadata is damaged"
+            )
+        raw = info.raw_nbytes
+        if raw is not None and (type(raw) is not int or not 0 <= raw < _MAX_FILE_OFFSET):
+            raise CorruptCheckpointError(f"{rel}: {where} has raw size {raw!r}; the checkpoint metadata is damaged")
+
+
+def _check_torch_zip(data: bytes, where: str) -> None:
+    """Open a ``torch.save`` zip with torch's own reader (miniz), which refuses some damage ``zipfile`` ignores (the
+    end record's disk numbers, say): a damaged byte item fails here as damage, naming it."""
+    if data[:4] != b"PK\x03\x04":
+        return
+    reader = getattr(torch._C, "PyTorchFileReader", None)
+    if reader is None:
+        return
+    try:
+        reader(io.BytesIO(data))
+    except RuntimeError as err:
+        raise CorruptCheckpointError(f"{where}: the stored bytes are damaged ({str(err).split('. ')[0]})") from None
+
+
+def _stream_size(stream: Any) -> int:
+    try:
+        return os.fstat(stream.fileno()).st_size
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        here = stream.tell()
+        size = stream.seek(0, os.SEEK_END)
+        stream.seek(here)
+        return size
+
+
+def _read_exactly(view: IO[bytes], length: int, where: str) -> bytes:
+    data = view.read(length)
+    if len(data) != length:
+        raise CorruptCheckpointError(f"{where}: the file ends {length - len(data)} bytes early")
+    return data
+
+
+def _check_zip_crcs(data: bytes, where: str) -> None:
+    """Check every CRC-32 of a ``torch.save`` zip (torch.load checks none). Bytes that are not a zip at all (a
+    legacy ``torch.save`` or a custom planner's bytes) have nothing to check."""
+    if not (data[:4] == b"PK\x03\x04" or zipfile.is_zipfile(io.BytesIO(data))):
+        return
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            bad = archive.testzip()
+    except (MemoryError, RecursionError):
+        raise
+    except Exception as err:  # zipfile fails a damaged directory in many ways
+        raise CorruptCheckpointError(f"{where}: the stored bytes are damaged ({type(err).__name__}: {err})") from None
+    if bad is not None:
+        raise CorruptCheckpointError(f"{where}: entry {bad!r} fails its CRC-32 check; the item is damaged")
+
 
 def _read_item(view: IO[bytes], info: NvcompStorageInfo, device: torch.device, where: str) -> torch.Tensor:
     """Decode one stored item (a torch.save zip, compressed records inside) onto ``device`` (GPU if it is one)."""
-    if info.codec not in ("ans", "zstd", "none"):
+    if info.codec not in _ITEM_CODECS:
         raise CorruptCheckpointError(f"{where}: unknown codec {info.codec!r} in the checkpoint metadata")
     if info.codec == "ans" and not gpu_available():
         raise CodecUnavailableError(
             f"{where} was compressed with gANS, which needs a CUDA GPU and nvCOMP to decode (no CPU decoder); load "
             "it on a GPU machine, or save with codec='zstd' to load anywhere"
         )
-    data = io.BytesIO(view.read(info.length))
-    if data.getbuffer().nbytes != info.length:
-        raise CorruptCheckpointError(f"{where}: the file ends {info.length - data.getbuffer().nbytes} bytes early")
+    data = io.BytesIO(_read_exactly(view, info.length, where))
     location = device if device.type == "cuda" and gpu_available() else torch.device("cpu")
     tensor = container.read(data, where, map_location=location)
     if not isinstance(tensor, torch.Tensor):
         raise CorruptCheckpointError(f"{where}: holds a {type(tensor).__name__}, not a tensor")
+    if info.raw_nbytes is not None and tensor.numel() * tensor.element_size() != info.raw_nbytes:
+        raise CorruptCheckpointError(
+            f"{where} decodes to {tensor.numel() * tensor.element_size()} bytes where the checkpoint metadata records "
+            f"{info.raw_nbytes}: the item is damaged"
+        )
     return tensor
