@@ -111,6 +111,7 @@ class LoadState:
         self.limit = limit if limit is not False else env
         self.decoded = self.compressed = 0
         self.cache: dict[tuple, list[torch.Tensor]] = {}
+        self.records: dict[int, tuple[dict, list, dict]] = {}  # id -> (the dict, its blobs' keys, validated copy)
         self.produced: set[int] = set()
         self._seen: set[tuple] = set()
 
@@ -120,10 +121,9 @@ class LoadState:
         base = self.file_nbytes if self.file_nbytes is not None else self.compressed
         return DECODE_MULTIPLE * base + DECODE_ALLOWANCE
 
-    def charge(self, blobs: list[torch.Tensor], nbytes: int, name: str) -> None:
+    def charge(self, blobs: list[torch.Tensor], keys: list[tuple], nbytes: int, name: str) -> None:
         """Count a record about to be decoded; raise DecodeLimitError if the load would exceed its bound."""
-        for b in blobs:
-            key = _blob_key(b)
+        for b, key in zip(blobs, keys):
             if key not in self._seen:
                 self._seen.add(key)
                 self.compressed += b.numel()
@@ -194,8 +194,13 @@ def _check_blobs(blobs: object, name: object) -> None:
         raise _fail(name, "its compressed bytes are not a list of 1-D uint8 tensors")
 
 
-def _check_record(rec: object, blobs: list[torch.Tensor], name: object) -> dict:
-    """Validate a record dict against its blobs (every field; format 2: its own check)."""
+def _check_record(rec: object, blobs: list[torch.Tensor], name: object, state: LoadState, keys: list[tuple]) -> dict:
+    """Validate a record dict against its blobs (every field; format 2: its own check) and return a copy of it that
+    nothing else holds. Validated once per load: every tensor of a record gets the same dict (pickle's memo), and a
+    pickle that changes the dict after its first use changes nothing (the copy is what decodes)."""
+    cached = state.records.get(id(rec))
+    if cached is not None and cached[0] is rec and cached[1] == keys:
+        return cached[2]
     if not isinstance(rec, dict):
         raise _fail(name, "its record description is not a dict")
     try:
@@ -212,22 +217,24 @@ def _check_record(rec: object, blobs: list[torch.Tensor], name: object) -> dict:
         raise _fail(name, f"a storage lies outside the record's {rec['nbytes']} bytes")
     if not isinstance(rec.get("dtype"), str) or rec["dtype"] not in DTYPES:
         raise _fail(name, f"unknown dtype {rec.get('dtype')!r}")
-    return rec
+    valid = copy.deepcopy({k: v for k, v in rec.items() if isinstance(k, str)})
+    state.records[id(rec)] = (rec, keys, valid)
+    return valid
 
 
-def _record_storages(blobs: list[torch.Tensor], rec: dict, name: str) -> list[torch.Tensor]:
+def _record_storages(blobs: list[torch.Tensor], rec: dict, name: str, state: LoadState,
+                     keys: list[tuple]) -> list[torch.Tensor]:
     """The record's storages as uint8 tensors on the blobs' device (``map_location``), each in its own memory;
     decoded once per load (copies of one record included), within the load's bound."""
-    state = _load_state(blobs)
     target = blobs[0].device if blobs else torch.device("cpu")
     if _keep_on_gpu.get() and rec.get("device") == "cuda" and target.type == "cpu" and torch.cuda.is_available():
         target = torch.device("cuda", torch.cuda.current_device())
     identity = rec["check"] if rec["format"] >= 2 else id(rec)
-    key = (tuple(_blob_key(b) for b in blobs), identity, str(target))
+    key = (tuple(keys), identity, str(target))
     cached = state.cache.get(key)
     if cached is not None:
         return cached
-    state.charge(blobs, rec["nbytes"], name)
+    state.charge(blobs, keys, rec["nbytes"], name)
     try:
         data = records.decode(blobs, rec, target, move=False)
     except CheckpointError as err:
@@ -279,7 +286,8 @@ def decode_tensor(
     if not isinstance(name, str):
         raise CorruptCheckpointError(f"tensor name {name!r} is not a string")
     _check_blobs(blobs, name)
-    rec = _check_record(rec, blobs, name)
+    state, keys = _load_state(blobs), [_blob_key(b) for b in blobs]
+    rec = _check_record(rec, blobs, name, state, keys)
     size = _int_tuple(size, name, "shape")
     stride = _int_tuple(stride, name, "stride")
     if len(size) != len(stride) or not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
@@ -307,7 +315,7 @@ def decode_tensor(
     describe = _describe.get()
     if describe is not None:
         return describe(TensorInfo(name, rec["dtype"], size, rec, sum(b.numel() for b in blobs)))
-    storage = _record_storages(blobs, rec, name)[index]
+    storage = _record_storages(blobs, rec, name, state, keys)[index]
     tensor = storage.view(dtype).as_strided(size, stride, offset)
     if parameter:
         return torch.nn.Parameter(tensor, requires_grad)
@@ -328,7 +336,8 @@ def decode_storage(blobs: list[torch.Tensor], rec: dict, index: int, dtype: str 
     """
     where = f"storage {index!r} of a record"
     _check_blobs(blobs, where)
-    rec = _check_record(rec, blobs, where)
+    state, keys = _load_state(blobs), [_blob_key(b) for b in blobs]
+    rec = _check_record(rec, blobs, where, state, keys)
     typed = _torch_dtype(dtype) if dtype is not None else None
     if dtype is not None and typed is None:
         raise _fail(where, f"unknown dtype {dtype!r}")
@@ -340,7 +349,7 @@ def decode_storage(blobs: list[torch.Tensor], rec: dict, index: int, dtype: str 
     if _describe.get() is not None:  # describe decodes nothing: a storage of the right size that holds no memory
         piece = torch.empty(storages[index][1], dtype=torch.uint8, device="meta")
     else:
-        piece = _record_storages(blobs, rec, where)[index]
+        piece = _record_storages(blobs, rec, where, state, keys)[index]
     # As torch.load's storages: typed, and uint8 for storages saved untyped.
     return torch.storage.TypedStorage(wrap_storage=piece.untyped_storage(), dtype=typed or torch.uint8, _internal=True)
 
@@ -880,17 +889,19 @@ def _fd_path(f: BinaryIO) -> str | None:
 
 
 def read(source: BinaryIO, name: str, map_location: Any = None, weights_only: bool = True,
-         mmap: bool | None = None, max_decoded_nbytes: int | None | bool = False) -> Any:
+         mmap: bool | None = None, max_decoded_nbytes: int | None | bool = False,
+         state: LoadState | None = None) -> Any:
     """``torch.load`` of a seekable binary file, verified: the zip's structure and the CRC-32 of every small entry
     (the pickle among them) first, every record's checks while decoding, and the zip CRC-32s of the storages of a
     plain ``torch.save`` file after. Every failure is named after ``name``; :class:`CorruptCheckpointError` means
-    damage and nothing else. See :func:`load` for the arguments."""
+    damage and nothing else. See :func:`load` for the arguments; ``state``: a :class:`LoadState` shared by several
+    files read as one load (the items of a DCP checkpoint: one decode bound for all of them)."""
     source.seek(0, os.SEEK_END)
     file_nbytes = source.tell()
     source.seek(0)
     pickle_bytes = _check_structure(source, name, file_nbytes)
     ours = pickle_bytes is not None and any(d in pickle_bytes for d in _OUR_DECODERS)
-    state = LoadState(name, max_decoded_nbytes, file_nbytes)
+    state = state or LoadState(name, max_decoded_nbytes, file_nbytes)
     # Map the file only where no returned tensor can share its pages: ours decode into new memory.
     fd_path = _fd_path(source) if pickle_bytes is not None and (mmap or (mmap is None and ours)) else None
     token = _load.set(state)

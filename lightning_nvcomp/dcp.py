@@ -795,6 +795,8 @@ class NvcompFileSystemReader(FileSystemReader):
                 )
             _check_storage_info(info, f"item {req.storage_index.fqn!r}")
             per_file.setdefault(info.relative_path, []).append((req, info))
+        # One decode bound for the whole load, as for one file: 16 x the bytes read + 256 MiB (container.LoadState).
+        budget = container.LoadState(str(self.path), file_nbytes=sum(i.length for rs in per_file.values() for _, i in rs))
         for relative_path, reqs in per_file.items():
             path = self.fs.concat_path(self.path, relative_path)
             with self.fs.create_stream(path, "rb") as stream:
@@ -806,16 +808,17 @@ class NvcompFileSystemReader(FileSystemReader):
                             f"{where} lies at bytes {info.offset}..{info.offset + info.length} but the file has "
                             f"{size} bytes: the data file is truncated or the metadata is damaged"
                         )
-                    self._read_one(stream, req, info, planner, where)
+                    self._read_one(stream, req, info, planner, where, budget)
         fut: Future = Future()
         fut.set_result(None)
         return fut
 
-    def _read_one(self, stream: Any, req: ReadItem, info: _StorageInfo, planner: LoadPlanner, where: str) -> None:
+    def _read_one(self, stream: Any, req: ReadItem, info: _StorageInfo, planner: LoadPlanner, where: str,
+                  budget: container.LoadState) -> None:
         view = self._slice_file(stream, info)
         if isinstance(info, NvcompStorageInfo) and info.codec is not None:
             target = planner.resolve_tensor(req).detach()
-            tensor = _read_item(view, info, target.device, where)
+            tensor = _read_item(view, info, target.device, where, budget)
             self._check_tensor(req, tensor, where)
             tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
             if target.size() != tensor.size():
@@ -952,7 +955,8 @@ def _check_zip_crcs(data: bytes, where: str) -> None:
         raise CorruptCheckpointError(f"{where}: entry {bad!r} fails its CRC-32 check; the item is damaged")
 
 
-def _read_item(view: IO[bytes], info: NvcompStorageInfo, device: torch.device, where: str) -> torch.Tensor:
+def _read_item(view: IO[bytes], info: NvcompStorageInfo, device: torch.device, where: str,
+               budget: container.LoadState) -> torch.Tensor:
     """Decode one stored item (a torch.save zip, compressed records inside) onto ``device`` (GPU if it is one)."""
     if info.codec not in _ITEM_CODECS:
         raise CorruptCheckpointError(f"{where}: unknown codec {info.codec!r} in the checkpoint metadata")
@@ -963,7 +967,7 @@ def _read_item(view: IO[bytes], info: NvcompStorageInfo, device: torch.device, w
         )
     data = io.BytesIO(_read_exactly(view, info.length, where))
     location = device if device.type == "cuda" and gpu_available() else torch.device("cpu")
-    tensor = container.read(data, where, map_location=location)
+    tensor = container.read(data, where, map_location=location, state=budget)
     if not isinstance(tensor, torch.Tensor):
         raise CorruptCheckpointError(f"{where}: holds a {type(tensor).__name__}, not a tensor")
     if info.raw_nbytes is not None and tensor.numel() * tensor.element_size() != info.raw_nbytes:
