@@ -390,6 +390,15 @@ class Contents:
     kept: list[object]
 
 
+def _storage_of(obj: object) -> tuple[torch.UntypedStorage | None, str | None]:
+    """A storage object's untyped storage and dtype name (None for an untyped one); (None, None) for anything else."""
+    if isinstance(obj, torch.storage.TypedStorage):
+        return obj._untyped_storage, str(obj.dtype).removeprefix("torch.")
+    if isinstance(obj, torch.UntypedStorage):
+        return obj, None
+    return None, None
+
+
 def find_contents(obj: object) -> Contents:
     """The tensors and storages ``torch.save`` would meet in ``obj``."""
     tensors: dict[int, torch.Tensor] = {}
@@ -398,11 +407,8 @@ def find_contents(obj: object) -> Contents:
 
     class Finder(pickle.Pickler):
         def persistent_id(self, item: object) -> object:
-            if isinstance(item, torch.storage.TypedStorage):
-                untyped, dtype = item._untyped_storage, str(item.dtype).removeprefix("torch.")
-            elif isinstance(item, torch.UntypedStorage):
-                untyped, dtype = item, None
-            else:
+            untyped, dtype = _storage_of(item)
+            if untyped is None:
                 return None
             seen = storages.setdefault(untyped._cdata, (untyped, dtype))
             if dtype is not None and seen[1] is None:
@@ -643,11 +649,8 @@ class _ArchivePickler(pickle.Pickler):
         reduction = self.reductions.get(id(obj))
         if reduction is not None:
             return reduction
-        if isinstance(obj, torch.storage.TypedStorage):
-            untyped, dtype = obj._untyped_storage, str(obj.dtype).removeprefix("torch.")
-        elif isinstance(obj, torch.UntypedStorage):
-            untyped, dtype = obj, None
-        else:
+        untyped, dtype = _storage_of(obj)
+        if untyped is None:
             return NotImplemented
         make = self.storage_reductions.get(untyped._cdata)
         if make is None:
