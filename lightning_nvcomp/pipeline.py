@@ -16,9 +16,21 @@ from lightning_nvcomp import container, telemetry
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import CodecUnavailableError
 from lightning_nvcomp.policy import CodecPolicy, Prediction
-from lightning_nvcomp.storage import Storage, wait_for_discards
+from lightning_nvcomp.storage import Storage, check_local, wait_for_discards
 
 log = logging.getLogger(__name__)
+
+
+def raw_nbytes(tensors: list[Any]) -> int:
+    """The bytes of the storages behind ``tensors`` (each storage once, however many tensors view it)."""
+    storages: dict[object, int] = {}
+    for t in tensors:
+        try:
+            storage = t.untyped_storage()
+            storages[storage._cdata] = storage.nbytes()
+        except (RuntimeError, NotImplementedError, TypeError):  # no plain storage (sparse, some subclasses)
+            storages[id(t)] = t.numel() * t.element_size()
+    return sum(storages.values())
 
 
 def _combined(stats: list[container.SaveStats], label: str) -> container.SaveStats:
@@ -53,7 +65,10 @@ class CheckpointWriter:
         codec: ``"auto"``, ``"ans"``, ``"zstd"`` or ``"none"`` (see :func:`lightning_nvcomp.save`).
         async_save: write on a background thread; training waits only for the compressed snapshot.
         staging_mb: coding granularity; a GPU save borrows about three times this much GPU memory.
-        probe_mb: size of the one-off write-bandwidth probe per file system (the savings baseline, and ``auto``).
+        probe_mb: largest size of the one-off write-bandwidth probe per file system (the savings baseline, and
+            ``auto``); the probe writes no more than the first checkpoint there, nor more than a quarter of the free
+            space, and is skipped (a bandwidth assumed, then replaced by the first real write) where that is too
+            little.
         interval_s: seconds between saves, for ``auto`` in async mode.
         gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
         report: called with each console summary line (default: the ``lightning_nvcomp.pipeline`` logger).
@@ -89,19 +104,28 @@ class CheckpointWriter:
         self._blocked = 0.0
 
     def save(self, obj: object, path: str | os.PathLike) -> None:
-        """Save ``obj`` to ``path`` as part of the current group (waits for an earlier write of the same path)."""
-        path = os.fspath(path)
+        """Save ``obj`` to ``path`` as part of the current group (waits for an earlier write of the same path).
+
+        A URL (``s3://...``) is refused with a ValueError before anything is created (see
+        :func:`lightning_nvcomp.storage.check_local`). The first save to a file system probes its bandwidth (the
+        savings baseline), with a probe no larger than this checkpoint and never failing the save (see
+        :func:`lightning_nvcomp.policy.measure_bandwidth`)."""
+        path = check_local(path)
         self.wait(path)
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
-        self.policy.write_gbps(directory)  # the one-off probe of this file system, before the save is timed
+        tensors = None
+        if not self.policy.knows_bandwidth(directory):  # the one-off probe of this file system, before the timing
+            tensors = container._find_tensors(obj)
+            self.policy.write_gbps(directory, raw_nbytes(tensors))
         begin = time.perf_counter()
         if not self.async_save:
             self._group.append(container.save(obj, path, self.codec, policy=self.policy, storage=self.storage,
                                               staging_nbytes=self.staging_nbytes))
             self._blocked += time.perf_counter() - begin
             return
-        tensors = container._find_tensors(obj)
+        if tensors is None:
+            tensors = container._find_tensors(obj)
         codec, prediction = container.resolve_codec(self.codec, tensors, directory, self.policy)
         snap = container.snapshot(obj, codec, tensors, isolate=True, staging_nbytes=self.staging_nbytes)
         future = self._background(self._write, snap, path, prediction)

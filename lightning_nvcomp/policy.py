@@ -17,9 +17,10 @@ Uncompressed saves (``none``) have ``r = 1`` and ``E`` = the device-to-host copy
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
-import secrets
 import time
 from dataclasses import dataclass
 
@@ -27,10 +28,22 @@ import torch
 
 from lightning_nvcomp.codec import record
 from lightning_nvcomp.codec.gpu import gpu_available
-from lightning_nvcomp.storage import Storage
+from lightning_nvcomp.storage import Storage, _own_name
+
+log = logging.getLogger(__name__)
 
 #: Default size of the storage probe: large enough that fsync dominates caches, small enough to take seconds.
+#: A probe never writes more than the checkpoint it is for (nor less than ``MIN_PROBE_NBYTES``), nor more than
+#: ``PROBE_FREE_SHARE`` of the free space (see :func:`probe_nbytes_for`).
 PROBE_NBYTES = 256 << 20
+#: The smallest probe worth timing; where the free space does not allow it, the probe is skipped.
+MIN_PROBE_NBYTES = 4 << 20
+#: The most of a file system's free space a probe may take.
+PROBE_FREE_SHARE = 0.25
+#: An assumption, not a measurement: the write bandwidth (GB/s per writer, a local SSD's order of magnitude) used
+#: for a file system whose probe was skipped (too little free space, or the probe write failed). The first real
+#: checkpoint write timed there (:meth:`CodecPolicy.observe_write`, any size) replaces it.
+FALLBACK_GBPS = 1.0
 #: Weight of a new measurement in the moving average of a directory's write bandwidth.
 EMA_WEIGHT = 0.3
 #: Writes smaller than this do not refine the estimate: their time is mostly fsync latency, not bandwidth.
@@ -180,41 +193,114 @@ def _host_copy_gbps(samples: list[torch.Tensor]) -> float:
 
 
 def probe_bandwidth(
-    directory: str, nbytes: int = PROBE_NBYTES, storage: Storage | None = None, collective: bool = False
+    directory: str,
+    nbytes: int = PROBE_NBYTES,
+    storage: Storage | None = None,
+    collective: bool = False,
+    raw_nbytes: int | None = None,
 ) -> float:
-    """Write and fsync a probe file of ``nbytes`` in ``directory``; return the GB/s achieved.
+    """Write and fsync a probe file in ``directory``; return the GB/s achieved, or :data:`FALLBACK_GBPS` where the
+    probe was skipped (see :func:`measure_bandwidth`, which tells the two apart)."""
+    measured = measure_bandwidth(directory, nbytes, storage, collective, raw_nbytes)
+    return FALLBACK_GBPS if measured is None else measured
+
+
+def probe_nbytes_for(directory: str, nbytes: int, raw_nbytes: int | None = None) -> tuple[int, int | None]:
+    """How many bytes a probe of ``directory`` writes, and the free bytes there (None where unknown).
+
+    ``nbytes`` bounded by the checkpoint (``max(raw_nbytes, MIN_PROBE_NBYTES)``, when its size is known) and by a
+    quarter of the free space; 0 (skip the probe) when the free space leaves less than ``MIN_PROBE_NBYTES`` (or
+    less than ``nbytes``, where that is smaller)."""
+    wanted = nbytes if raw_nbytes is None else min(nbytes, max(raw_nbytes, MIN_PROBE_NBYTES))
+    try:
+        st = os.statvfs(directory)
+        free: int | None = st.f_bavail * st.f_frsize
+    except (AttributeError, OSError):  # no statvfs (Windows), or it failed: the probe's own errors still count
+        free = None
+    size = wanted if free is None else min(wanted, int(free * PROBE_FREE_SHARE))
+    return (size if size >= min(wanted, MIN_PROBE_NBYTES) else 0), free
+
+
+def measure_bandwidth(
+    directory: str,
+    nbytes: int = PROBE_NBYTES,
+    storage: Storage | None = None,
+    collective: bool = False,
+    raw_nbytes: int | None = None,
+) -> float | None:
+    """Write and fsync a probe file in ``directory``; return the GB/s achieved, or None when it was skipped.
+
+    The probe writes ``nbytes`` bounded by the checkpoint's size ``raw_nbytes`` and by the free space (see
+    :func:`probe_nbytes_for`). It never makes a save fail: where too little space is free, or the probe's write
+    fails (OSError), it is skipped with one warning on the ``lightning_nvcomp.policy`` logger naming the directory
+    and the free space, and None is returned (the caller assumes :data:`FALLBACK_GBPS`). The probe file has a name
+    of the storage module's sweepable pattern and is removed when done.
 
     With ``collective`` (under an initialised torch.distributed, when every rank writes its own checkpoint shard),
-    every rank must call this together: all write at once and each gets the bandwidth of the slowest writer, which
-    is what each writer gets while all write. Without it (one writer, e.g. rank 0 of DDP) no collective runs."""
+    every rank must call this together: all agree on the probe size first (the smallest any rank can write; all
+    skip when one must), all write at once and each gets the bandwidth of the slowest writer, which is what each
+    writer gets while all write; if one rank's write fails, all skip. Without it (one writer, e.g. rank 0 of DDP)
+    no collective runs."""
     storage = storage or Storage()
-    block = os.urandom(min(nbytes, 16 << 20))  # incompressible, and no RNG of the training run is touched
     distributed = collective and torch.distributed.is_available() and torch.distributed.is_initialized()
     rank = torch.distributed.get_rank() if distributed else 0
-    path = os.path.join(directory, f".lightning-nvcomp-probe-{rank}-{secrets.token_hex(4)}")
+    own, free = probe_nbytes_for(directory, nbytes, raw_nbytes)
+    size = own
+    if distributed:  # also lines the ranks up, so that all write at once
+        size = int(_all_reduce([float(own)], torch.distributed.ReduceOp.MIN)[0])
+    if size <= 0:
+        where = "" if own <= 0 else " on another rank"
+        _warn_skipped(directory, free, f"too little free space{where} for a probe of "
+                                       f"{_mib(min(nbytes, MIN_PROBE_NBYTES))}")
+        return None
+    block = os.urandom(min(size, 16 << 20))  # incompressible, and no RNG of the training run is touched
+    path = os.path.join(directory, _own_name(f"lightning-nvcomp-probe-{rank}", ".tmp"))
 
     def write(f) -> None:
-        left = nbytes
+        left = size
         while left > 0:
             f.write(block[: min(left, len(block))])
             left -= len(block)
 
-    if distributed:
-        torch.distributed.barrier()
+    failure: OSError | None = None
     begin = time.perf_counter()
     try:
         storage.write(path, write)
+    except OSError as err:
+        failure = err
     finally:
-        if os.path.exists(path):
+        with contextlib.suppress(OSError):
             os.unlink(path)
     seconds = time.perf_counter() - begin
+    failed = failure is not None
     if distributed:
-        worst = torch.tensor([seconds], dtype=torch.float64)
-        if torch.distributed.get_backend() == "nccl":
-            worst = worst.cuda()
-        torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX)
-        seconds = float(worst.item())
-    return nbytes / seconds / 1e9
+        seconds, worst_failed = _all_reduce([seconds, float(failed)], torch.distributed.ReduceOp.MAX)
+        failed = worst_failed > 0
+    if failed:
+        reason = f"the probe failed: {failure}" if failure is not None else "the probe failed on another rank"
+        _warn_skipped(directory, free, reason)
+        return None
+    return size / seconds / 1e9
+
+
+def _all_reduce(values: list[float], op) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float64)
+    if torch.distributed.get_backend() == "nccl":
+        tensor = tensor.cuda()
+    torch.distributed.all_reduce(tensor, op=op)
+    return [float(v) for v in tensor.tolist()]
+
+
+def _mib(nbytes: int | None) -> str:
+    return "unknown" if nbytes is None else f"{nbytes / (1 << 20):.1f} MiB"
+
+
+def _warn_skipped(directory: str, free: int | None, reason: str) -> None:
+    log.warning(
+        "lightning_nvcomp: not probing the write bandwidth of %s (%s; free space there: %s): assuming %s GB/s "
+        "until the first checkpoint write there is timed",
+        directory, reason, _mib(free), FALLBACK_GBPS,
+    )
 
 
 class CodecPolicy:
@@ -222,12 +308,14 @@ class CodecPolicy:
 
     Measurements are cached for the run: the storage probe per file system (a new checkpoint directory on the same
     disk is not probed again; refined by every large real write through :meth:`observe_write`), the codec
-    calibration per (device, dtypes).
+    calibration per (device, dtypes). A probe that had to be skipped (too little free space, a failed probe write:
+    see :func:`measure_bandwidth`) leaves :data:`FALLBACK_GBPS` assumed for that file system until the first real
+    write there is observed, which replaces it.
 
     Args:
         mode: ``"sync"`` or ``"async"`` - which time matters (see the module docstring).
         interval_s: seconds between saves, for async mode (a write longer than that blocks the next save).
-        probe_nbytes: size of the storage probe.
+        probe_nbytes: largest size of the storage probe (it is bounded by the checkpoint's size and the free space).
         storage: how files are written (for the probe); the default writes local files durably.
         write_gbps: skip the probe and use this bandwidth (e.g. known shared-storage bandwidth per writer).
         profiles: skip calibration and use these codec measurements (e.g. from an earlier run or for what-ifs).
@@ -255,6 +343,7 @@ class CodecPolicy:
         self.storage = storage or Storage()
         self._fixed_gbps = write_gbps
         self._bandwidth: dict[int, float] = {}  # by file system (st_dev)
+        self._assumed: set[int] = set()  # file systems whose bandwidth is FALLBACK_GBPS, not measured
         self._fixed_profiles = profiles
         self.collective, self.per_tensor = collective, per_tensor
         self._profiles: dict[tuple, list[CodecProfile]] = {}
@@ -265,23 +354,50 @@ class CodecPolicy:
         """A policy for ``mode`` that shares this one's measurements (probe and calibration happen once)."""
         other = CodecPolicy(mode, interval_s, self.probe_nbytes, self.storage, self._fixed_gbps, self._fixed_profiles,
                             self.collective, self.per_tensor)
-        other._bandwidth, other._profiles = self._bandwidth, self._profiles
+        other._bandwidth, other._profiles, other._assumed = self._bandwidth, self._profiles, self._assumed
         return other
 
-    def write_gbps(self, directory: str) -> float:
+    def write_gbps(self, directory: str, raw_nbytes: int | None = None) -> float:
         """The write bandwidth per writer of the file system holding ``directory`` (probed there once, then a
-        moving average of real writes)."""
+        moving average of real writes).
+
+        Args:
+            directory: where the checkpoint goes.
+            raw_nbytes: the size of the checkpoint about to be saved, if known: the first probe writes no more
+                than that (nor less than ``MIN_PROBE_NBYTES``). With ``collective``, every rank must call this
+                together the first time, as for :func:`measure_bandwidth`.
+        """
         if self._fixed_gbps is not None:
             return self._fixed_gbps
         key = os.stat(directory).st_dev
         if key not in self._bandwidth:
-            self._bandwidth[key] = probe_bandwidth(directory, self.probe_nbytes, self.storage, self.collective)
+            measured = measure_bandwidth(directory, self.probe_nbytes, self.storage, self.collective, raw_nbytes)
+            if measured is None:
+                self._assumed.add(key)
+            self._bandwidth[key] = FALLBACK_GBPS if measured is None else measured
         return self._bandwidth[key]
 
+    def knows_bandwidth(self, directory: str) -> bool:
+        """Whether :meth:`write_gbps` of ``directory`` answers without probing (given, probed, or assumed)."""
+        return self._fixed_gbps is not None or os.stat(directory).st_dev in self._bandwidth
+
+    def bandwidth_assumed(self, directory: str) -> bool:
+        """Whether the bandwidth of ``directory``'s file system is :data:`FALLBACK_GBPS`, assumed for a skipped
+        probe, and no real write there has been observed yet."""
+        return self._fixed_gbps is None and os.stat(directory).st_dev in self._assumed
+
     def observe_write(self, directory: str, nbytes: int, seconds: float) -> None:
-        """Fold a real checkpoint write into the bandwidth estimate of ``directory``'s file system."""
+        """Fold a real checkpoint write into the bandwidth estimate of ``directory``'s file system: into the moving
+        average when it is large enough to tell (``MIN_OBSERVED_NBYTES``); in place of an assumed bandwidth
+        (:data:`FALLBACK_GBPS`) whatever its size, since any measurement beats an assumption."""
         key = os.stat(directory).st_dev
-        if seconds > 0 and nbytes >= MIN_OBSERVED_NBYTES and key in self._bandwidth:
+        if seconds <= 0 or key not in self._bandwidth:
+            return
+        if key in self._assumed:
+            if nbytes > 0:
+                self._bandwidth[key] = nbytes / seconds / 1e9
+                self._assumed.discard(key)
+        elif nbytes >= MIN_OBSERVED_NBYTES:
             self._bandwidth[key] = (1 - EMA_WEIGHT) * self._bandwidth[key] + EMA_WEIGHT * nbytes / seconds / 1e9
 
     def profiles(self, tensors: list[torch.Tensor]) -> list[CodecProfile]:
@@ -298,7 +414,7 @@ class CodecPolicy:
     def decide(self, tensors: list[torch.Tensor], directory: str) -> tuple[Prediction, list[Prediction]]:
         """The chosen codec's prediction and every candidate's, for saving ``tensors`` into ``directory``."""
         raw = sum(t.numel() * t.element_size() for t in tensors)
-        gbps = self.write_gbps(directory)
+        gbps = self.write_gbps(directory, raw)  # a first probe no larger than this checkpoint
         predictions = [predict(raw, p, gbps, self.mode, self.interval_s) for p in self.profiles(tensors)]
         self.last_decision = (choose(predictions), predictions)
         return self.last_decision

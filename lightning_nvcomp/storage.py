@@ -1,15 +1,60 @@
-"""Durable file writes: a checkpoint appears under its final name complete, or not at all."""
+"""Durable file writes: a checkpoint appears under its final name complete, or not at all.
+
+Temporary names. A write goes to ``.NAME.lnv-<host>-<pid>-<token>.tmp`` beside the file's final place, and a file
+being replaced or discarded keeps a second name ``.NAME.lnv-<host>-<pid>-<token>.lnv-old`` until a background
+thread has freed it. ``<host>`` is :data:`HOST_ID` (8 hex digits of the SHA-1 of the host name), ``<pid>`` the
+writing process and ``<token>`` 8 random hex digits. The writer holds an exclusive ``flock`` on its temporary file
+while it writes. Every save sweeps its directory of such names left by a process that died (``kill -9``, out of
+memory) before it could rename or free them: only names of exactly this pattern, made on this host, by a process
+that no longer exists, and whose lock can be taken at once. Anything else is left alone: another program's files
+(``.x.lnv-old``, ``.model.ckpt.1234.tmp``), another host's (its process ids mean nothing here) and a live save's.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
-import glob
+import hashlib
 import os
+import pathlib
+import re
 import secrets
+import socket
+import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, Callable
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, and os.kill(pid, 0) is no liveness test there: nothing is swept
+    fcntl = None  # type: ignore[assignment]
+
+#: A path that starts with a URL scheme (``s3://``, ``gs://``, ``abfs://``, ``hdfs://``, ``memory://``,
+#: ``file://``...): not a local path.
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+#: The same after pathlib collapsed the double slash (``Path("s3://b/k")`` is ``s3:/b/k``); a scheme of at least
+#: two letters, so that Windows drive letters do not match.
+_COLLAPSED_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/(?!/)")
+
+
+def check_local(path: str | os.PathLike) -> str:
+    """``path`` as a string, if it is a local path (or one of a mounted file system); else ValueError naming it.
+
+    A URL (``s3://bucket/run``, ``gs://...``, ``hdfs://...``, ``memory://...``, even ``file://...``) is refused
+    at once: remote storage is not supported yet, and writing it through the OS would silently create a local
+    directory named ``s3:`` in the working directory (lost with an ephemeral node). A ``pathlib`` path made from
+    a URL (which reads ``s3:/bucket/run``) is refused too.
+    """
+    text = os.fsdecode(os.fspath(path))
+    if _URL.match(text) or (isinstance(path, pathlib.PurePath) and _COLLAPSED_URL.match(text)):
+        scheme = text.split(":", 1)[0]
+        raise ValueError(
+            f"lightning_nvcomp cannot use {text}: remote storage ({scheme}://) is not supported yet, so nothing was "
+            f"written (not even locally); give a local path, or one where the storage is mounted"
+        )
+    return text
 
 
 class Storage:
@@ -62,10 +107,12 @@ class _ThrottledFile:
 
 
 def target_directory(path: str | os.PathLike) -> str:
-    """The directory a file at ``path`` goes in; FileNotFoundError naming both if it does not exist."""
-    directory = os.path.dirname(os.path.abspath(os.fspath(path)))
+    """The directory a file at ``path`` goes in; ValueError for a URL (:func:`check_local`), FileNotFoundError
+    naming both if the directory does not exist."""
+    path = check_local(path)
+    directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
-        raise FileNotFoundError(f"cannot save {os.fspath(path)}: directory {directory} does not exist")
+        raise FileNotFoundError(f"cannot save {path}: directory {directory} does not exist")
     return directory
 
 
@@ -74,15 +121,23 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
     ``path`` and fsync the directory. Returns the file's size in bytes.
 
     If anything fails (or the process dies) before the rename, no file exists under ``path`` that was not
-    there before and a previous file at ``path`` is untouched; the temporary file is removed on errors.
+    there before and a previous file at ``path`` is untouched; the temporary file is removed on errors (or, after
+    a crash, by the next save into the directory: see the module docstring).
+
+    As ``torch.save`` (which rewrites the file in place): a replaced file's permission bits (and, where allowed,
+    its owner and group) are kept, a new file gets ``0o666`` less the umask; if ``path`` is a symbolic link (or a
+    chain of them, or one whose target does not exist yet) the file it points to is written and the link stays.
 
     Raises:
+        ValueError: ``path`` is a URL (see :func:`check_local`); nothing is written.
         FileNotFoundError: the directory does not exist.
         OSError: the write failed (permissions, disk full, ...); the message names ``path``.
     """
-    path = os.fspath(path)
-    directory = target_directory(path)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+    path = check_local(path)
+    final = _link_target(path)
+    directory = target_directory(final)
+    _sweep(directory)
+    tmp = os.path.join(directory, _own_name(os.path.basename(final), ".tmp"))
     try:
         # Mode 0o666 filtered by the umask, like any file open() creates (mkstemp would make it owner-only).
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
@@ -91,12 +146,16 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
     old = None
     try:
         with os.fdopen(fd, "wb") as f:
+            if fcntl is not None:  # ours while we write: a sweep of another process leaves it alone
+                with contextlib.suppress(OSError):  # no locks here (ENOLCK): the sweep skips unlockable files
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            _keep_mode(f.fileno(), final)
             write(f)
             f.flush()
             os.fsync(f.fileno())
             size = f.tell()
-        old = _keep_for_discard(path)
-        os.replace(tmp, path)
+        old = _keep_for_discard(final)
+        os.replace(tmp, final)
     except BaseException as err:
         for leftover in filter(None, (tmp, old)):
             with contextlib.suppress(OSError):
@@ -112,8 +171,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
 
 
 def discard(path: str | os.PathLike) -> None:
-    """Remove the file ``path``: its name is gone when this returns, its data is freed on a background thread."""
-    path = os.fspath(path)
+    """Remove the file ``path``: its name is gone when this returns, its data is freed on a background thread.
+    ValueError for a URL (:func:`check_local`)."""
+    path = check_local(path)
     trash = _trash_name(path)
     os.rename(path, trash)
     _discard_later(trash)
@@ -124,21 +184,62 @@ def wait_for_discards() -> None:
     _deleter().submit(lambda: None).result()
 
 
+def _link_target(path: str) -> str:
+    """The file a write of ``path`` goes to: ``path`` itself, or the end of the chain of symbolic links it starts
+    (the file need not exist: a dangling link's target is created, as ``open`` does)."""
+    if not os.path.islink(path):
+        return path
+    target = os.path.realpath(path)
+    if os.path.islink(target):  # realpath gives up on a loop
+        raise OSError(errno.ELOOP, f"cannot save {path}: too many levels of symbolic links")
+    return target
+
+
+def _keep_mode(fd: int, path: str) -> None:
+    """Give the new file ``fd`` the permission bits (and owner, where allowed) of the file at ``path``, if any."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        return
+    if hasattr(os, "fchown") and (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+        with contextlib.suppress(OSError):  # only root may give a file away; a group we are in may be kept
+            os.fchown(fd, st.st_uid, st.st_gid)
+    os.fchmod(fd, stat.S_IMODE(st.st_mode))
+
+
 # Freeing a multi-GB file (its blocks, its pages in the page cache) takes the kernel ~0.3 s per GB on a local disk.
 # A save that replaces a checkpoint, or a pruned checkpoint, need not wait for it: the old file gets a second, hidden
 # name and is unlinked on a background thread. Names left behind by a process that died first are removed by the
-# next save into the same directory.
+# next save into the same directory (:func:`_sweep`).
 _TRASH = ".lnv-old"
+_TMP = ".tmp"
+#: Who wrote a temporary or trash name: 8 hex digits of the SHA-1 of this host's name (short, file-name safe).
+HOST_ID = hashlib.sha1(socket.gethostname().encode("utf-8", "surrogateescape")).hexdigest()[:8]
+#: ``.NAME.lnv-<host>-<pid>-<token>.tmp`` / ``.lnv-old``: the only names :func:`_sweep` ever removes.
+_OWN = re.compile(r"^\..*\.lnv-(?P<host>[0-9a-f]{8})-(?P<pid>[1-9][0-9]{0,9})-[0-9a-f]{8}(?:\.tmp|\.lnv-old)$",
+                  re.DOTALL)
+_NAME_MAX = 255
+
+
+def _own_name(name: str, suffix: str) -> str:
+    """A hidden name for ``name``'s temporary (``suffix`` ``.tmp``) or trash (``.lnv-old``) file, in our pattern.
+    A long ``name`` is shortened so that the whole stays within the 255 bytes a file name may have."""
+    tail = f".lnv-{HOST_ID}-{os.getpid()}-{secrets.token_hex(4)}{suffix}"
+    room = _NAME_MAX - 1 - len(tail)
+    encoded = os.fsencode(name)
+    if len(encoded) > room:
+        name = os.fsdecode(encoded[:room].decode("utf-8", "ignore").encode("utf-8"))
+    return f".{name}{tail}"
 
 
 def _trash_name(path: str) -> str:
-    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{secrets.token_hex(4)}{_TRASH}")
+    return os.path.join(os.path.dirname(path), _own_name(os.path.basename(path), _TRASH))
 
 
 def _keep_for_discard(path: str) -> str | None:
     """Give the file at ``path`` (if any) a second name to free it by after ``path`` is replaced."""
-    for stale in glob.glob(os.path.join(glob.escape(os.path.dirname(path)), f".*{_TRASH}")):
-        _discard_later(stale)
     if not os.path.isfile(path):
         return None
     trash = _trash_name(path)
@@ -147,6 +248,65 @@ def _keep_for_discard(path: str) -> str | None:
     except OSError:  # no hard links on this file system: the replace frees the old file itself
         return None
     return trash
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, under another user; anything else: assume it does
+        return True
+    return True
+
+
+def _stale(path: str) -> bool:
+    """Whether ``path`` (a name of our pattern, made on this host by a dead process) is unlocked: its writer is gone.
+    A pid reused by a new process reads as alive; a lock still held (a writer in another pid namespace) too."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def stale_files(directory: str) -> list[str]:
+    """The temporary and trash files in ``directory`` that crashed saves of this host left (see the module
+    docstring): the ones the next save there removes."""
+    if fcntl is None:
+        return []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        if not (name.endswith(_TMP) or name.endswith(_TRASH)):
+            continue
+        match = _OWN.match(name)
+        if match is None or match["host"] != HOST_ID:
+            continue
+        pid = int(match["pid"])
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        path = os.path.join(directory, name)
+        if _stale(path):
+            found.append(path)
+    return found
+
+
+def _sweep(directory: str) -> None:
+    """Hand the stale files of ``directory`` (:func:`stale_files`) to the background deleter."""
+    for stale in stale_files(directory):
+        _discard_later(stale)
 
 
 def _discard_later(path: str) -> None:

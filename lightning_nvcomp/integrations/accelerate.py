@@ -8,6 +8,8 @@ name points to the shared :class:`~lightning_nvcomp.pipeline.CheckpointWriter`; 
 ``load_state`` parses, automatic checkpoint naming, ``total_limit`` pruning, RNG states) stays Accelerate's own.
 ``load_state`` reads through ``accelerate.checkpointing.load`` likewise, with ``mmap=True``.
 The model is written as ``pytorch_model.bin`` (``safe_serialization=False``), the name ``load_state`` falls back to.
+Remote storage is not supported yet: ``save_state`` / ``load_state`` refuse a URL directory (``s3://...``, as the
+argument or as the project directory automatic checkpoint naming uses) before Accelerate creates anything.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from accelerate import Accelerator
 from accelerate.state import PartialState
 
 from lightning_nvcomp.pipeline import CheckpointWriter
+from lightning_nvcomp.storage import check_local
 
 _SWAP = threading.Lock()
 
@@ -38,7 +41,9 @@ class Attachment:
         accelerator.load_state = self.load_state
 
     def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, **kwargs: Any) -> str:
-        """``Accelerator.save_state``, compressed (``safe_serialization`` is ignored: the files are torch zips)."""
+        """``Accelerator.save_state``, compressed (``safe_serialization`` is ignored: the files are torch zips).
+        ValueError naming the directory, before anything is created, when it is a URL (``s3://...``)."""
+        self._check_local(output_dir)
         self.wait()  # Accelerate may prune older checkpoints now: their background writes must be done
         iteration = self.accelerator.save_iteration  # grows by one per save_state: the step metrics are logged at
         with _SWAP:
@@ -55,7 +60,9 @@ class Attachment:
 
     def load_state(self, input_dir: str | None = None, **kwargs: Any) -> Any:
         """``Accelerator.load_state``, after any background write has finished. Its files are memory-mapped
-        (``torch.load(mmap=True)``): compressed bytes go from the page cache straight to the decoder."""
+        (``torch.load(mmap=True)``): compressed bytes go from the page cache straight to the decoder. ValueError
+        naming the directory when it is a URL (``s3://...``)."""
+        self._check_local(input_dir)
         self.wait()
         with _SWAP:
             original = accelerate_checkpointing.load
@@ -64,6 +71,18 @@ class Attachment:
                 return self._load_state(input_dir, **kwargs)
             finally:
                 accelerate_checkpointing.load = original
+
+    def _check_local(self, directory: Any) -> None:
+        """Refuse a URL as ``directory`` or, where Accelerate uses it instead (no directory given, or automatic
+        checkpoint naming), as the project directory."""
+        config = getattr(self.accelerator, "project_configuration", None)
+        automatic = bool(getattr(config, "automatic_checkpoint_naming", False))
+        if directory is not None:
+            check_local(directory)
+        if directory is None or automatic:
+            project_dir = getattr(self.accelerator, "project_dir", None) or getattr(config, "project_dir", None)
+            if project_dir is not None:
+                check_local(project_dir)
 
     def _save(self, obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
         # Same rule as accelerate.utils.save: one writer per job, or one per node.
@@ -110,7 +129,9 @@ def attach(
             ``save_state``, ``load_state``, :meth:`Attachment.wait` and :meth:`Attachment.detach` wait for it.
         gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
         staging_mb: a save borrows about three times this much GPU memory.
-        probe_mb: size of the one-off write-bandwidth probe per file system.
+        probe_mb: largest size of the one-off write-bandwidth probe per file system (it writes no more than the
+            first checkpoint, nor more than a quarter of the free space; skipped, with a bandwidth assumed until
+            the first real write, where that is too little).
         interval_s: seconds between saves, for ``auto`` in async mode.
 
     Returns:

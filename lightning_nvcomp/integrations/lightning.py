@@ -16,7 +16,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_nvcomp import container, telemetry
 from lightning_nvcomp.pipeline import CheckpointWriter
-from lightning_nvcomp.storage import discard
+from lightning_nvcomp.storage import check_local, discard
 
 
 class NvcompCheckpointIO(CheckpointIO):
@@ -34,12 +34,18 @@ class NvcompCheckpointIO(CheckpointIO):
         staging_mb: GPU memory a save borrows is about three times this (records and segments are coded in
             pieces of this size); never a clone of the whole state.
         gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
-        probe_mb: size of the write-bandwidth probe run once per file system (it sets the baseline that
-            savings are measured against, and feeds ``auto``).
+        probe_mb: largest size of the write-bandwidth probe run once per file system (it sets the baseline that
+            savings are measured against, and feeds ``auto``); never more than the first checkpoint or a quarter of
+            the free space, skipped (a bandwidth assumed until the first real write) where that is too little.
         interval_s: seconds between saves, used by ``auto`` in async mode.
 
     ``load_checkpoint`` (a Trainer's resume) puts compressed tensors saved from a GPU back on this process's GPU,
     decoded there, where the model and optimizer adopt them; pass ``map_location`` to choose otherwise.
+
+    Remote storage is not supported yet: a URL path (``Trainer(default_root_dir="s3://bucket/run")``, a
+    ``ModelCheckpoint(dirpath="gs://...")``, ``ckpt_path="s3://..."``) is refused with a ValueError naming it,
+    before anything is written (the savings callback checks the Trainer's checkpoint directories when ``fit``
+    sets up; ``save_checkpoint``, ``load_checkpoint`` and ``remove_checkpoint`` check their paths).
     """
 
     def __init__(
@@ -62,6 +68,7 @@ class NvcompCheckpointIO(CheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} does not take storage_options")
+        check_local(path)
         self.writer.wait()  # a background failure surfaces here, at the next save
         self.writer.save(checkpoint, path)
         self.writer.commit(int(checkpoint.get("global_step", 0)), os.fspath(path))
@@ -69,12 +76,14 @@ class NvcompCheckpointIO(CheckpointIO):
     def load_checkpoint(
         self, path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
+        check_local(path)
         self.writer.wait(os.fspath(path))
         # Lightning passes no map_location: GPU-saved state comes back decoded on this process's GPU, where the
         # model and optimizer take it without another copy (TorchCheckpointIO would return it on the CPU).
         return container.load(path, map_location=map_location, weights_only=weights_only, keep_on_gpu=True)
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
+        check_local(path)
         self.writer.wait(os.fspath(path))
         if os.path.exists(path):
             discard(path)
@@ -115,7 +124,11 @@ class SavingsLogging:
     """Logs the checkpoint savings of an :class:`NvcompCheckpointIO` (and of a compressed sharded strategy,
     :class:`~lightning_nvcomp.NvcompFSDPStrategy` or :class:`~lightning_nvcomp.NvcompModelParallelStrategy`) to
     the Trainer's loggers (TensorBoard, W&B, CSV, MLflow...) at each checkpoint's global step. Idle when the Trainer
-    uses neither."""
+    uses neither.
+
+    At setup it also refuses (ValueError naming the path) a URL where the Trainer's checkpoints would go with our
+    checkpoint IO (``default_root_dir``, the first logger's ``save_dir``, a ``ModelCheckpoint``'s ``dirpath``):
+    before ``ModelCheckpoint`` opens the remote file system or anything is written."""
 
     def __init__(self) -> None:
         self.sources: list[Any] = []
@@ -127,6 +140,9 @@ class SavingsLogging:
         while not isinstance(io, NvcompCheckpointIO) and getattr(io, "checkpoint_io", None) is not None:
             io = io.checkpoint_io  # unwrap Lightning's wrapping IOs
         self.sources = [s for s in (io, trainer.strategy) if isinstance(s, (NvcompCheckpointIO, CompressedShardedSaves))]
+        if self.sources:
+            for directory in _checkpoint_dirs(trainer):
+                check_local(directory)
         for source in self.sources:
             source.logger_attached = True
             source.savings.world_size = trainer.world_size
@@ -150,6 +166,24 @@ class SavingsLogging:
         for source in self.sources:
             source.wait()  # the last background save's metrics
         self._flush(trainer)
+
+
+def _checkpoint_dirs(trainer: Any) -> list[Any]:
+    """Where the Trainer's ``ModelCheckpoint`` callbacks will save, as ``ModelCheckpoint.setup`` resolves it (the
+    callback's ``dirpath``, else under the first logger's ``save_dir``, else under ``default_root_dir``), without
+    asking a logger for its version (which may list the remote directory)."""
+    dirs = []
+    for callback in getattr(trainer, "checkpoint_callbacks", []):
+        try:
+            dirpath = getattr(callback, "dirpath", None)
+            if dirpath is None:
+                loggers = trainer.loggers
+                dirpath = (loggers[0].save_dir if loggers else None) or trainer.default_root_dir
+        except Exception:  # a logger that cannot say: save_checkpoint still checks each path
+            continue
+        if dirpath is not None:
+            dirs.append(dirpath)
+    return dirs
 
 
 def _callback_class(base: type) -> type:
