@@ -114,20 +114,17 @@ class CheckpointWriter:
         self.wait(path)
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
-        tensors = None
         if not self.policy.knows_bandwidth(directory):  # the one-off probe of this file system, before the timing
-            tensors = container._find_tensors(obj)
-            self.policy.write_gbps(directory, raw_nbytes(tensors))
+            self.policy.write_gbps(directory, raw_nbytes(container.find_contents(obj).tensors))
         begin = time.perf_counter()
         if not self.async_save:
             self._group.append(container.save(obj, path, self.codec, policy=self.policy, storage=self.storage,
                                               staging_nbytes=self.staging_nbytes))
             self._blocked += time.perf_counter() - begin
             return
-        if tensors is None:
-            tensors = container._find_tensors(obj)
-        codec, prediction = container.resolve_codec(self.codec, tensors, directory, self.policy)
-        snap = container.snapshot(obj, codec, tensors, isolate=True, staging_nbytes=self.staging_nbytes)
+        contents = container.find_contents(obj)
+        codec, prediction = container.resolve_codec(self.codec, contents.tensors, directory, self.policy)
+        snap = container.snapshot(obj, codec, contents, isolate=True, staging_nbytes=self.staging_nbytes)
         future = self._background(self._write, snap, path, prediction)
         self._inflight.append((path, future))
         self._group.append(future)
