@@ -194,6 +194,10 @@ def _check_blobs(blobs: object, name: object) -> None:
         raise _fail(name, "its compressed bytes are not a list of 1-D uint8 tensors")
 
 
+#: Key under which a validated record copy keeps its layout (an object: no pickle can hold it).
+_LAYOUT = object()
+
+
 def _check_record(rec: object, blobs: list[torch.Tensor], name: object, state: LoadState, keys: list[tuple]) -> dict:
     """Validate a record dict against its blobs (every field; format 2: its own check) and return a copy of it that
     nothing else holds. Validated once per load: every tensor of a record gets the same dict (pickle's memo), and a
@@ -204,7 +208,7 @@ def _check_record(rec: object, blobs: list[torch.Tensor], name: object, state: L
     if not isinstance(rec, dict):
         raise _fail(name, "its record description is not a dict")
     try:
-        records.validate(rec, [b.numel() for b in blobs])
+        layout = records.validate(rec, [b.numel() for b in blobs])
     except CheckpointError as err:
         raise _fail(name, str(err)) from None
     storages = rec.get("storages")
@@ -218,6 +222,7 @@ def _check_record(rec: object, blobs: list[torch.Tensor], name: object, state: L
     if not isinstance(rec.get("dtype"), str) or rec["dtype"] not in DTYPES:
         raise _fail(name, f"unknown dtype {rec.get('dtype')!r}")
     valid = copy.deepcopy({k: v for k, v in rec.items() if isinstance(k, str)})
+    valid[_LAYOUT] = layout
     state.records[id(rec)] = (rec, keys, valid)
     return valid
 
@@ -236,7 +241,7 @@ def _record_storages(blobs: list[torch.Tensor], rec: dict, name: str, state: Loa
         return cached
     state.charge(blobs, keys, rec["nbytes"], name)
     try:
-        data = records.decode(blobs, rec, target, move=False)
+        data = records.decode(blobs, rec, target, move=False, layout=rec[_LAYOUT])
     except CheckpointError as err:
         raise type(err)(f"tensor {name!r}: {err}") from None
     pieces = [data[start : start + n] for start, n in rec["storages"]]

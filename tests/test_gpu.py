@@ -240,14 +240,14 @@ def test_keep_on_gpu_puts_back_only_what_was_on_the_gpu(tmp_path):
     assert not io.load_checkpoint(tmp_path / "k.ckpt", map_location="cpu")["w"].is_cuda
 
 
+class Sub(torch.Tensor):
+    """A tensor subclass (pickled by reference: it must live at module level)."""
+
+
 @pytest.mark.parametrize("codec", ["none", "ans", "zstd"])
 def test_gpu_state_with_passed_through_tensors_is_checked_by_both_loaders(tmp_path, codec):
     """GPU state stored raw (codec none: a pinned copy) or coded, with tensors the coder passes through (a conj
     view sharing its storage, a subclass): bit-exact through both loaders, and a damaged byte is caught by both."""
-
-    class Sub(torch.Tensor):
-        pass
-
     c = _trained_like(64, torch.complex64)
     state = {"w": _trained_like(100_000, torch.float32), "p": torch.nn.Parameter(_trained_like(10, torch.bfloat16)),
              "c": c, "cj": c.conj(), "sub": _trained_like(32, torch.float32).as_subclass(Sub)}

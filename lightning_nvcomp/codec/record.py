@@ -181,9 +181,25 @@ def canonical_crc(value: object) -> int:
         raise CorruptCheckpointError(f"a record field holds a value no checkpoint holds ({err})") from None
 
 
+#: Record fields that ``check`` covers as packed integers rather than as JSON (they hold one entry per chunk).
+_PACKED_FIELDS = ("sizes", "crc32")
+
+
 def record_check(meta: dict) -> int:
-    """The ``check`` of a record dict: the CRC-32 of every string-keyed field but ``check`` itself."""
-    return canonical_crc({k: v for k, v in meta.items() if isinstance(k, str) and k != "check"})
+    """The ``check`` of a record dict: the CRC-32 of the canonical JSON of every string-keyed field but ``check``,
+    ``sizes`` and ``crc32``, continued over ``sizes`` then ``crc32`` as little-endian 64-bit integers.
+
+    Raises CorruptCheckpointError for fields no record holds."""
+    fields = {k: v for k, v in meta.items() if isinstance(k, str) and k != "check" and k not in _PACKED_FIELDS}
+    crc = canonical_crc(fields)
+    for name in _PACKED_FIELDS:
+        values = meta.get(name)
+        try:
+            packed = np.asarray(values if isinstance(values, list) else [], dtype="<i8").tobytes()
+        except (TypeError, ValueError, OverflowError) as err:
+            raise CorruptCheckpointError(f"record field {name!r} is not a list of integers ({err})") from None
+        crc = zlib.crc32(packed, crc)
+    return crc
 
 
 def seal(meta: dict) -> dict:
@@ -409,16 +425,18 @@ def validate(meta: object, blob_sizes: list[int]) -> Layout:
     return layout
 
 
-def decode(blobs: list[torch.Tensor], meta: dict, device: torch.device | str = "cpu", move: bool = True) -> torch.Tensor:
+def decode(blobs: list[torch.Tensor], meta: dict, device: torch.device | str = "cpu", move: bool = True,
+           layout: Layout | None = None) -> torch.Tensor:
     """Return the record's raw bytes (1-D uint8) on ``device``, after checking every field and checksum.
 
     With ``move=False``, bytes decoded on a GPU for a CPU ``device`` (gANS has no CPU decoder) stay on the GPU, for
-    the caller to copy wherever they belong."""
+    the caller to copy wherever they belong. ``layout``: what :func:`validate` returned for exactly these ``blobs``
+    and ``meta``, when the caller validated them already."""
     if not isinstance(blobs, list) or any(
         not isinstance(b, torch.Tensor) or b.dtype != torch.uint8 or b.dim() != 1 for b in blobs
     ):
         raise CorruptCheckpointError("record blobs are not a list of 1-D uint8 tensors")
-    layout = validate(meta, [b.numel() for b in blobs])
+    layout = layout or validate(meta, [b.numel() for b in blobs])
     device = torch.device(device)
     coded = set(layout.codecs) - {"raw"}
     if "ans" in coded:
