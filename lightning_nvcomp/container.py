@@ -404,37 +404,45 @@ def _storage_of(obj: object) -> tuple[torch.UntypedStorage | None, str | None]:
     return None, None
 
 
+class _ContentsFinder(pickle.Pickler):
+    """A dry-run pickle that notes the tensors and storages torch.save would meet (a module-level class: a local one
+    would keep what it found alive in a reference cycle until the next garbage collection)."""
+
+    def __init__(self) -> None:
+        super().__init__(_NullSink(), protocol=2)
+        self.tensors: dict[int, torch.Tensor] = {}
+        self.storages: dict[int, tuple[torch.UntypedStorage, str | None]] = {}
+        self.kept: dict[int, object] = {}
+
+    def persistent_id(self, item: object) -> object:
+        untyped, dtype = _storage_of(item)
+        if untyped is None:
+            return None
+        seen = self.storages.setdefault(untyped._cdata, (untyped, dtype))
+        if dtype is not None and seen[1] is None:
+            self.storages[untyped._cdata] = (untyped, dtype)
+        elif dtype is not None and seen[1] != dtype:
+            raise CheckpointError(
+                f"two tensors view one storage as {seen[1]} and {dtype}; torch.save refuses this too: save a copy "
+                "of one of them"
+            )
+        return "storage"
+
+    def reducer_override(self, item: object) -> object:
+        if _eligible(item):
+            self.tensors.setdefault(id(item), item)
+            return int, ()
+        if isinstance(item, (torch.Tensor, torch.UntypedStorage, torch.storage.TypedStorage)):
+            self.kept.setdefault(id(item), item)
+        return NotImplemented
+
+
 def find_contents(obj: object) -> Contents:
     """The tensors and storages ``torch.save`` would meet in ``obj``."""
-    tensors: dict[int, torch.Tensor] = {}
-    storages: dict[int, tuple[torch.UntypedStorage, str | None]] = {}
-    kept: dict[int, object] = {}
-
-    class Finder(pickle.Pickler):
-        def persistent_id(self, item: object) -> object:
-            untyped, dtype = _storage_of(item)
-            if untyped is None:
-                return None
-            seen = storages.setdefault(untyped._cdata, (untyped, dtype))
-            if dtype is not None and seen[1] is None:
-                storages[untyped._cdata] = (untyped, dtype)
-            elif dtype is not None and seen[1] != dtype:
-                raise CheckpointError(
-                    f"two tensors view one storage as {seen[1]} and {dtype}; torch.save refuses this too: save a copy "
-                    "of one of them"
-                )
-            return "storage"
-
-        def reducer_override(self, item: object) -> object:
-            if _eligible(item):
-                tensors.setdefault(id(item), item)
-                return int, ()
-            if isinstance(item, (torch.Tensor, torch.UntypedStorage, torch.storage.TypedStorage)):
-                kept.setdefault(id(item), item)
-            return NotImplemented
-
-    Finder(_NullSink(), protocol=2).dump(obj)
-    return Contents(list(tensors.values()), storages, [*tensors.values(), *kept.values()])
+    finder = _ContentsFinder()
+    finder.dump(obj)
+    tensors = list(finder.tensors.values())
+    return Contents(tensors, finder.storages, [*tensors, *finder.kept.values()])
 
 
 def _find_tensors(obj: object) -> list[torch.Tensor]:
