@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1
   PYTHONPATH=/tmp/site python3 -c "import torch, nvidia.nvcomp as n; print('torch', torch.__version__, 'nvcomp', n.__version__)"; } | tee "$OUT/env.txt"
 # The v0.1 gANS fixture: the fixture state, saved by the v0.1 package.
 PYTHONPATH=/tmp/site:$PWD/.baseline python3 tests/fixtures/make_v0_1.py ans "$OUT/ans.pt" && ls -la "$OUT/ans.pt"
-timeout 380 python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -3
+PYTHONPATH=/tmp/site:$PWD timeout 380 python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -3
 for round in 1 2; do
   for version in before after; do
     root=$([ $version = before ] && echo "$PWD/.baseline" || echo "$PWD")
