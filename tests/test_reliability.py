@@ -238,3 +238,15 @@ def test_remote_paths_are_refused_before_anything_is_written(tmp_path, monkeypat
             call()
     assert os.listdir(tmp_path) == []
     assert cli.main(["verify", "s3://bucket/ck.pt", "-q"]) == 2
+
+
+def test_convert_refuses_damaged_input_and_writes_nothing(tmp_path):
+    src, out = tmp_path / "none.pt", tmp_path / "out.pt"
+    lightning_nvcomp.save({"w": torch.arange(5000.0)}, src, codec="none")
+    data = bytearray(src.read_bytes())
+    data[len(data) // 2] ^= 0x01  # inside the tensor's bytes
+    src.write_bytes(bytes(data))
+    assert cli.main(["verify", str(src), "-q"]) == 1
+    for codec in ("zstd", "none", "torch"):
+        assert cli.main(["convert", str(src), str(out), "--codec", codec, "-q"]) == 1
+        assert not out.exists()
