@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 import lightning_nvcomp
 from lightning_nvcomp import NvcompFSDPStrategy, NvcompModelParallelStrategy
 from lightning_nvcomp.codec.gpu import gpu_available, nvcomp_version
-from lightning_nvcomp.dcp import NvcompFileSystemReader, _default_policy
+from lightning_nvcomp.dcp import NvcompFileSystemReader, default_policy
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from gpt import GPT, Block, stdlib_corpus  # noqa: E402
@@ -124,8 +124,8 @@ class SaveAndLoad(L.Callback):
             mine = {"raw": raw, "stored": stored, "blocked": blocked, "extra_gb": extra, "codec": "-", "write_s": None}
             if codec is not None:
                 mine.update(codec=strategy.last_stats.codec, write_s=strategy.last_stats.ranks[rank].write_s)
-            if codec == "auto" and _default_policy("sync").last_decision:
-                self.predictions = _default_policy("sync").last_decision[1]  # rank 0 decides: its predictions
+            if codec == "auto" and default_policy("sync").last_decision:
+                self.predictions = default_policy("sync").last_decision[1]  # rank 0 decides: its predictions
             gathered: list = [None] * trainer.world_size
             dist.all_gather_object(gathered, mine)
             self.rows.append((name, gathered))

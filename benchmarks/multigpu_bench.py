@@ -31,7 +31,7 @@ from torch.distributed.fsdp import fully_shard
 
 import lightning_nvcomp
 from lightning_nvcomp.codec.gpu import gpu_available, nvcomp_version
-from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter, _default_policy
+from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter, default_policy
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from gpt import GPT, stdlib_corpus  # noqa: E402
@@ -128,7 +128,7 @@ def main() -> None:
                   flush=True)
 
     # auto: what it predicted for each codec (rank 0 decides; calibration and probe are cached by now)
-    predictions = {mode: _default_policy(mode).decide(local_tensors(state), args.dir)[1]
+    predictions = {mode: default_policy(mode).decide(local_tensors(state), args.dir)[1]
                    for mode in ("sync", "async")} if rank == 0 else {}
 
     # Load the plain and the gANS (or zstd) checkpoint back on the same ranks, into zeroed state ...

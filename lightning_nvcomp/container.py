@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextvars
 import copy
-import functools
 import io
 import math
 import os
@@ -37,6 +36,7 @@ from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec.checksum import Crc32
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, DecodeLimitError
 from lightning_nvcomp.policy import CodecPolicy, Prediction
+from lightning_nvcomp.resources import shared
 from lightning_nvcomp.storage import Storage, check_local, target_directory
 
 #: Codec names :func:`save` accepts.
@@ -556,7 +556,6 @@ class _LayoutCache:
                 self._layouts.popitem(last=False)
 
 
-_layouts = _LayoutCache()
 
 
 def _encode_record(
@@ -574,8 +573,9 @@ def _encode_record(
         pos += data.numel() + pad
     data = records.concatenate(parts)
     coder = "raw" if codec == "none" else codec
-    blobs, meta = records.encode(data, rec.dtype, coder, segment, on_blob, wait_checksums=False, layout=_layouts.get(key))
-    _layouts.put(key, records.Layout.of(meta))
+    layouts = shared("layouts", _LayoutCache)
+    blobs, meta = records.encode(data, rec.dtype, coder, segment, on_blob, wait_checksums=False, layout=layouts.get(key))
+    layouts.put(key, records.Layout.of(meta))
     meta["storages"] = table
     meta["device"] = rec.device.type  # where the tensors lived (load(keep_on_gpu=True) puts CUDA ones back there)
     return blobs, meta
@@ -615,10 +615,9 @@ def resolve_codec(
     return chosen.codec, chosen
 
 
-@functools.cache
 def default_policy() -> CodecPolicy:
     """The policy ``codec="auto"`` uses when none is given: sync mode, measurements cached for the process."""
-    return CodecPolicy()
+    return shared("policy", CodecPolicy)
 
 
 class _StorageKey:

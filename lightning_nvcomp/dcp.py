@@ -124,6 +124,7 @@ from lightning_nvcomp.archive import ArchiveWriter
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError, CorruptCheckpointError
 from lightning_nvcomp.policy import CodecPolicy
+from lightning_nvcomp.resources import shared
 from lightning_nvcomp.storage import atomic_write
 
 __all__ = [
@@ -334,14 +335,13 @@ class DcpCheckpointStats:
         }
 
 
-@functools.cache
-def _default_policy(mode: str) -> CodecPolicy:
+def default_policy(mode: str) -> CodecPolicy:
     """The policy behind ``codec="auto"`` when none is given: one per process and mode, so the storage is probed
     once per run (Lightning and Accelerate create a new writer for every save). Both modes share one set of
     measurements: the storage is probed and the codecs calibrated once, whichever save comes first."""
-    if mode == "sync":
-        return CodecPolicy(mode="sync", collective=True, per_tensor=True)  # write_data codes item by item
-    return _default_policy("sync").in_mode(mode)
+    if mode == "sync":  # write_data codes item by item
+        return shared("dcp-policy-sync", lambda: CodecPolicy(mode="sync", collective=True, per_tensor=True))
+    return shared(f"dcp-policy-{mode}", lambda: default_policy("sync").in_mode(mode))
 
 
 def _existing_dir(path: Path) -> str:
@@ -445,14 +445,14 @@ class NvcompFileSystemWriter(FileSystemWriter):
     def write_gbps(self) -> float:
         """Write bandwidth of one writer to this checkpoint's storage, GB/s, measured once per run and file system
         with every rank writing at once (a collective the first time: every rank calls it)."""
-        return (self.policy or _default_policy("sync")).write_gbps(_existing_dir(Path(self.path)))
+        return (self.policy or default_policy("sync")).write_gbps(_existing_dir(Path(self.path)))
 
     def _agree_codec(self, tensors: list[torch.Tensor], mode: str) -> str:
         """The codec of this save. ``auto``: every rank probes the storage together, rank 0 decides, and the
         decision is broadcast (every rank must call this at the same point)."""
         if self.codec != "auto":
             return self.codec
-        policy = self.policy or _default_policy(mode)
+        policy = self.policy or default_policy(mode)
         directory = _existing_dir(Path(self.path))
         distributed = self._distributed()
         rank = dist.get_rank(self.process_group) if distributed else 0
@@ -617,7 +617,7 @@ class NvcompFileSystemWriter(FileSystemWriter):
             write_s=seconds,
         )
         if self.codec == "auto":
-            (self.policy or _default_policy("sync")).observe_write(
+            (self.policy or default_policy("sync")).observe_write(
                 _existing_dir(directory), self.stats.stored_nbytes, seconds
             )
         fut: Future[list[WriteResult]] = Future()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import hashlib
 import os
 import pathlib
@@ -25,6 +24,8 @@ import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, Callable
+
+from lightning_nvcomp.resources import shared
 
 try:
     import fcntl
@@ -320,9 +321,8 @@ def _unlink(path: str) -> None:
         pass
 
 
-@functools.cache
 def _deleter() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-nvcomp-discard")
+    return shared("deleter", lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-nvcomp-discard"))
 
 
 def _os_error(err: BaseException | None) -> OSError | None:

@@ -522,3 +522,18 @@ def test_resumed_optimizer_state_does_not_hold_or_resave_the_whole_record(tmp_pa
     again = lightning_nvcomp.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "b.ckpt",
                                   codec="zstd")
     assert again.raw_nbytes == first.raw_nbytes
+
+
+def test_shared_resources_are_made_once_and_reset_together(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lightning_nvcomp import resources
+    from lightning_nvcomp.codec import checksum
+
+    lightning_nvcomp.save({"w": trained_like(1000, torch.float32)}, tmp_path / "a.pt", codec="zstd")
+    pool = checksum._pool()
+    assert checksum._pool() is pool and isinstance(pool, ThreadPoolExecutor)
+    resources.reset()
+    assert pool._shutdown and checksum._pool() is not pool  # a fresh pool after reset; the old one shut down
+    lightning_nvcomp.save({"w": trained_like(1000, torch.float32)}, tmp_path / "b.pt", codec="zstd")
+    assert_bit_exact(lightning_nvcomp.load(tmp_path / "b.pt")["w"], trained_like(1000, torch.float32))

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from lightning_nvcomp.codec.cpu import cpu_threads
+from lightning_nvcomp.resources import shared
 
 PIECE_NBYTES = 8 << 20
 _POLY = 0xEDB88320  # CRC-32, bit-reflected
@@ -50,9 +51,8 @@ def combine(crc1: int, crc2: int, len2: int) -> int:
     return _multmodp(_x_pow_8n(len2), crc1) ^ crc2
 
 
-@functools.cache
 def _pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="lnv-crc")
+    return shared("crc-pool", lambda: ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="lnv-crc"))
 
 
 def _piece(data: np.ndarray, ready: torch.cuda.Event | None) -> int:

@@ -19,7 +19,6 @@ Every field is validated against the blobs before a byte is decoded: the dict ma
 
 from __future__ import annotations
 
-import functools
 import json
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +34,7 @@ from lightning_nvcomp.codec.cpu import CpuZstdEngine, cpu_threads
 from lightning_nvcomp.codec.engine import ChunkEngine
 from lightning_nvcomp.codec.gpu import NvcompEngine, gpu_available, nvcomp_version
 from lightning_nvcomp.errors import CodecUnavailableError, CorruptCheckpointError
+from lightning_nvcomp.resources import shared
 
 FORMAT_VERSION = 2
 #: Record formats this version reads: 1 (v0.1, no ``check``) and 2.
@@ -113,14 +113,12 @@ def engine_for(codec: str, device: torch.device) -> ChunkEngine | None:
     raise ValueError(f"unknown codec {codec!r}; expected one of {CODECS}")
 
 
-@functools.cache
 def _cpu_engine() -> ChunkEngine:
-    return CpuZstdEngine()
+    return shared("cpu-zstd-engine", CpuZstdEngine)
 
 
-@functools.cache
 def _nvcomp_engine() -> ChunkEngine:
-    return NvcompEngine()
+    return shared("nvcomp-engine", NvcompEngine)
 
 
 def _segments(nbytes: int, segment: int) -> list[tuple[int, int]]:
@@ -217,10 +215,9 @@ def _to_host(packed: torch.Tensor) -> torch.Tensor:
     return host.copy_(packed, non_blocking=True)
 
 
-@functools.cache
 def _segment_pool() -> ThreadPoolExecutor:
     # Separate from the chunk pool the CPU engine uses inside each segment, so the two never wait on each other.
-    return ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="lnv-segment")
+    return shared("segment-pool", lambda: ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="lnv-segment"))
 
 
 def encode(
