@@ -1,16 +1,18 @@
 """What synchronous checkpoints cost in idle GPU time and dollars, uncompressed and with each codec.
 
-Pure functions (no IO) behind ``lightning-nvcomp estimate``.
+The cost model behind ``lightning-nvcomp estimate``: dataclasses and pure functions computing numbers, no IO
+(:mod:`lightning_nvcomp.cli.estimate` reads the options and prints the tables).
 
-Units. Sizes are GiB (2**30 bytes) and storage bandwidth is GiB/s. The published case (DESIGN.md section 1,
-NVIDIA's nvCOMP blog) reads this way: 70e9 params x 12 bytes = 840e9 bytes = 782.3 GiB, and
-782.3 GiB / 5 GiB/s = 156.5 s. Reading "5 GB/s" as decimal 5e9 bytes/s instead would give 168 s (7% more).
+Units. Sizes are GiB (2**30 bytes) and storage bandwidth is GiB/s. The published case (NVIDIA's nvCOMP blog: 70B
+parameters, bf16-mixed, AdamW, gradients included, 5 GB/s of storage) reads this way: 70e9 params x 12 bytes =
+840e9 bytes = 782.3 GiB, and 782.3 GiB / 5 GiB/s = 156.5 s. Reading "5 GB/s" as decimal 5e9 bytes/s instead would
+give 168 s (7% more).
 
 Model of a checkpoint. A synchronous save stops every GPU until the whole checkpoint is on storage, so the idle
 time per checkpoint is ``checkpoint bytes / aggregate storage bandwidth`` (the bandwidth all GPUs share). The save
 is assumed sharded (FSDP / torch.distributed.checkpoint: each GPU compresses and writes its own shard) and
-compression is assumed hidden behind the write, as the benchmarks measure (DESIGN.md section 6: sync save wall
-time <= 1.05 x compressed bytes / storage bandwidth + 0.2 s), so a compressed checkpoint costs
+compression is assumed hidden behind the write, as the benchmarks measure (benchmarks/results/lightning.md: sync
+save wall time <= 1.05 x compressed bytes / storage bandwidth + 0.2 s), so a compressed checkpoint costs
 ``bytes / ratio / bandwidth``. :func:`compression_hidden` checks that assumption against the slowest end-to-end
 encode rate measured per GPU. A month is 30 days; it holds ``30 * 24 * 60 / interval_min`` checkpoints.
 
@@ -41,9 +43,7 @@ every GPU is idle for both.
 
 from __future__ import annotations
 
-import argparse
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -57,8 +57,6 @@ OPTIMIZERS = ("adamw", "sgd", "none")
 #: The codecs with measured defaults, in display order, and their display names.
 CODECS = ("gans", "zstd")
 CODEC_NAMES = {"gans": "gANS", "zstd": "zstd"}
-#: Other spellings accepted by :func:`arg_ratio` (``ans`` is what ``save(codec=...)`` calls gANS).
-CODEC_ALIASES = {"ans": "gans"}
 
 #: Ratios measured on an H200 (benchmarks/results/codec.md, 2026-11-29: "ours gANS" and "ours GPU zstd" columns).
 MEASURED_RATIOS: dict[str, dict[str, float]] = {
@@ -73,8 +71,6 @@ _INCOMPRESSIBLE = {"gans": 1.0, "zstd": 1.0}
 #: Slowest end-to-end encode rate per GPU measured for each codec, bytes/s (codec.md, "e2e enc" columns: gANS
 #: 1.4 GB/s on fp32 weights, zstd 0.9 GB/s on bf16 weights; includes planes, D2H copies and CRC-32).
 MEASURED_E2E_ENCODE_BPS = {"gans": 1.4e9, "zstd": 0.9e9}
-
-_MULTIPLIERS = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 
 @dataclass(frozen=True)
@@ -385,63 +381,13 @@ def estimate(
     Raises:
         ValueError: a number out of range, an unknown precision or optimizer.
     """
-    for name, value in (
-        ("gpus", gpus),
-        ("storage_gibps", storage_gibps),
-        ("interval_min", interval_min),
-        ("gpu_hour_usd", gpu_hour_usd),
-        ("mtbf_hours", mtbf_hours),
-    ):
-        if value is not None and not (value > 0 and math.isfinite(value)):
-            raise ValueError(f"{name} must be a finite number > 0, got {value}")
+    _check_positive(
+        gpus=gpus, storage_gibps=storage_gibps, interval_min=interval_min, gpu_hour_usd=gpu_hour_usd,
+        mtbf_hours=mtbf_hours,
+    )
     components = checkpoint_components(params, precision, optimizer, master_weights=master_weights, gradients=gradients)
-    overrides = dict(ratios or {})
-    for codec, ratio in overrides.items():
-        if not (ratio > 0 and math.isfinite(ratio)):
-            raise ValueError(f"ratio for {codec} must be a finite number > 0, got {ratio}")
-    raw = sum(c.nbytes for c in components)
-    interval_s = interval_min * 60
-    choices: list[tuple[str, str, float, bool]] = [("none", "uncompressed", 1.0, False)]
-    for codec in CODECS:
-        if codec in overrides:
-            choices.append((codec, CODEC_NAMES[codec], overrides[codec], True))
-        else:
-            choices.append((codec, CODEC_NAMES[codec], effective_ratio(components, codec), False))
-    choices += [(codec, codec, ratio, True) for codec, ratio in overrides.items() if codec not in CODECS]
-
-    rows, notes = [], []
-    for codec, label, ratio, overridden in choices:
-        nbytes = raw / ratio
-        write_s = write_seconds(nbytes, storage_gibps)
-        row = CodecRow(codec, label, ratio, nbytes, idle_cost(write_s, interval_s, gpus, gpu_hour_usd), overridden)
-        if codec != "none":
-            row = replace(row, hidden=compression_hidden(codec, gpus, storage_gibps, ratio))
-        if mtbf_hours is not None:
-            best = young_daly_interval_s(write_s, mtbf_hours)
-            row = replace(
-                row,
-                optimal=failure_cost(best, write_s, mtbf_hours, gpus, gpu_hour_usd),
-                optimal_idle=idle_cost(write_s, best, gpus, gpu_hour_usd),
-                at_interval=failure_cost(interval_s, write_s, mtbf_hours, gpus, gpu_hour_usd),
-            )
-        rows.append(row)
-
-    if rows[0].idle.write_s > interval_s:
-        notes.append(
-            f"an uncompressed checkpoint takes {rows[0].idle.write_s:.0f} s, longer than the {interval_min:g} min "
-            "interval: the job would do nothing but checkpoint"
-        )
-    for row in rows:
-        if row.hidden is False:
-            rate = MEASURED_E2E_ENCODE_BPS[row.codec]
-            notes.append(
-                f"{row.label}: {gpus} GPU(s) at the slowest measured end-to-end encode rate ({rate / 1e9:.1f} GB/s "
-                f"each) may not keep pace with {storage_gibps:g} GiB/s of storage; compression may not be fully "
-                "hidden and its savings are overstated"
-            )
-    if mtbf_hours is not None and rows[0].optimal is not None and rows[0].optimal.interval_s > mtbf_hours * 3600:
-        notes.append("the Young/Daly interval exceeds the MTBF: its first-order formula is not valid here")
-    return Estimate(
+    choices = _codec_ratios(components, ratios or {})
+    est = Estimate(
         params=params,
         precision=precision,
         optimizer=optimizer,
@@ -451,263 +397,72 @@ def estimate(
         gpu_hour_usd=gpu_hour_usd,
         mtbf_hours=mtbf_hours,
         components=components,
-        rows=rows,
-        notes=notes,
+        rows=[],
+    )
+    est = replace(est, rows=[_codec_row(est, *choice) for choice in choices])
+    return replace(est, notes=_notes(est))
+
+
+def _check_positive(**values: float | None) -> None:
+    """Raise ValueError naming the first value that is given (not None) and is not a finite number > 0."""
+    for name, value in values.items():
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"{name} must be a finite number > 0, got {value}")
+
+
+def _codec_ratios(
+    components: Sequence[Component], overrides: Mapping[str, float]
+) -> list[tuple[str, str, float, bool]]:
+    """(codec, label, whole-checkpoint ratio, overridden) of each row: uncompressed, the measured codecs (or their
+    ``overrides``), then the codecs only the overrides name."""
+    for codec, ratio in overrides.items():
+        if not (ratio > 0 and math.isfinite(ratio)):
+            raise ValueError(f"ratio for {codec} must be a finite number > 0, got {ratio}")
+    choices: list[tuple[str, str, float, bool]] = [("none", "uncompressed", 1.0, False)]
+    for codec in CODECS:
+        if codec in overrides:
+            choices.append((codec, CODEC_NAMES[codec], overrides[codec], True))
+        else:
+            choices.append((codec, CODEC_NAMES[codec], effective_ratio(components, codec), False))
+    return choices + [(codec, codec, ratio, True) for codec, ratio in overrides.items() if codec not in CODECS]
+
+
+def _codec_row(est: Estimate, codec: str, label: str, ratio: float, overridden: bool) -> CodecRow:
+    """The costs of checkpointing ``est``'s model with one codec at ``ratio``."""
+    nbytes = est.nbytes / ratio
+    write_s = write_seconds(nbytes, est.storage_gibps)
+    interval_s = est.interval_min * 60
+    row = CodecRow(codec, label, ratio, nbytes, idle_cost(write_s, interval_s, est.gpus, est.gpu_hour_usd), overridden)
+    if codec != "none":
+        row = replace(row, hidden=compression_hidden(codec, est.gpus, est.storage_gibps, ratio))
+    if est.mtbf_hours is None:
+        return row
+    best = young_daly_interval_s(write_s, est.mtbf_hours)
+    return replace(
+        row,
+        optimal=failure_cost(best, write_s, est.mtbf_hours, est.gpus, est.gpu_hour_usd),
+        optimal_idle=idle_cost(write_s, best, est.gpus, est.gpu_hour_usd),
+        at_interval=failure_cost(interval_s, write_s, est.mtbf_hours, est.gpus, est.gpu_hour_usd),
     )
 
 
-# ---------------------------------------------------------------------------------------------------- rendering
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
-    """Columns padded to their widest cell: the first ``left`` left-aligned, the others right-aligned."""
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(w) if i < left else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-        for row in (header, *rows)
-    ]
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def _count(n: float) -> str:
-    """``70.0B``, ``1.5T``, ``350.0M``: a parameter count."""
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f}{unit}"
-    return f"{n:g}"
-
-
-def _num(x: float, decimals: int = 0) -> str:
-    """``35,246`` or ``156.5``: thousands separated; small values keep 3 significant digits (``0.466``)."""
-    if 0 < abs(x) < 10 ** (2 - decimals):
-        return f"{x:.3g}"
-    return f"{x:,.{decimals}f}"
-
-
-def _usd(x: float) -> str:
-    """``$35,246``; below $100 with cents (``$54.12``)."""
-    return f"${x:,.0f}" if abs(x) >= 100 else f"${x:.2f}"
-
-
-def render(est: Estimate) -> str:
-    """The text ``lightning-nvcomp estimate`` prints for ``est``.
-
-    Args:
-        est: the result of :func:`estimate`.
-    """
-    out: list[str] = []
-    raw = est.nbytes
-    per_month = est.rows[0].idle.checkpoints_per_month
-    out.append(
-        f"Checkpoint cost: {_count(est.params)} params, {est.precision}, optimizer {est.optimizer}, {est.gpus} GPU{'s' if est.gpus > 1 else ''}, "
-        f"storage {est.storage_gibps:g} GiB/s, every {est.interval_min:g} min ({per_month:,.6g} checkpoints per "
-        f"30-day month), ${est.gpu_hour_usd:.2f}/GPU-hour"
-    )
-    out.append("Units: GiB = 2^30 bytes; storage bandwidth is read as GiB/s (so 782 GiB at 5 GiB/s = 156 s).")
-    out.append("")
-
-    shown = [c for c in CODECS if not any(r.codec == c and r.overridden for r in est.rows)]
-    header = ["component", "dtype", "bytes/param", "size GiB", *(f"{CODEC_NAMES[c]} ratio" for c in shown)]
-    rows = [
-        [
-            c.name,
-            c.dtype,
-            f"{c.bytes_per_param:g}",
-            _num(c.nbytes / GIB, 1),
-            *(f"{c.ratios[codec]:.3f}{'*' if c.assumed else ' '}" for codec in shown),
-        ]
-        for c in est.components
-    ]
-    totals = {r.codec: r.ratio for r in est.rows}
-    rows.append(["total", "", f"{raw / est.params:g}", _num(raw / GIB, 1), *(f"{totals[c]:.3f} " for c in shown)])
-    out.append(_table(header, rows, left=2))
-    if any(c.assumed for c in est.components):
-        out.append("* not measured: borrowed from a similar measured class (see estimate.py); --ratio overrides")
-    out.append("Default ratios: measured on an H200, benchmarks/results/codec.md (2026-11-29).")
-    out.append("")
-
+def _notes(est: Estimate) -> list[str]:
+    """The caveats worth printing: the assumptions that do not hold for ``est``'s inputs."""
+    notes = []
     base = est.rows[0]
-    out.append(
-        "Synchronous saves (every GPU idle until the bytes are on storage; compression assumed hidden behind the "
-        "write, as benchmarked):"
-    )
-    header = ["codec", "ratio", "size GiB", "idle s/ckpt", "GPU-s/ckpt", "idle GPU-h/month", "$/month", "saved $/month"]
-    rows = []
-    for r in est.rows:
-        ratio = f"{r.ratio:.3f}{' (--ratio)' if r.overridden else ''}"
-        saved = "" if r.codec == "none" else _usd(base.idle.usd_month - r.idle.usd_month)
-        rows.append(
-            [
-                r.label,
-                ratio,
-                _num(r.nbytes / GIB, 1),
-                _num(r.idle.write_s, 1),
-                _num(r.idle.write_s * est.gpus),
-                _num(r.idle.gpu_hours_month),
-                _usd(r.idle.usd_month),
-                saved,
-            ]
+    if base.idle.write_s > est.interval_min * 60:
+        notes.append(
+            f"an uncompressed checkpoint takes {base.idle.write_s:.0f} s, longer than the {est.interval_min:g} min "
+            "interval: the job would do nothing but checkpoint"
         )
-    out.append(_table(header, rows))
-
-    if est.mtbf_hours is not None:
-        first = est.rows[0].optimal
-        assert first is not None
-        out.append("")
-        out.append(
-            f"Failures: MTBF {est.mtbf_hours:g} h ({first.failures_per_month:,.6g} per month). Lost per failure = half "
-            "an interval of compute + reading the checkpoint back (same bandwidth), all GPUs idle."
-        )
-        header = [
-            "codec",
-            "write s",
-            "Young/Daly min",
-            "lost s/failure",
-            "lost $/month",
-            "ckpt $/month",
-            "total $/month",
-            "saved $/month",
-        ]
-        rows = []
-        base_total = 0.0
-        for r in est.rows:
-            assert r.optimal is not None and r.optimal_idle is not None
-            total = r.optimal.usd_month + r.optimal_idle.usd_month
-            if r.codec == "none":
-                base_total = total
-            rows.append(
-                [
-                    r.label,
-                    _num(r.idle.write_s, 1),
-                    _num(r.optimal.interval_s / 60, 1),
-                    _num(r.optimal.lost_s_per_failure),
-                    _usd(r.optimal.usd_month),
-                    _usd(r.optimal_idle.usd_month),
-                    _usd(total),
-                    "" if r.codec == "none" else _usd(base_total - total),
-                ]
+    for row in est.rows:
+        if row.hidden is False:
+            rate = MEASURED_E2E_ENCODE_BPS[row.codec]
+            notes.append(
+                f"{row.label}: {est.gpus} GPU(s) at the slowest measured end-to-end encode rate ({rate / 1e9:.1f} "
+                f"GB/s each) may not keep pace with {est.storage_gibps:g} GiB/s of storage; compression may not be "
+                "fully hidden and its savings are overstated"
             )
-        out.append("At the Young/Daly interval sqrt(2 * write s * MTBF):")
-        out.append(_table(header, rows))
-        header = [
-            "codec",
-            "lost s/failure",
-            "lost GPU-h/month",
-            "lost $/month",
-            "ckpt $/month",
-            "total $/month",
-            "saved $/month",
-        ]
-        rows = []
-        for r in est.rows:
-            assert r.at_interval is not None
-            total = r.at_interval.usd_month + r.idle.usd_month
-            if r.codec == "none":
-                base_total = total
-            rows.append(
-                [
-                    r.label,
-                    _num(r.at_interval.lost_s_per_failure),
-                    _num(r.at_interval.gpu_hours_month),
-                    _usd(r.at_interval.usd_month),
-                    _usd(r.idle.usd_month),
-                    _usd(total),
-                    "" if r.codec == "none" else _usd(base_total - total),
-                ]
-            )
-        out.append(f"At --interval-min {est.interval_min:g}:")
-        out.append(_table(header, rows))
-
-    for note in est.notes:
-        out.append(f"note: {note}")
-    return "\n".join(out)
-
-
-# ---------------------------------------------------------------------------------------------------- arguments
-
-
-def parse_count(text: str) -> float:
-    """A parameter count: ``70e9``, ``70000000000``, ``70B``, ``1.5T``, ``350M`` (K, M, B or G, T suffixes).
-
-    Args:
-        text: the count as typed.
-
-    Raises:
-        ValueError: not a number, not finite or not > 0.
-    """
-    s = text.strip().replace("_", "")
-    scale = 1.0
-    if s and s[-1].lower() in _MULTIPLIERS:
-        scale, s = _MULTIPLIERS[s[-1].lower()], s[:-1]
-    value = float(s) * scale  # ValueError for junk
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"must be > 0, got {text!r}")
-    return value
-
-
-def arg_params(text: str) -> float:
-    """argparse ``type=`` for ``--params``: :func:`parse_count`, errors as argparse errors.
-
-    Args:
-        text: the option's value.
-    """
-    try:
-        return parse_count(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a parameter count > 0 such as 70e9 or 70B, got {text!r}") from None
-
-
-def arg_positive_float(text: str) -> float:
-    """argparse ``type=``: a finite float > 0.
-
-    Args:
-        text: the option's value.
-    """
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
-
-
-def arg_positive_int(text: str) -> int:
-    """argparse ``type=``: an integer > 0.
-
-    Args:
-        text: the option's value.
-    """
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}")
-    return value
-
-
-_CODEC_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.+-]*")
-
-
-def arg_ratio(text: str) -> tuple[str, float]:
-    """argparse ``type=`` for ``--ratio CODEC=R``: (codec key, ratio), ratio a finite number > 0.
-
-    ``gans`` (or ``ans``) and ``zstd`` replace the measured defaults; any other name adds a codec.
-
-    Args:
-        text: the option's value.
-    """
-    name, sep, value = text.partition("=")
-    name = name.strip().lower()
-    try:
-        ratio = float(value)
-    except ValueError:
-        ratio = math.nan
-    if not sep or not _CODEC_RE.fullmatch(name) or not (ratio > 0 and math.isfinite(ratio)):
-        raise argparse.ArgumentTypeError(
-            f"expected CODEC=RATIO with a ratio > 0 (raw bytes / stored bytes), e.g. gans=1.30, got {text!r}"
-        )
-    if name in ("none", "uncompressed", "raw"):
-        raise argparse.ArgumentTypeError(f"{name!r} is the uncompressed baseline (ratio 1); name a codec")
-    return CODEC_ALIASES.get(name, name), ratio
+    if est.mtbf_hours is not None and base.optimal is not None and base.optimal.interval_s > est.mtbf_hours * 3600:
+        notes.append("the Young/Daly interval exceeds the MTBF: its first-order formula is not valid here")
+    return notes

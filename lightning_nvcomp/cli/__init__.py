@@ -1,0 +1,62 @@
+"""The ``lightning-nvcomp`` command line (also ``python -m lightning_nvcomp``).
+
+Commands, one module each in this package:
+
+* ``inspect FILE``: what a checkpoint holds (tensors, codecs, compression ratios), without decoding anything.
+* ``verify FILE``: decode every record and check every checksum.
+* ``convert IN OUT --codec {zstd,ans,none,torch}``: rewrite a checkpoint with another codec (``torch``: a plain
+  torch.save file).
+* ``estimate``: what synchronous checkpoints cost in idle GPU time and dollars, uncompressed and with each codec.
+* ``bench --dir DIR``: measure a checkpoint directory and the codecs; predict and time a save with each.
+
+Exit status: 0 success; 1 the file is missing or damaged; 2 it cannot be processed on this machine (gANS records
+without a CUDA GPU and nvCOMP, refused by ``weights_only``, over the decode limit, out of memory, a device error),
+or the command line is wrong.
+
+Each command module has ``add_parser(subparsers)``, which adds its subcommand and sets ``run`` to its
+``run(args) -> int`` (the exit status); :func:`main` maps the errors a command raises to the statuses above.
+Shared pieces: ``common`` (names, statuses, argument types), ``checkpoint`` (a file's survey and a load with a
+progress bar), ``table`` (the table renderer and byte sizes).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from lightning_nvcomp import __version__
+from lightning_nvcomp.cli import bench, convert, estimate, inspect, verify
+from lightning_nvcomp.cli.common import EXIT_BAD_FILE, EXIT_UNAVAILABLE, PROG, fail
+from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
+
+#: The command modules, in the order ``--help`` lists them.
+COMMANDS = (inspect, verify, convert, estimate, bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser: ``--version`` and one subcommand per module of :data:`COMMANDS`."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Inspect, verify and convert lossless compressed PyTorch checkpoints (nvCOMP gANS / zstd).",
+        epilog="Exit status: 0 success, 1 file missing or damaged, 2 cannot be processed on this machine "
+        "(gANS without a CUDA GPU) or bad arguments.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line on ``argv`` (default ``sys.argv[1:]``); return the exit status: 1 for a missing or
+    damaged file, 2 for anything that keeps it from being processed here (see the module docstring). A wrong
+    command line exits 2 through argparse's ``SystemExit``."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (CorruptCheckpointError, FileNotFoundError, IsADirectoryError) as err:
+        return fail(str(err), EXIT_BAD_FILE)
+    except CheckpointError as err:  # not damage: a codec missing here, weights_only, the decode limit
+        return fail(str(err), EXIT_UNAVAILABLE)
+    except (OSError, MemoryError, RuntimeError, ValueError) as err:  # the machine, not the file
+        return fail(f"{type(err).__name__}: {err}", EXIT_UNAVAILABLE)

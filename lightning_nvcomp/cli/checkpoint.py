@@ -1,0 +1,127 @@
+"""A checkpoint as the commands see it: what it holds, read without decoding anything, and a load that shows its
+progress."""
+
+from __future__ import annotations
+
+import contextvars
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from lightning_nvcomp import container
+from lightning_nvcomp.container import DTYPES, TensorInfo
+
+
+def ratio(raw_nbytes: float, stored_nbytes: float) -> float:
+    """Compression ratio, raw bytes / stored bytes (1.0 when nothing is stored)."""
+    return raw_nbytes / stored_nbytes if stored_nbytes else 1.0
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor of a checkpoint and the record (or plain storage) that holds it."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    codec: str
+    holder: tuple[str, int]  # identity of the record or storage, shared by the tensors it holds
+    raw_nbytes: int  # of the whole record or storage
+    stored_nbytes: int
+
+    @property
+    def ratio(self) -> float:
+        return ratio(self.raw_nbytes, self.stored_nbytes)
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What :func:`container.describe` tells about the checkpoint at ``path``, flattened."""
+
+    path: str
+    entries: list[Entry]
+    gans_writers: list[str]  # nvCOMP versions that wrote the gANS records; empty if there are none
+
+    def holders(self) -> dict[tuple[str, int], Entry]:
+        """One entry per record or storage: the first tensor held by each."""
+        first: dict[tuple[str, int], Entry] = {}
+        for entry in self.entries:
+            first.setdefault(entry.holder, entry)
+        return first
+
+    def raw_nbytes(self, compressed_only: bool = False) -> int:
+        return sum(e.raw_nbytes for key, e in self.holders().items() if not compressed_only or key[0] == "record")
+
+    def stored_nbytes(self) -> int:
+        return sum(e.stored_nbytes for e in self.holders().values())
+
+
+def _walk(obj: object) -> Iterator[tuple[str, TensorInfo | torch.Tensor]]:
+    """Each TensorInfo and dense tensor reachable through dicts, lists and tuples, once, with its dotted path."""
+    seen: set[int] = set()
+    stack: list[tuple[object, str]] = [(obj, "")]
+    while stack:
+        item, path = stack.pop()
+        if id(item) in seen:
+            continue
+        if isinstance(item, TensorInfo) or (isinstance(item, torch.Tensor) and item.layout == torch.strided):
+            seen.add(id(item))
+            yield path or "<root>", item
+        elif isinstance(item, (Mapping, list, tuple)):
+            seen.add(id(item))
+            pairs = item.items() if isinstance(item, Mapping) else enumerate(item)
+            stack.extend(reversed([(value, f"{path}.{key}" if path else str(key)) for key, value in pairs]))
+
+
+def _codec_label(rec: dict) -> str:
+    """``zstd``, ``ans+raw 4 planes``, ``ans <f4``: the record's codecs (``raw`` last) and its layout."""
+    label = "+".join(sorted(set(rec["codecs"]), key=lambda codec: (codec == "raw", codec)))
+    if rec["data_type"] != "|u1":
+        return f"{label} {rec['data_type']}"
+    return f"{label} {rec['planes']} planes" if rec["planes"] > 1 else label
+
+
+def _plain_entry(name: str, tensor: torch.Tensor) -> Entry:
+    """A tensor stored by plain torch.save: its storage holds it, uncompressed."""
+    storage = tensor.untyped_storage()
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    nbytes = tensor.numel() * tensor.element_size()
+    held = storage.nbytes()
+    # The storage's address identifies it: the file is mapped, each storage at its own offset.
+    holder = ("storage", storage.data_ptr())
+    return Entry(name, dtype, tuple(tensor.shape), nbytes, "torch", holder, held, held)
+
+
+def survey(path: str) -> Survey:
+    """Describe ``path``, decoding nothing."""
+    structure = container.describe(path)  # records are validated: their fields can be trusted below
+    entries, writers = [], set()
+    for name, item in _walk(structure):
+        if isinstance(item, torch.Tensor):
+            entries.append(_plain_entry(name, item))
+            continue
+        rec = item.record
+        if "ans" in rec["codecs"]:
+            writers.add(str(rec.get("nvcomp") or "unknown"))
+        nbytes = math.prod(item.shape) * DTYPES[item.dtype].itemsize
+        holder = ("record", id(rec))
+        entries.append(
+            Entry(name, item.dtype, item.shape, nbytes, _codec_label(rec), holder, rec["nbytes"], item.stored_nbytes)
+        )
+    return Survey(path, entries, sorted(writers))
+
+
+def load(surveyed: Survey, map_location: str, quiet: bool) -> Any:
+    """Load (and so verify) the surveyed file, with a progress bar on stderr over the raw bytes of its records."""
+    total = surveyed.raw_nbytes(compressed_only=True)
+    disable = True if quiet or not total else None  # None: tqdm disables itself when stderr is not a TTY
+    with tqdm(total=total, unit="B", unit_scale=True, desc="decoding", leave=False, disable=disable) as bar:
+        # The progress callback is set in a copy of this context, the load runs in that copy: nothing to undo.
+        context = contextvars.copy_context()
+        context.run(container.report_progress, bar.update)
+        return context.run(container.load, surveyed.path, map_location=map_location)
