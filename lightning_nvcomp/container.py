@@ -1,10 +1,10 @@
 """The checkpoint file: a valid ``torch.save`` zip in which tensors are stored as compressed records.
 
 Each tensor in the saved object is pickled as a call ``decode_tensor(blobs, record, index, offset, size, stride,
-requires_grad, parameter, name)``: ``blobs`` are ordinary uint8 tensors holding the compressed record (one per
-segment), ``record`` the dict that
-describes it (see :mod:`lightning_nvcomp.codec.record`, plus ``storages``: the ``[offset, nbytes]`` of each tensor
-storage packed into the record). Small storages of one dtype and device share a record; views of one storage
+requires_grad, parameter, name, check)`` and every other storage as ``decode_storage(blobs, record, index, dtype,
+check)`` (the whole format: docs/FORMAT.md): ``blobs`` are ordinary uint8 tensors holding the compressed record
+(one per segment), ``record`` the dict that describes it (see :mod:`lightning_nvcomp.codec.record`, plus
+``storages``: the ``[offset, nbytes]`` of each tensor storage packed into the record). Small storages of one dtype and device share a record; views of one storage
 share it like in ``torch.save``. So any ``torch.load`` - Lightning's, the user's, with ``weights_only=True`` once
 :mod:`lightning_nvcomp` is imported, with ``map_location`` or ``mmap=True`` - returns the real tensors.
 """
@@ -35,12 +35,13 @@ from lightning_nvcomp.archive import ArchiveWriter
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec.checksum import Crc32
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, DecodeLimitError
+from lightning_nvcomp.options import Codec
 from lightning_nvcomp.policy import CodecPolicy, Prediction
 from lightning_nvcomp.resources import shared
 from lightning_nvcomp.storage import Storage, check_local, target_directory
 
 #: Codec names :func:`save` accepts.
-SAVE_CODECS = ("auto", "ans", "zstd", "none")
+SAVE_CODECS = tuple(c.value for c in Codec)
 #: Storages below this size share records of up to _GROUP_NBYTES: few large records keep nvCOMP calls few.
 _SMALL_NBYTES = 64 << 20
 _GROUP_NBYTES = 256 << 20
@@ -209,8 +210,8 @@ def _check_record(rec: object, blobs: list[torch.Tensor], name: object, state: L
         raise _fail(name, "its record description is not a dict")
     try:
         layout = records.validate(rec, [b.numel() for b in blobs])
-    except CheckpointError as err:
-        raise _fail(name, str(err)) from None
+    except CheckpointError as err:  # damage, or a newer format: the same kind of error, the tensor named
+        raise type(err)(f"tensor {name!r}: {err}") from None
     storages = rec.get("storages")
     if not isinstance(storages, list) or any(
         not isinstance(s, list) or len(s) != 2 or any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in s)
@@ -281,12 +282,14 @@ def decode_tensor(
     parameter: bool,
     name: str,
     check: int | None = None,
+    *newer: object,
 ) -> torch.Tensor:
     """Rebuild one tensor from a compressed record (called by ``torch.load``; import lightning_nvcomp first).
 
     Every argument is validated: this function is reachable from any pickle. ``check`` (format 2 records) is the
     CRC-32 of the record's ``check`` and every other argument (:func:`tensor_check`): a damaged placement fails here,
-    under any loader. Format 1 records (v0.1) are called without it.
+    under any loader. Format 1 records (v0.1) are called without it. Arguments a newer format may add (``newer``)
+    are accepted so that its record's version is what the error names (upgrade), not the call.
     """
     if not isinstance(name, str):
         raise CorruptCheckpointError(f"tensor name {name!r} is not a string")
@@ -302,6 +305,8 @@ def decode_tensor(
     storages = rec["storages"]
     if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(storages):
         raise _fail(name, f"storage index {index!r} is out of range")
+    if newer and rec["format"] <= records.FORMAT_VERSION:
+        raise _fail(name, f"{len(newer)} arguments more than format {rec['format']} has")
     if rec["format"] >= 2:
         if check != tensor_check(rec, index, offset, size, stride, requires_grad, parameter, name):
             raise _fail(name, "its placement (record, index, offset, shape, stride, flags) is damaged: check mismatch")
@@ -332,7 +337,8 @@ def _torch_dtype(name: object) -> torch.dtype | None:
     return value if isinstance(value, torch.dtype) else None
 
 
-def decode_storage(blobs: list[torch.Tensor], rec: dict, index: int, dtype: str | None, check: int) -> Any:
+def decode_storage(blobs: list[torch.Tensor], rec: dict, index: int, dtype: str | None, check: int,
+                   *newer: object) -> Any:
     """Rebuild one storage from a record: how tensors that are not stored through :func:`decode_tensor` (conj or
     neg views, subclasses, sparse tensors, dtypes the record format does not name) get their bytes, checked.
 
@@ -349,6 +355,8 @@ def decode_storage(blobs: list[torch.Tensor], rec: dict, index: int, dtype: str 
     storages = rec["storages"]
     if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(storages):
         raise _fail(where, f"storage index {index!r} is out of range")
+    if newer and rec["format"] <= records.FORMAT_VERSION:
+        raise _fail(where, f"{len(newer)} arguments more than format {rec['format']} has")
     if rec["format"] < 2 or check != storage_check(rec, index, dtype):
         raise _fail(where, "its description is damaged: check mismatch")
     if _describe.get() is not None:  # describe decodes nothing: a storage of the right size that holds no memory
@@ -607,10 +615,8 @@ def resolve_codec(
 ) -> tuple[str, Prediction | None]:
     """The codec a save uses. ``auto`` asks ``policy`` (default: this process's :func:`default_policy`), which
     measures the storage and the codecs and predicts the fastest save."""
-    if codec not in SAVE_CODECS:
-        raise ValueError(f"codec must be one of {SAVE_CODECS}, not {codec!r}")
-    if codec != "auto":
-        return codec, None
+    if Codec.parse(codec) is not Codec.AUTO:
+        return Codec.parse(codec).value, None
     chosen, _ = (policy or default_policy()).decide(tensors, directory)
     return chosen.codec, chosen
 

@@ -123,6 +123,7 @@ from lightning_nvcomp import container
 from lightning_nvcomp.archive import ArchiveWriter
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError, CorruptCheckpointError
+from lightning_nvcomp.options import CONCRETE_CODECS, Codec
 from lightning_nvcomp.policy import CodecPolicy
 from lightning_nvcomp.resources import shared
 from lightning_nvcomp.storage import atomic_write
@@ -136,7 +137,7 @@ __all__ = [
 ]
 
 #: Codecs the writer accepts (as :func:`lightning_nvcomp.save`).
-CODECS = ("auto", "ans", "zstd", "none")
+CODECS = tuple(c.value for c in Codec)
 #: What ``stage_compress`` may be: which shards ``dcp.async_save``'s staging compresses (the rest are copied).
 STAGE_COMPRESS = ("gpu", "all", "none")
 _METADATA = ".metadata"
@@ -151,7 +152,7 @@ _REMOTE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 #: ``Path("s3://bucket/x")`` is ``s3:/bucket/x``: the same URL once pathlib has collapsed its slashes.
 _REMOTE_COLLAPSED = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
 #: Codecs an item's storage info may name (``None``: a plain ``torch.save`` item).
-_ITEM_CODECS = ("ans", "zstd", "none")
+_ITEM_CODECS = tuple(c.value for c in CONCRETE_CODECS)
 #: Offsets and lengths beyond this are refused before any arithmetic or allocation (no file is that large).
 _MAX_FILE_OFFSET = 1 << 62
 #: The name ``_checked_metadata`` reports: the path while our reader reads it, else ``.metadata``.
@@ -408,8 +409,7 @@ class NvcompFileSystemWriter(FileSystemWriter):
         overwrite: bool = True,
         _extensions: Sequence[Any] | None = None,
     ) -> None:
-        if codec not in CODECS:
-            raise ValueError(f"codec must be one of {CODECS}, not {codec!r}")
+        codec = Codec.parse(codec).value
         if stage_compress not in STAGE_COMPRESS:
             raise ValueError(f"stage_compress must be one of {STAGE_COMPRESS}, not {stage_compress!r}")
         if _extensions:

@@ -16,3 +16,7 @@ class CodecUnavailableError(CheckpointError):
 class DecodeLimitError(CheckpointError):
     """A load would decode more bytes than its bound allows (a decompression bomb, or data that is mostly zeros);
     the message says how to raise the bound for a trusted file."""
+
+
+class UnsupportedFormatError(CheckpointError):
+    """The file was written by a newer lightning_nvcomp, in a format this version does not read: upgrade."""

@@ -13,8 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 from lightning_nvcomp import container, telemetry
-from lightning_nvcomp.codec.gpu import gpu_available
-from lightning_nvcomp.errors import CodecUnavailableError
+from lightning_nvcomp.options import Codec
 from lightning_nvcomp.policy import CodecPolicy, Prediction
 from lightning_nvcomp.storage import Storage, check_local, wait_for_discards
 
@@ -84,12 +83,9 @@ class CheckpointWriter:
         gpu_hour_usd: float | None = None,
         report: Callable[[str], None] | None = None,
     ) -> None:
-        if codec not in container.SAVE_CODECS:
-            raise ValueError(f"codec must be one of {container.SAVE_CODECS}, not {codec!r}")
+        Codec.parse(codec).require_available()  # fail now, not at the first checkpoint hours later
         if staging_mb <= 0 or probe_mb <= 0:
             raise ValueError(f"staging_mb ({staging_mb}) and probe_mb ({probe_mb}) must be positive")
-        if codec == "ans" and not gpu_available():  # fail now, not at the first checkpoint hours later
-            raise CodecUnavailableError("codec='ans' needs a CUDA GPU and nvCOMP here; use codec='zstd' or 'auto'")
         self.codec, self.async_save = codec, async_save
         self.staging_nbytes = staging_mb << 20
         self.policy = CodecPolicy("async" if async_save else "sync", interval_s, probe_mb << 20)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lightning_nvcomp.container import SaveStats
+from lightning_nvcomp.options import Codec
 
 PREFIX = "nvcomp/"
-CODEC_IDS = {"none": 0, "zstd": 1, "ans": 2}
 
 
 @dataclass
@@ -40,7 +40,7 @@ class Savings:
             "raw_gb": stats.raw_nbytes / 1e9,
             "stored_gb": stats.file_nbytes / 1e9,
             "ratio": stats.ratio,
-            "codec_id": float(CODEC_IDS[stats.codec]),
+            "codec_id": float(Codec(stats.codec).telemetry_id),
             "blocked_s": blocked_s,
             "write_s": stats.write_s,
             "baseline_s": baseline_s,

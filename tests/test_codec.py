@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from lightning_nvcomp.codec import checksum, planes, record
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.container import DTYPES
-from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError, CorruptCheckpointError
+from lightning_nvcomp.errors import UnsupportedFormatError, CheckpointError, CodecUnavailableError, CorruptCheckpointError
 
 SETTINGS = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 CPU_CODECS = ("zstd", "raw")
@@ -429,9 +429,9 @@ def test_validate_rejects_non_records(meta):
 def test_newer_format_asks_for_an_upgrade(valid_record):
     _, blobs, meta = valid_record
     newer = mutated(meta, format=record.FORMAT_VERSION + 1)
-    with pytest.raises(CorruptCheckpointError, match="(?i)upgrade"):
+    with pytest.raises(UnsupportedFormatError, match="(?i)upgrade"):
         record.validate(newer, sizes_of(blobs))
-    with pytest.raises(CorruptCheckpointError, match="(?i)upgrade"):
+    with pytest.raises(UnsupportedFormatError, match="(?i)upgrade"):
         record.decode(blobs, newer, "cpu")
 
 
@@ -439,7 +439,7 @@ def test_format_version_is_checked_before_fields(valid_record):
     # a future format may change any field: the upgrade hint must win over field errors
     _, blobs, meta = valid_record
     future = {"format": record.FORMAT_VERSION + 7, "whatever": [1, 2, 3]}
-    with pytest.raises(CorruptCheckpointError, match="(?i)upgrade"):
+    with pytest.raises(UnsupportedFormatError, match="(?i)upgrade"):
         record.validate(future, sizes_of(blobs))
 
 

@@ -33,7 +33,7 @@ from lightning_nvcomp.codec.checksum import Crc32, crc32
 from lightning_nvcomp.codec.cpu import CpuZstdEngine, cpu_threads
 from lightning_nvcomp.codec.engine import ChunkEngine
 from lightning_nvcomp.codec.gpu import NvcompEngine, gpu_available, nvcomp_version
-from lightning_nvcomp.errors import CodecUnavailableError, CorruptCheckpointError
+from lightning_nvcomp.errors import CodecUnavailableError, CorruptCheckpointError, UnsupportedFormatError
 from lightning_nvcomp.resources import shared
 
 FORMAT_VERSION = 2
@@ -369,7 +369,7 @@ def validate(meta: object, blob_sizes: list[int]) -> Layout:
         raise CorruptCheckpointError(f"record description is a {type(meta).__name__}, not a dict")
     version = meta.get("format")
     if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
-        raise CorruptCheckpointError(
+        raise UnsupportedFormatError(
             f"record format {version} is newer than this lightning_nvcomp reads ({FORMAT_VERSION}): upgrade it"
         )
     if version not in READ_FORMATS or isinstance(version, bool):
@@ -412,12 +412,12 @@ def validate(meta: object, blob_sizes: list[int]) -> Layout:
             for raw in lengths:
                 size = sizes[pos]
                 pos += 1
-                if not isinstance(size, int) or not 0 < size <= raw or (codecs[k] == "raw" and size != raw):
+                if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= raw or (codecs[k] == "raw" and size != raw):
                     raise CorruptCheckpointError(f"record chunk {pos - 1} has stored size {size!r} for {raw} bytes")
                 stored += _padded(size)
         if stored != blob_sizes[s]:
             raise CorruptCheckpointError(f"segment {s}'s chunks add up to {stored} bytes but its blob holds {blob_sizes[s]}")
-    if any(not isinstance(c, int) or not 0 <= c < 1 << 32 for c in crcs):
+    if any(not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < 1 << 32 for c in crcs):
         raise CorruptCheckpointError("record checksums are not 32-bit integers")
     return layout
 
