@@ -86,7 +86,7 @@ def train(model: GPT, corpus: torch.Tensor, steps: int, batch: int, device: str,
 
 
 def state_by_class(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, list[torch.Tensor]]:
-    """The checkpoint's tensors grouped as DESIGN.md's classes: bf16 weights, fp32 weights, Adam m and v."""
+    """The checkpoint's tensors by class (benchmarks/results/codec.md): bf16 weights, fp32 weights, Adam m, v."""
     params = [p.detach() for p in model.parameters()]
     states = [opt.state[p] for p in model.parameters() if p in opt.state]
     return {

@@ -11,6 +11,7 @@ share it like in ``torch.save``. So any ``torch.load`` - Lightning's, the user's
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import copy
 import io
@@ -22,7 +23,7 @@ import threading
 import time
 import weakref
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -1042,6 +1043,11 @@ def describe(path: str | os.PathLike) -> Any:
         _describe.reset(token)
 
 
-def report_progress(callback: Callable[[int], None] | None) -> contextvars.Token:
-    """Have every record decoded in this context call ``callback(raw_nbytes)``; undo with ``_progress.reset``."""
-    return _progress.set(callback)
+@contextlib.contextmanager
+def decode_progress(callback: Callable[[int], None]) -> Iterator[None]:
+    """Within this block, every record decoded calls ``callback(raw_nbytes)`` (progress bars)."""
+    token = _progress.set(callback)
+    try:
+        yield
+    finally:
+        _progress.reset(token)

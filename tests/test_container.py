@@ -429,14 +429,14 @@ def test_describe_names_shapes_and_decodes_nothing(tmp_path):
     path = tmp_path / "ck.pt"
     lightning_nvcomp.save(obj, path, codec="zstd")
     decoded = []
-    token = container.report_progress(decoded.append)
-    try:
+    with container.decode_progress(decoded.append):
         info = describe(path)
         assert decoded == [], "describe decoded records"
         lightning_nvcomp.load(path)
         assert decoded, "the progress hook never fired, so the check above proves nothing"
-    finally:
-        container._progress.reset(token)
+    calls = len(decoded)
+    lightning_nvcomp.load(path)
+    assert len(decoded) == calls, "the hook outlived its block"
     weight = info["model"]["layer"]["weight"]
     assert isinstance(weight, TensorInfo)
     assert weight.name == "model.layer.weight" and weight.dtype == "float32" and weight.shape == (60, 100)

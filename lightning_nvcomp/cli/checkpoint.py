@@ -3,7 +3,6 @@ progress."""
 
 from __future__ import annotations
 
-import contextvars
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -121,7 +120,5 @@ def load(surveyed: Survey, map_location: str, quiet: bool) -> Any:
     total = surveyed.raw_nbytes(compressed_only=True)
     disable = True if quiet or not total else None  # None: tqdm disables itself when stderr is not a TTY
     with tqdm(total=total, unit="B", unit_scale=True, desc="decoding", leave=False, disable=disable) as bar:
-        # The progress callback is set in a copy of this context, the load runs in that copy: nothing to undo.
-        context = contextvars.copy_context()
-        context.run(container.report_progress, bar.update)
-        return context.run(container.load, surveyed.path, map_location=map_location)
+        with container.decode_progress(bar.update):
+            return container.load(surveyed.path, map_location=map_location)
