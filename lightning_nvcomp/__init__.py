@@ -3,23 +3,41 @@
 ``import lightning_nvcomp`` registers the decoder with ``torch.load`` (also for ``weights_only=True``).
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from lightning_nvcomp.container import SaveStats, decode_storage, decode_tensor, load, save
 from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError, CorruptCheckpointError, DecodeLimitError
+from lightning_nvcomp.integrations._require import MissingExtraError
+
+if TYPE_CHECKING:  # for type checkers; at run time these come from __getattr__ below
+    from lightning_nvcomp.integrations.lightning import NvcompCheckpointIO, NvcompSavings
+    from lightning_nvcomp.integrations.lightning_sharded import NvcompFSDPStrategy, NvcompModelParallelStrategy
 
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
-    # The Lightning integration imports lightning: load it only when asked for.
-    if name in ("NvcompCheckpointIO", "NvcompSavings"):
-        from lightning_nvcomp.integrations import lightning as integration
+#: Lazy attributes: the integration module each comes from. Those modules import their framework (the
+#: ``[lightning]`` extra), which the core never does, so they load only when one of these names is asked for.
+_INTEGRATIONS = {
+    "NvcompCheckpointIO": "lightning",
+    "NvcompSavings": "lightning",
+    "NvcompFSDPStrategy": "lightning_sharded",
+    "NvcompModelParallelStrategy": "lightning_sharded",
+}
 
-        return getattr(integration, name)
-    if name in ("NvcompFSDPStrategy", "NvcompModelParallelStrategy"):
-        from lightning_nvcomp.integrations import lightning_sharded
 
-        return getattr(lightning_sharded, name)
-    raise AttributeError(f"module 'lightning_nvcomp' has no attribute {name!r}")
+def __getattr__(name: str) -> Any:
+    module = _INTEGRATIONS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lightning_nvcomp' has no attribute {name!r}")
+    try:
+        integration = importlib.import_module(f"lightning_nvcomp.integrations.{module}")
+    except MissingExtraError as err:
+        # the same error, naming the attribute that was asked for
+        cause = err.__cause__
+        raise MissingExtraError(err.extra, name, cause) from cause
+    return getattr(integration, name)
 
 
 __all__ = [

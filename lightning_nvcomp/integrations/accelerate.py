@@ -18,9 +18,14 @@ import functools
 import threading
 from typing import Any
 
-import accelerate.checkpointing as accelerate_checkpointing
-from accelerate import Accelerator
-from accelerate.state import PartialState
+from lightning_nvcomp.integrations._require import MissingExtraError
+
+try:
+    import accelerate.checkpointing as accelerate_checkpointing
+    from accelerate import Accelerator
+    from accelerate.state import PartialState
+except ImportError as err:
+    raise MissingExtraError("accelerate", "lightning_nvcomp.integrations.accelerate (attach)", err) from err
 
 from lightning_nvcomp.pipeline import CheckpointWriter
 from lightning_nvcomp.storage import check_local

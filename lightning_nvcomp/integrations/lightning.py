@@ -11,8 +11,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
-from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning_nvcomp.integrations._require import MissingExtraError
+
+try:
+    from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+    from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_warn
+    from lightning.pytorch import Callback as _Callback
+except ImportError as err:
+    raise MissingExtraError("lightning", "NvcompCheckpointIO and NvcompSavings", err) from err
 
 from lightning_nvcomp import container, telemetry
 from lightning_nvcomp.pipeline import CheckpointWriter
@@ -189,8 +195,6 @@ def _checkpoint_dirs(trainer: Any) -> list[Any]:
 def _callback_class(base: type) -> type:
     return type("NvcompSavings", (SavingsLogging, base), {"__doc__": SavingsLogging.__doc__, "__module__": __name__})
 
-
-from lightning.pytorch import Callback as _Callback  # noqa: E402
 
 NvcompSavings = _callback_class(_Callback)
 

@@ -20,11 +20,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import lightning.pytorch.strategies.fsdp as fsdp_strategy
-import lightning.pytorch.strategies.model_parallel as model_parallel_strategy
 import torch.distributed.checkpoint as dcp
-from lightning.fabric.utilities.rank_zero import rank_zero_info
-from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+
+from lightning_nvcomp.integrations._require import MissingExtraError
+
+try:
+    import lightning.pytorch.strategies.fsdp as fsdp_strategy
+    import lightning.pytorch.strategies.model_parallel as model_parallel_strategy
+    from lightning.fabric.utilities.rank_zero import rank_zero_info
+    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+except ImportError as err:
+    raise MissingExtraError("lightning", "NvcompFSDPStrategy and NvcompModelParallelStrategy", err) from err
 
 from lightning_nvcomp import telemetry
 from lightning_nvcomp.container import SaveStats
