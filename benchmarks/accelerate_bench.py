@@ -22,13 +22,12 @@ from lightning_nvcomp.codec.gpu import nvcomp_version
 from lightning_nvcomp.integrations.accelerate import attach
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
-from gpt import GPT, stdlib_corpus, train  # noqa: E402
 from common import publish, sync  # noqa: E402
+from gpt import GPT, stdlib_corpus, train  # noqa: E402
 
 
 def dir_gb(path: str) -> float:
     return sum(f.stat().st_size for f in pathlib.Path(path).iterdir()) / 1e9
-
 
 
 def timed_save(accelerator: Accelerator, path: str, wait) -> tuple[float, float]:
@@ -71,8 +70,16 @@ def main() -> None:
         handle = attach(accelerator, codec=args.codec, async_save=async_save, probe_mb=256)
         path = os.path.join(args.dir, f"nvcomp-{'async' if async_save else 'sync'}")
         blocked, durable = timed_save(accelerator, path, handle.wait)
-        rows.append((f"save_state + attach({args.codec}, async_save={async_save})", blocked, durable, dir_gb(path),
-                     path, handle))
+        rows.append(
+            (
+                f"save_state + attach({args.codec}, async_save={async_save})",
+                blocked,
+                durable,
+                dir_gb(path),
+                path,
+                handle,
+            )
+        )
         handle.detach()
 
     lines = [

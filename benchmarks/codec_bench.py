@@ -25,9 +25,8 @@ from lightning_nvcomp.codec import planes, record
 from lightning_nvcomp.codec.gpu import gpu_available, nvcomp_version
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
-from gpt import GPT, state_by_class, stdlib_corpus, train  # noqa: E402
 from common import sync  # noqa: E402
-
+from gpt import GPT, state_by_class, stdlib_corpus, train  # noqa: E402
 
 
 def timed(fn, repeat: int = 3) -> tuple[float, object]:
@@ -77,7 +76,11 @@ def end_to_end(data: torch.Tensor, dtype: torch.dtype, codec: str, repeat: int =
     enc_s, (blobs, meta) = timed(lambda: record.encode(data, dtype, codec), repeat=repeat)
     dec_s, back = timed(lambda: record.decode(blobs, meta, data.device), repeat=repeat)
     assert torch.equal(back, data), f"{codec} end-to-end round trip is not bit-exact"
-    return {"ratio": data.numel() / sum(b.numel() for b in blobs), "enc": data.numel() / enc_s / 1e9, "dec": data.numel() / dec_s / 1e9}
+    return {
+        "ratio": data.numel() / sum(b.numel() for b in blobs),
+        "enc": data.numel() / enc_s / 1e9,
+        "dec": data.numel() / dec_s / 1e9,
+    }
 
 
 def ans_raw_bytes(data: torch.Tensor) -> tuple[float, float]:
@@ -171,9 +174,11 @@ def main() -> None:
     ]
     header = "| class | MB | bound | ours gANS | % bound | ANS raw bytes | ours GPU zstd | ours CPU zstd | zstd-1 raw bytes (CPU) |"
     rows = [header, "|" + "---|" * 9]
-    speed = ["| class | gANS layout | gANS enc GB/s | gANS dec GB/s | zstd enc GB/s | zstd dec GB/s | "
-             "gANS e2e enc/dec GB/s | zstd e2e enc/dec GB/s | CPU zstd 1 thread GB/s | CPU zstd all threads GB/s |",
-             "|" + "---|" * 10]
+    speed = [
+        "| class | gANS layout | gANS enc GB/s | gANS dec GB/s | zstd enc GB/s | zstd dec GB/s | "
+        "gANS e2e enc/dec GB/s | zstd e2e enc/dec GB/s | CPU zstd 1 thread GB/s | CPU zstd all threads GB/s |",
+        "|" + "---|" * 10,
+    ]
     totals: dict[str, float] = {"bytes": 0, "ans_enc_s": 0, "ans_dec_s": 0, "zstd_enc_s": 0, "zstd_dec_s": 0}
     cctx = zstandard.ZstdCompressor(level=1)
     for name, data_typed in classes.items():
@@ -198,11 +203,15 @@ def main() -> None:
             totals["ans_dec_s"] += data.numel() / ans["dec"] / 1e9
             totals["zstd_enc_s"] += data.numel() / zst["enc"] / 1e9
             totals["zstd_dec_s"] += data.numel() / zst["dec"] / 1e9
-            rows.append(f"| {name} | {mb:.0f} | {bound:.3f} | {ans['ratio']:.3f} | {100 * ans['ratio'] / bound:.1f}% | "
-                        f"{raw_ratio:.3f} | {zst['ratio']:.3f} | {cpu1['ratio']:.3f} | {zstd_raw:.3f} |")
-            speed.append(f"| {name} | {ans['layout']} | {ans['enc']:.0f} | {ans['dec']:.0f} | {zst['enc']:.1f} | "
-                         f"{zst['dec']:.1f} | {ans_e2e['enc']:.1f} / {ans_e2e['dec']:.1f} | "
-                         f"{zst_e2e['enc']:.1f} / {zst_e2e['dec']:.1f} | {cpu1['enc']:.2f} | {cpun['enc']:.2f} |")
+            rows.append(
+                f"| {name} | {mb:.0f} | {bound:.3f} | {ans['ratio']:.3f} | {100 * ans['ratio'] / bound:.1f}% | "
+                f"{raw_ratio:.3f} | {zst['ratio']:.3f} | {cpu1['ratio']:.3f} | {zstd_raw:.3f} |"
+            )
+            speed.append(
+                f"| {name} | {ans['layout']} | {ans['enc']:.0f} | {ans['dec']:.0f} | {zst['enc']:.1f} | "
+                f"{zst['dec']:.1f} | {ans_e2e['enc']:.1f} / {ans_e2e['dec']:.1f} | "
+                f"{zst_e2e['enc']:.1f} / {zst_e2e['dec']:.1f} | {cpu1['enc']:.2f} | {cpun['enc']:.2f} |"
+            )
         else:
             rows.append(f"| {name} | {mb:.0f} | {bound:.3f} | - | - | - | - | {cpu1['ratio']:.3f} | {zstd_raw:.3f} |")
             speed.append(f"| {name} | - | - | - | - | - | - | - | {cpu1['enc']:.2f} | {cpun['enc']:.2f} |")
@@ -226,7 +235,7 @@ def main() -> None:
             torch.save(state, os.path.join(tmp, "plain.ckpt"))
             plain_s = time.perf_counter() - begin
         sizes.append(("torch.save", os.path.getsize(os.path.join(tmp, "plain.ckpt")), plain_s))
-        for codec in (["ans", "zstd"] if gpu else ["zstd"]):
+        for codec in ["ans", "zstd"] if gpu else ["zstd"]:
             path = os.path.join(tmp, f"{codec}.ckpt")
             first = lightning_nvcomp.save(state, path, codec=codec)
             again = lightning_nvcomp.save(state, path, codec=codec)
@@ -238,9 +247,14 @@ def main() -> None:
                 prof = cProfile.Profile()
                 prof.runcall(lightning_nvcomp.save, state, path, codec=codec)
                 pstats.Stats(prof).sort_stats("tottime").print_stats(12)
-    lines += ["", "Whole checkpoint file (model + AdamW state), written twice to the local disk (the first save also "
-              "allocates pinned host memory):", "", "| writer | size MB | ratio vs torch.save | seconds | first save s |",
-              "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Whole checkpoint file (model + AdamW state), written twice to the local disk (the first save also "
+        "allocates pinned host memory):",
+        "",
+        "| writer | size MB | ratio vs torch.save | seconds | first save s |",
+        "|---|---|---|---|---|",
+    ]
     lines += [f"| {w} | {s / 1e6:.1f} | {sizes[0][1] / s:.3f} | {t[0]:.2f} | {t[-1]:.2f} |" for w, s, *t in sizes]
     report = "\n".join(lines) + "\n"
     print(report)

@@ -31,7 +31,8 @@ def local_tensors(tree: object) -> list[torch.Tensor]:
 def same_bytes(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     """Whether two lists of tensors are equal bit for bit (shapes, dtypes and bytes)."""
     return len(a) == len(b) and all(
-        x.shape == y.shape and x.dtype == y.dtype
+        x.shape == y.shape
+        and x.dtype == y.dtype
         and torch.equal(x.detach().cpu().reshape(-1).view(torch.uint8), y.detach().cpu().reshape(-1).view(torch.uint8))
         for x, y in zip(a, b)
     )

@@ -28,12 +28,11 @@ from lightning_nvcomp.codec.gpu import gpu_available, nvcomp_version
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
-from gpt import GPT, stdlib_corpus, train
 from common import local_tensors, publish, sync  # noqa: E402
+from gpt import GPT, stdlib_corpus, train
 
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
 warnings.filterwarnings("ignore", message=".*Detected an existing checkpoint.*")
-
 
 
 def distcp_nbytes(path: str) -> int:
@@ -89,8 +88,16 @@ def measure(name: str, make, state: dict, root: str, fresh: callable) -> dict:
         torch.equal(a.detach().reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8))
         for a, b in zip(local_tensors(state), local_tensors(target))
     )
-    return {"method": name, "codec": codec, "save_s": save_s, "blocked_s": blocked, "async_s": async_done,
-            "bytes": size, "load_s": load_s, "exact": exact}
+    return {
+        "method": name,
+        "codec": codec,
+        "save_s": save_s,
+        "blocked_s": blocked,
+        "async_s": async_done,
+        "bytes": size,
+        "load_s": load_s,
+        "exact": exact,
+    }
 
 
 def main() -> None:

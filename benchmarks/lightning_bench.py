@@ -28,12 +28,10 @@ from lightning_nvcomp.policy import probe_bandwidth
 from lightning_nvcomp.storage import fsync_path
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
-from gpt import GPT, stdlib_corpus, train  # noqa: E402
 from common import publish, sync  # noqa: E402
-
+from gpt import GPT, stdlib_corpus, train  # noqa: E402
 
 GPU = torch.cuda.is_available()
-
 
 
 def measure_save(io, checkpoint: dict, path: str, wait) -> dict:
@@ -95,8 +93,12 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"GPT {n_params / 1e6:.0f}M params", flush=True)
     opt = train(model, stdlib_corpus(), args.steps, 16, device)
-    checkpoint = {"state_dict": model.state_dict(), "optimizer_states": [opt.state_dict()], "global_step": args.steps,
-                  "epoch": 0}
+    checkpoint = {
+        "state_dict": model.state_dict(),
+        "optimizer_states": [opt.state_dict()],
+        "global_step": args.steps,
+        "epoch": 0,
+    }
     raw_gb = sum(t.numel() * t.element_size() for t in lightning_nvcomp.container._find_tensors(checkpoint)) / 1e9
     write_gbps = probe_bandwidth(args.dir, args.probe_mb << 20)
     print(f"state {raw_gb:.2f} GB, disk {write_gbps:.2f} GB/s ({args.probe_mb} MiB write + fsync)", flush=True)
@@ -108,10 +110,15 @@ def main() -> None:
         "TorchCheckpointIO": (TorchCheckpointIO, lambda io: None),
         "AsyncCheckpointIO": (lambda: AsyncCheckpointIO(TorchCheckpointIO()), async_wait),
         f"NvcompCheckpointIO({args.codec}, sync)": (
-            lambda: lightning_nvcomp.NvcompCheckpointIO(args.codec, staging_mb=args.staging_mb, probe_mb=64), lambda io: None),
+            lambda: lightning_nvcomp.NvcompCheckpointIO(args.codec, staging_mb=args.staging_mb, probe_mb=64),
+            lambda io: None,
+        ),
         f"NvcompCheckpointIO({args.codec}, async)": (
-            lambda: lightning_nvcomp.NvcompCheckpointIO(args.codec, async_save=True, staging_mb=args.staging_mb,
-                                                        probe_mb=64), lambda io: io.wait()),
+            lambda: lightning_nvcomp.NvcompCheckpointIO(
+                args.codec, async_save=True, staging_mb=args.staging_mb, probe_mb=64
+            ),
+            lambda io: io.wait(),
+        ),
     }
     rows, paths = [], []
     for i, (name, (make_io, wait)) in enumerate(methods.items()):
@@ -127,8 +134,15 @@ def main() -> None:
             print("  metrics of that save:", {k: round(v, 3) for k, v in io.savings.history[-1].items()}, flush=True)
         resume = run(measure_resume, io, path, model, opt)
         rows.append((name, first, again, resume))
-        print(name, {k: round(v, 3) for k, v in again.items()}, "first blocked", round(first["blocked"], 3),
-              "resume", round(resume, 2), flush=True)
+        print(
+            name,
+            {k: round(v, 3) for k, v in again.items()},
+            "first blocked",
+            round(first["blocked"], 3),
+            "resume",
+            round(resume, 2),
+            flush=True,
+        )
     ours = rows[2]  # NvcompCheckpointIO, sync
     target = 1.05 * ours[2]["size_gb"] / write_gbps + 0.2
     gpu_load_begin = time.perf_counter()
@@ -155,8 +169,10 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, first, again, resume in rows:
-        lines.append(f"| {name} | {again['blocked']:.3f} | {again['durable']:.2f} | {again['size_gb']:.2f} | "
-                     f"{raw_gb / again['size_gb']:.3f} | {again['extra_gb']:.2f} | {resume:.2f} | {first['blocked']:.3f} |")
+        lines.append(
+            f"| {name} | {again['blocked']:.3f} | {again['durable']:.2f} | {again['size_gb']:.2f} | "
+            f"{raw_gb / again['size_gb']:.3f} | {again['extra_gb']:.2f} | {resume:.2f} | {first['blocked']:.3f} |"
+        )
     lines += [
         "",
         f"Sync target: <= 1.05 x (compressed bytes / write bandwidth) + 0.2 s = {target:.2f} s; measured "

@@ -35,8 +35,8 @@ from lightning_nvcomp.codec.gpu import gpu_available, nvcomp_version
 from lightning_nvcomp.dcp import NvcompFileSystemReader, default_policy
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
-from gpt import GPT, Block, stdlib_corpus  # noqa: E402
 from common import local_tensors, publish, same_bytes, sync  # noqa: E402
+from gpt import GPT, Block, stdlib_corpus  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*(Detected an existing checkpoint|FSDP.state_dict_type|ShardedTensor).*")
 
@@ -98,7 +98,9 @@ class SaveAndLoad(L.Callback):
         strategy, rank = trainer.strategy, trainer.global_rank
         reference = [t.cpu().clone() for t in trained_state(trainer)]
         raw = sum(t.numel() * t.element_size() for t in reference)
-        codecs = [c for c in (["ans", "zstd", "auto"] if gpu_available() else ["zstd", "auto"]) if c in self.args.codecs]
+        codecs = [
+            c for c in (["ans", "zstd", "auto"] if gpu_available() else ["zstd", "auto"]) if c in self.args.codecs
+        ]
         methods = [("Lightning", None)] + [(f"Nvcomp {c}", c) for c in codecs]
         paths = {}
         for name, codec in methods:
@@ -152,8 +154,12 @@ class SaveAndLoad(L.Callback):
             for name in ("Lightning", checked):
                 begin = time.perf_counter()
                 whole[name] = {}
-                _load_state_dict(whole[name], storage_reader=NvcompFileSystemReader(paths[name]),
-                                 planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+                _load_state_dict(
+                    whole[name],
+                    storage_reader=NvcompFileSystemReader(paths[name]),
+                    planner=_EmptyStateDictLoadPlanner(),
+                    no_dist=True,
+                )
                 self.loads[f"{name}, one process"] = (time.perf_counter() - begin, None)
             self.one_same = same_bytes(local_tensors(whole["Lightning"]), local_tensors(whole[checked]))
             self.one_count = len(local_tensors(whole[checked]))
@@ -174,7 +180,10 @@ def main() -> None:
     gpu = torch.cuda.is_available()
     devices = int(os.environ.get("WORLD_SIZE", 1))
     if args.strategy == "fsdp":
-        strategy, own = NvcompFSDPStrategy(codec="ans", state_dict_type="sharded", auto_wrap_policy={Block}), FSDPStrategy
+        strategy, own = (
+            NvcompFSDPStrategy(codec="ans", state_dict_type="sharded", auto_wrap_policy={Block}),
+            FSDPStrategy,
+        )
     else:
         # Lightning's default splits the devices into tensor-parallel ranks; this module shards only across data.
         strategy = NvcompModelParallelStrategy(codec="zstd", data_parallel_size=devices, tensor_parallel_size=1)
@@ -186,9 +195,16 @@ def main() -> None:
     n_params = sum(p.numel() for p in gpt.parameters())
     bench = SaveAndLoad(args, own)
     trainer = L.Trainer(
-        accelerator="cuda" if gpu else "cpu", devices=devices, strategy=strategy, max_steps=args.steps,
-        precision="bf16-mixed" if gpu else "32-true", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[bench],
+        accelerator="cuda" if gpu else "cpu",
+        devices=devices,
+        strategy=strategy,
+        max_steps=args.steps,
+        precision="bf16-mixed" if gpu else "32-true",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[bench],
     )
     begin = time.perf_counter()
     trainer.fit(GPTModule(gpt, args.batch, args.strategy))
@@ -215,25 +231,39 @@ def report(args: argparse.Namespace, n_params: int, world: int, bench: SaveAndLo
     ]
     for name, gathered in bench.rows:
         for r, g in enumerate(gathered):
-            lines.append(f"| {name} | {g['codec']} | {r} | {g['raw'] / 1e9:.2f} | {g['stored'] / 1e9:.2f} | "
-                         f"{g['raw'] / g['stored']:.3f} | {g['blocked']:.2f} | "
-                         f"{'-' if g['write_s'] is None else format(g['write_s'], '.2f')} | {g['extra_gb']:.2f} |")
+            lines.append(
+                f"| {name} | {g['codec']} | {r} | {g['raw'] / 1e9:.2f} | {g['stored'] / 1e9:.2f} | "
+                f"{g['raw'] / g['stored']:.3f} | {g['blocked']:.2f} | "
+                f"{'-' if g['write_s'] is None else format(g['write_s'], '.2f')} | {g['extra_gb']:.2f} |"
+            )
         raw, stored = sum(g["raw"] for g in gathered), sum(g["stored"] for g in gathered)
-        lines.append(f"| {name} | | all | {raw / 1e9:.2f} | {stored / 1e9:.2f} | {raw / stored:.3f} | "
-                     f"{max(g['blocked'] for g in gathered):.2f} | | {max(g['extra_gb'] for g in gathered):.2f} |")
+        lines.append(
+            f"| {name} | | all | {raw / 1e9:.2f} | {stored / 1e9:.2f} | {raw / stored:.3f} | "
+            f"{max(g['blocked'] for g in gathered):.2f} | | {max(g['extra_gb'] for g in gathered):.2f} |"
+        )
     if bench.predictions:
-        lines += ["", "auto's predictions on rank 0 (per rank; it picks the shortest predicted blocked time; within 5%, "
-                  "the better ratio if better by over 1%, else the faster encoder):", "",
-                  "| codec | ratio | encode s | write s | blocked s |", "|---|---|---|---|---|"]
-        lines += [f"| {p.codec} | {p.ratio:.3f} | {p.encode_s:.2f} | {p.write_s:.2f} | {p.blocked_s:.2f} |"
-                  for p in bench.predictions]
+        lines += [
+            "",
+            "auto's predictions on rank 0 (per rank; it picks the shortest predicted blocked time; within 5%, "
+            "the better ratio if better by over 1%, else the faster encoder):",
+            "",
+            "| codec | ratio | encode s | write s | blocked s |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {p.codec} | {p.ratio:.3f} | {p.encode_s:.2f} | {p.write_s:.2f} | {p.blocked_s:.2f} |"
+            for p in bench.predictions
+        ]
     lines += ["", "| load | seconds | bit-exact |", "|---|---|---|"]
     for name, (sec, same) in bench.loads.items():
         where = name if "one process" in name else f"{name}, strategy.load_checkpoint on {world} ranks"
         verdict = ("yes" if same else "NO") if same is not None else "see below"
         lines.append(f"| {where} | {sec:.2f} | {verdict} |")
-    lines += ["", f"On one process (resharded {world} -> 1): {bench.one_count} tensors of ours equal Lightning's bit "
-              f"for bit: {'yes' if bench.one_same else 'NO'}."]
+    lines += [
+        "",
+        f"On one process (resharded {world} -> 1): {bench.one_count} tensors of ours equal Lightning's bit "
+        f"for bit: {'yes' if bench.one_same else 'NO'}.",
+    ]
     return lines
 
 

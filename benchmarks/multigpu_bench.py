@@ -34,8 +34,8 @@ from lightning_nvcomp.codec.gpu import gpu_available, nvcomp_version
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter, default_policy
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
-from gpt import GPT, stdlib_corpus  # noqa: E402
 from common import local_tensors, publish, same_bytes, sync  # noqa: E402
+from gpt import GPT, stdlib_corpus  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*Detected an existing checkpoint.*")
 
@@ -62,8 +62,15 @@ def save(state: dict, path: str, codec: str | None, asynchronous: bool) -> dict:
     mine = f"__{dist.get_rank()}_"
     stored = sum(p.stat().st_size for p in pathlib.Path(path).glob("*.distcp") if p.name.startswith(mine))
     raw = sum(t.numel() * t.element_size() for t in local_tensors(state))
-    out = {"blocked": blocked, "done": done, "raw": raw, "stored": stored, "extra_gb": extra, "codec": "-",
-           "write_s": done}
+    out = {
+        "blocked": blocked,
+        "done": done,
+        "raw": raw,
+        "stored": stored,
+        "extra_gb": extra,
+        "codec": "-",
+        "write_s": done,
+    }
     if isinstance(writer, NvcompFileSystemWriter):
         out.update(codec=writer.stats.codec, write_s=writer.stats.write_s, gbps=writer.write_gbps())
     return out
@@ -105,8 +112,11 @@ def main() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
     if rank == 0:
-        print(f"GPT {n_params / 1e9:.2f}B params, {args.steps} steps, loss {loss.item():.3f}, "
-              f"{time.perf_counter() - begin:.0f} s", flush=True)
+        print(
+            f"GPT {n_params / 1e9:.2f}B params, {args.steps} steps, loss {loss.item():.3f}, "
+            f"{time.perf_counter() - begin:.0f} s",
+            flush=True,
+        )
     model_sd, optim_sd = get_state_dict(model, opt)
     state = {"model": model_sd, "optim": optim_sd}
     reference = [t.detach().cpu().clone() for t in local_tensors(state)]
@@ -124,12 +134,18 @@ def main() -> None:
         dist.all_gather_object(gathered, mine)
         rows.append((name, path, gathered))
         if rank == 0:
-            print(name, [{k: round(v, 3) if isinstance(v, float) else v for k, v in g.items()} for g in gathered],
-                  flush=True)
+            print(
+                name,
+                [{k: round(v, 3) if isinstance(v, float) else v for k, v in g.items()} for g in gathered],
+                flush=True,
+            )
 
     # auto: what it predicted for each codec (rank 0 decides; calibration and probe are cached by now)
-    predictions = {mode: default_policy(mode).decide(local_tensors(state), args.dir)[1]
-                   for mode in ("sync", "async")} if rank == 0 else {}
+    predictions = (
+        {mode: default_policy(mode).decide(local_tensors(state), args.dir)[1] for mode in ("sync", "async")}
+        if rank == 0
+        else {}
+    )
 
     # Load the plain and the gANS (or zstd) checkpoint back on the same ranks, into zeroed state ...
     plain, checked = rows[0][1], rows[1][1]
@@ -153,8 +169,9 @@ def main() -> None:
         for path in (plain, checked):
             begin = time.perf_counter()
             whole: dict = {}
-            _load_state_dict(whole, storage_reader=NvcompFileSystemReader(path), planner=_EmptyStateDictLoadPlanner(),
-                             no_dist=True)
+            _load_state_dict(
+                whole, storage_reader=NvcompFileSystemReader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True
+            )
             loads[path][2] = time.perf_counter() - begin
             loads[path][3] = same_bytes(local_tensors(whole["model"]) + local_tensors(whole["optim"]["state"]), want)
         publish(report(args, n_params, world, rows, predictions, loads), args.out)
@@ -188,23 +205,39 @@ def report(args, n_params, world, rows, predictions, loads) -> list[str]:
             lines.append(
                 f"| {name} | {g['codec']} | {r} | {raw / 1e9:.2f} | {g['stored'] / 1e9:.2f} | "
                 f"{ratio} | {g['blocked']:.2f} | {g['done']:.2f} | {g['write_s']:.2f} | {g['extra_gb']:.2f} | "
-                f"{probe} | {g['stored'] / g['write_s'] / 1e9:.2f} |")
+                f"{probe} | {g['stored'] / g['write_s'] / 1e9:.2f} |"
+            )
         stored = sum(g["stored"] for g in gathered)
-        lines.append(f"| {name} | | all | {raw_total / 1e9:.2f} | {stored / 1e9:.2f} | {raw_total / stored:.3f} | "
-                     f"{max(g['blocked'] for g in gathered):.2f} | {max(g['done'] for g in gathered):.2f} | | "
-                     f"{max(g['extra_gb'] for g in gathered):.2f} | | |")
+        lines.append(
+            f"| {name} | | all | {raw_total / 1e9:.2f} | {stored / 1e9:.2f} | {raw_total / stored:.3f} | "
+            f"{max(g['blocked'] for g in gathered):.2f} | {max(g['done'] for g in gathered):.2f} | | "
+            f"{max(g['extra_gb'] for g in gathered):.2f} | | |"
+        )
     for mode, predicted in predictions.items():
-        lines += ["", f"auto's predictions for {'dcp.save' if mode == 'sync' else 'dcp.async_save'} on rank 0 (per rank; "
-                  "it picks the shortest predicted blocked time; within 5%, the better ratio if better by over 1%, else "
-                  "the faster encoder):", "", "| codec | ratio | encode s | write s | blocked s |", "|---|---|---|---|---|"]
-        lines += [f"| {p.codec} | {p.ratio:.3f} | {p.encode_s:.2f} | {p.write_s:.2f} | {p.blocked_s:.2f} |"
-                  for p in predicted]
-    lines += ["", "Loads: into the zeroed state on the same ranks, then the whole checkpoint on one process (resharded "
-              f"{world} -> 1: all of model and AdamW state, checked against the full state dict).", "",
-              f"| checkpoint | load on {world} ranks s | bit-exact | load on 1 process s | bit-exact |",
-              "|---|---|---|---|---|"]
-    lines += [f"| {pathlib.Path(path).name} | {a:.2f} | {'yes' if a_ok else 'NO'} | {b:.2f} | {'yes' if b_ok else 'NO'} |"
-              for path, (a, a_ok, b, b_ok) in loads.items()]
+        lines += [
+            "",
+            f"auto's predictions for {'dcp.save' if mode == 'sync' else 'dcp.async_save'} on rank 0 (per rank; "
+            "it picks the shortest predicted blocked time; within 5%, the better ratio if better by over 1%, else "
+            "the faster encoder):",
+            "",
+            "| codec | ratio | encode s | write s | blocked s |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {p.codec} | {p.ratio:.3f} | {p.encode_s:.2f} | {p.write_s:.2f} | {p.blocked_s:.2f} |" for p in predicted
+        ]
+    lines += [
+        "",
+        "Loads: into the zeroed state on the same ranks, then the whole checkpoint on one process (resharded "
+        f"{world} -> 1: all of model and AdamW state, checked against the full state dict).",
+        "",
+        f"| checkpoint | load on {world} ranks s | bit-exact | load on 1 process s | bit-exact |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {pathlib.Path(path).name} | {a:.2f} | {'yes' if a_ok else 'NO'} | {b:.2f} | {'yes' if b_ok else 'NO'} |"
+        for path, (a, a_ok, b, b_ok) in loads.items()
+    ]
     return lines
 
 

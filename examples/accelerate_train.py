@@ -30,8 +30,9 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration
 
-from gpt import GPT, stdlib_corpus
 from lightning_nvcomp.integrations.accelerate import attach
+
+from gpt import GPT, stdlib_corpus
 
 
 class Progress:
@@ -49,7 +50,9 @@ class Progress:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--steps", type=int, default=200, help="train until this many optimizer steps in total")
     p.add_argument("--save-every", type=int, default=50, help="save_state every this many steps (and at the end)")
     p.add_argument("--codec", default="auto", choices=["auto", "ans", "zstd", "none"])

@@ -24,10 +24,10 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning_gpt import main as lightning_gpt
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import lightning_nvcomp  # noqa: F401  (lets torch.load read the compressed files)
-from lightning_gpt import main as lightning_gpt
 
 EVERY = 10  # configs/demo_cpu.yaml checkpoints every 10 steps
 CONFIG = os.path.relpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "demo_cpu.yaml"))

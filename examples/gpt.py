@@ -63,8 +63,9 @@ class GPT(nn.Module):
         return self.ln(x) @ self.embed.weight.t()
 
 
-def train(model: GPT, corpus: torch.Tensor, steps: int, batch: int, device: str, lr: float = 6e-4,
-          log_every: int = 50) -> torch.optim.AdamW:
+def train(
+    model: GPT, corpus: torch.Tensor, steps: int, batch: int, device: str, lr: float = 6e-4, log_every: int = 50
+) -> torch.optim.AdamW:
     """Train ``model`` for ``steps`` AdamW steps (bf16 autocast on CUDA); returns the optimizer."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
     gen = torch.Generator().manual_seed(0)

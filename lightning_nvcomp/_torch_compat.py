@@ -10,6 +10,7 @@ the stack. When torch changes and it is not found, the bound applies per record 
 from __future__ import annotations
 
 import sys
+from types import FrameType
 
 import torch
 
@@ -23,7 +24,7 @@ def current_torch_load() -> object | None:
     """The unpickler of the ``torch.load`` that called our caller in this thread, or None if there is none."""
     if _LOAD_CODE is None:
         return None
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(_MAX_DEPTH):
         if frame is None:
             return None

@@ -58,18 +58,47 @@ class ArchiveWriter:
             extra = struct.pack("<HHQQQ", 1, 24, size, size, offset)
             self._write(
                 struct.pack(
-                    "<IHHHHHHIIIHHHHHII", 0x02014B50, _VERSION, _VERSION, 0, 0, 0, _DOS_DATE, crc, _ZIP64, _ZIP64,
-                    len(full), len(extra), 0, 0, 0, 0, _ZIP64,
+                    "<IHHHHHHIIIHHHHHII",
+                    0x02014B50,
+                    _VERSION,
+                    _VERSION,
+                    0,
+                    0,
+                    0,
+                    _DOS_DATE,
+                    crc,
+                    _ZIP64,
+                    _ZIP64,
+                    len(full),
+                    len(extra),
+                    0,
+                    0,
+                    0,
+                    0,
+                    _ZIP64,
                 )
                 + full
                 + extra
             )
         end = self._offset
         count = len(entries)
-        self._write(struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, _VERSION, _VERSION, 0, 0, count, count, end - start, start))
+        self._write(
+            struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, _VERSION, _VERSION, 0, 0, count, count, end - start, start)
+        )
         self._write(struct.pack("<IIQI", 0x07064B50, 0, end, 1))
-        self._write(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, min(count, 0xFFFF), min(count, 0xFFFF),
-                                min(end - start, _ZIP64), _ZIP64, 0))
+        self._write(
+            struct.pack(
+                "<IHHHHIIH",
+                0x06054B50,
+                0,
+                0,
+                min(count, 0xFFFF),
+                min(count, 0xFFFF),
+                min(end - start, _ZIP64),
+                _ZIP64,
+                0,
+            )
+        )
 
     def add_torch_metadata(self) -> None:
         """The small records torch.save writes next to the data (format, alignment, byte order, version, id)."""

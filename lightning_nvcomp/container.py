@@ -23,11 +23,11 @@ import threading
 import time
 import weakref
 import zipfile
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from collections import OrderedDict
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO, Callable, NamedTuple
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Callable, NamedTuple, TypeGuard
 
 import torch
 
@@ -131,9 +131,12 @@ class LoadState:
                 self.compressed += b.numel()
         bound = self.bound()
         if bound is not None and self.decoded + nbytes > bound:
-            rule = (f"{self.limit} bytes" if self.limit is not False else
-                    f"{DECODE_MULTIPLE} x the file's {self.file_nbytes if self.file_nbytes is not None else self.compressed}"
-                    f" bytes + {DECODE_ALLOWANCE >> 20} MiB")
+            rule = (
+                f"{self.limit} bytes"
+                if self.limit is not False
+                else f"{DECODE_MULTIPLE} x the file's {self.file_nbytes if self.file_nbytes is not None else self.compressed}"
+                f" bytes + {DECODE_ALLOWANCE >> 20} MiB"
+            )
             raise DecodeLimitError(
                 f"{self.name + ': ' if self.name else ''}tensor {name!r}: decoding it would bring this load to "
                 f"{self.decoded + nbytes} bytes, over its limit of {bound} ({rule}), which guards against "
@@ -223,14 +226,15 @@ def _check_record(rec: object, blobs: list[torch.Tensor], name: object, state: L
         raise _fail(name, f"a storage lies outside the record's {rec['nbytes']} bytes")
     if not isinstance(rec.get("dtype"), str) or rec["dtype"] not in DTYPES:
         raise _fail(name, f"unknown dtype {rec.get('dtype')!r}")
-    valid = copy.deepcopy({k: v for k, v in rec.items() if isinstance(k, str)})
+    valid: dict[Any, Any] = copy.deepcopy({k: v for k, v in rec.items() if isinstance(k, str)})
     valid[_LAYOUT] = layout
     state.records[id(rec)] = (rec, keys, valid)
     return valid
 
 
-def _record_storages(blobs: list[torch.Tensor], rec: dict, name: str, state: LoadState,
-                     keys: list[tuple]) -> list[torch.Tensor]:
+def _record_storages(
+    blobs: list[torch.Tensor], rec: dict, name: str, state: LoadState, keys: list[tuple]
+) -> list[torch.Tensor]:
     """The record's storages as uint8 tensors on the blobs' device (``map_location``), each in its own memory;
     decoded once per load (copies of one record included), within the load's bound."""
     target = blobs[0].device if blobs else torch.device("cpu")
@@ -261,10 +265,13 @@ def _record_storages(blobs: list[torch.Tensor], rec: dict, name: str, state: Loa
     return pieces
 
 
-def tensor_check(rec: dict, index: int, offset: int, size: tuple, stride: tuple, requires_grad: bool,
-                 parameter: bool, name: str) -> int:
+def tensor_check(
+    rec: dict, index: int, offset: int, size: tuple, stride: tuple, requires_grad: bool, parameter: bool, name: str
+) -> int:
     """The ``check`` argument of :func:`decode_tensor`: a CRC-32 over the tensor's record and placement."""
-    return records.canonical_crc([rec["check"], index, offset, list(size), list(stride), requires_grad, parameter, name])
+    return records.canonical_crc(
+        [rec["check"], index, offset, list(size), list(stride), requires_grad, parameter, name]
+    )
 
 
 def storage_check(rec: dict, index: int, dtype: str | None) -> int:
@@ -338,8 +345,9 @@ def _torch_dtype(name: object) -> torch.dtype | None:
     return value if isinstance(value, torch.dtype) else None
 
 
-def decode_storage(blobs: list[torch.Tensor], rec: dict, index: int, dtype: str | None, check: int,
-                   *newer: object) -> Any:
+def decode_storage(
+    blobs: list[torch.Tensor], rec: dict, index: int, dtype: str | None, check: int, *newer: object
+) -> Any:
     """Rebuild one storage from a record: how tensors that are not stored through :func:`decode_tensor` (conj or
     neg views, subclasses, sparse tensors, dtypes the record format does not name) get their bytes, checked.
 
@@ -373,9 +381,10 @@ decode_tensor.__module__ = decode_storage.__module__ = "lightning_nvcomp"
 torch.serialization.add_safe_globals([decode_tensor, decode_storage])
 
 
-def _eligible(obj: object) -> bool:
+def _eligible(obj: object) -> TypeGuard[torch.Tensor]:
     return (
-        type(obj) in (torch.Tensor, torch.nn.Parameter)
+        isinstance(obj, torch.Tensor)
+        and type(obj) in (torch.Tensor, torch.nn.Parameter)
         and obj.layout == torch.strided
         and obj.device.type in ("cpu", "cuda")
         and str(obj.dtype).removeprefix("torch.") in DTYPES
@@ -437,7 +446,7 @@ class _ContentsFinder(pickle.Pickler):
             )
         return "storage"
 
-    def reducer_override(self, item: object) -> object:
+    def reducer_override(self, item: object) -> Any:
         if _eligible(item):
             self.tensors.setdefault(id(item), item)
             return int, ()
@@ -565,8 +574,6 @@ class _LayoutCache:
                 self._layouts.popitem(last=False)
 
 
-
-
 def _encode_record(
     rec: _Record, codec: str, segment: int | None, on_blob: Callable[[torch.Tensor, Any], None]
 ) -> tuple[list[torch.Tensor], dict]:
@@ -583,7 +590,9 @@ def _encode_record(
     data = records.concatenate(parts)
     coder = "raw" if codec == "none" else codec
     layouts = shared("layouts", _LayoutCache)
-    blobs, meta = records.encode(data, rec.dtype, coder, segment, on_blob, wait_checksums=False, layout=layouts.get(key))
+    blobs, meta = records.encode(
+        data, rec.dtype, coder, segment, on_blob, wait_checksums=False, layout=layouts.get(key)
+    )
     layouts.put(key, records.Layout.of(meta))
     meta["storages"] = table
     meta["device"] = rec.device.type  # where the tensors lived (load(keep_on_gpu=True) puts CUDA ones back there)
@@ -664,7 +673,7 @@ class _ArchivePickler(pickle.Pickler):
             return ("storage", torch.ByteStorage, obj.key, "cpu", obj.nbytes)
         return None
 
-    def reducer_override(self, obj: object) -> object:
+    def reducer_override(self, obj: object) -> Any:
         reduction = self.reductions.get(id(obj))
         if reduction is not None:
             return reduction
@@ -685,7 +694,7 @@ class _Placement(NamedTuple):
     """Where one tensor lies in its record: :func:`decode_tensor`'s arguments but the record's own."""
 
     slot: int
-    index: int
+    storage: int  # the storage's index in the record
     offset: int
     size: tuple[int, ...]
     stride: tuple[int, ...]
@@ -698,24 +707,32 @@ class Snapshot:
     """A checkpoint whose tensors are compressed into host memory (or already written), ready to be written by
     any thread. Tensors in the saved object are not read again."""
 
-    def __init__(self, obj: object, codec: str, raw_nbytes: int, encode_s: float, placements: dict[int, _Placement],
-                 storages: dict[int, tuple[int, int]], encoded: list[tuple[list[_StoredBlob], dict]],
-                 pending: list[tuple[str, torch.Tensor, Any]]) -> None:
+    def __init__(
+        self,
+        obj: object,
+        codec: str,
+        raw_nbytes: int,
+        encode_s: float,
+        placements: dict[int, _Placement],
+        storages: dict[int, tuple[int, int]],
+        encoded: list[tuple[list[_StoredBlob], dict]],
+        pending: list[tuple[str, torch.Tensor, Any]],
+    ) -> None:
         self.obj, self.codec, self.raw_nbytes, self.encode_s = obj, codec, raw_nbytes, encode_s
         self._placements, self._storages, self._encoded, self._pending = placements, storages, encoded, pending
 
     def write_to(self, writer: ArchiveWriter) -> None:
         """Write the blobs not yet written, the pickle and the rest of the archive."""
         for key, blob, crc in self._pending:
-            writer.add(f"data/{key}", blob.numpy(), _value(crc))
+            writer.add(f"data/{key}", memoryview(blob.numpy()), _value(crc))
         self._pending = []
         for _, meta in self._encoded:
             records.seal(meta)  # every checksum known: the record's own check covers them
-        reductions = {}
-        for key, p in self._placements.items():
+        reductions: dict[int, tuple] = {}
+        for tensor_id, p in self._placements.items():
             blobs, meta = self._encoded[p.slot]
-            check = tensor_check(meta, p.index, p.offset, p.size, p.stride, p.requires_grad, p.parameter, p.name)
-            reductions[key] = (decode_tensor, (blobs, meta, *p[1:], check))
+            check = tensor_check(meta, p.storage, p.offset, p.size, p.stride, p.requires_grad, p.parameter, p.name)
+            reductions[tensor_id] = (decode_tensor, (blobs, meta, *p[1:], check))
 
         def storage_reduction(slot: int, index: int) -> Callable[[str | None], tuple]:
             blobs, meta = self._encoded[slot]
@@ -728,12 +745,15 @@ class Snapshot:
         writer.add("data.pkl", buffer.getbuffer())
         writer.finish("data.pkl")
 
-    def write(self, path: str | os.PathLike, storage: Storage | None = None, prediction: Prediction | None = None) -> SaveStats:
+    def write(
+        self, path: str | os.PathLike, storage: Storage | None = None, prediction: Prediction | None = None
+    ) -> SaveStats:
         """Write the file atomically and durably; return what the whole save did."""
         begin = time.perf_counter()
         size = (storage or Storage()).write(path, lambda f: self.write_to(ArchiveWriter(f)))
-        return SaveStats(os.fspath(path), self.codec, self.raw_nbytes, size, self.encode_s,
-                         time.perf_counter() - begin, prediction)
+        return SaveStats(
+            os.fspath(path), self.codec, self.raw_nbytes, size, self.encode_s, time.perf_counter() - begin, prediction
+        )
 
 
 def snapshot(
@@ -784,21 +804,30 @@ def snapshot(
     placements = {}
     for t in contents.tensors:
         slot, index = where[t.untyped_storage()._cdata]
-        placements[id(t)] = _Placement(slot, index, t.storage_offset(), tuple(t.shape), tuple(t.stride()),
-                                       t.requires_grad, type(t) is torch.nn.Parameter, names.get(id(t), "<unnamed>"))
+        placements[id(t)] = _Placement(
+            slot,
+            index,
+            int(t.storage_offset()),
+            tuple(t.shape),
+            tuple(t.stride()),
+            t.requires_grad,
+            type(t) is torch.nn.Parameter,
+            names.get(id(t), "<unnamed>"),
+        )
     # Every planned storage: other tensors reach them too (the parts of a sparse tensor are made while pickling).
     return Snapshot(obj, codec, raw, time.perf_counter() - begin, placements, where, encoded, pending)
 
 
-def _stream(f: BinaryIO, obj: object, codec: str, tensors: list[torch.Tensor] | Contents,
-            staging_nbytes: int | None) -> Snapshot:
+def _stream(
+    f: BinaryIO, obj: object, codec: str, tensors: list[torch.Tensor] | Contents, staging_nbytes: int | None
+) -> Snapshot:
     """Compress ``obj`` into the archive ``f``, each segment written (on a disk thread) while the next is coded."""
     writer = ArchiveWriter(f)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-nvcomp-write") as disk:
         writes = []
 
         def write(key: str, blob: torch.Tensor, crc: Any) -> None:
-            writes.append(disk.submit(lambda: writer.add(f"data/{key}", blob.numpy(), _value(crc))))
+            writes.append(disk.submit(lambda: writer.add(f"data/{key}", memoryview(blob.numpy()), _value(crc))))
 
         snap = snapshot(obj, codec, tensors, staging_nbytes=staging_nbytes, on_blob=write)
         for done in writes:
@@ -910,9 +939,15 @@ def _fd_path(f: BinaryIO) -> str | None:
     return fd_path if os.path.exists(fd_path) else None
 
 
-def read(source: BinaryIO, name: str, map_location: Any = None, weights_only: bool = True,
-         mmap: bool | None = None, max_decoded_nbytes: int | None | bool = False,
-         state: LoadState | None = None) -> Any:
+def read(
+    source: BinaryIO,
+    name: str,
+    map_location: Any = None,
+    weights_only: bool = True,
+    mmap: bool | None = None,
+    max_decoded_nbytes: int | None | bool = False,
+    state: LoadState | None = None,
+) -> Any:
     """``torch.load`` of a seekable binary file, verified: the zip's structure and the CRC-32 of every small entry
     (the pickle among them) first, every record's checks while decoding, and the zip CRC-32s of the storages of a
     plain ``torch.save`` file after. Every failure is named after ``name``; :class:`CorruptCheckpointError` means
@@ -928,8 +963,9 @@ def read(source: BinaryIO, name: str, map_location: Any = None, weights_only: bo
     fd_path = _fd_path(source) if pickle_bytes is not None and (mmap or (mmap is None and ours)) else None
     token = _load.set(state)
     try:
-        obj = torch.load(fd_path or source, map_location=map_location, weights_only=weights_only,
-                         mmap=fd_path is not None)
+        obj = torch.load(
+            fd_path or source, map_location=map_location, weights_only=weights_only, mmap=fd_path is not None
+        )
         foreign = _describe.get() is None and _foreign_storages(obj, state.produced)
         if foreign and pickle_bytes is not None:
             _check_data_crcs(source, name)
@@ -941,7 +977,9 @@ def read(source: BinaryIO, name: str, map_location: Any = None, weights_only: bo
         raise type(err)(err.args[0] if str(err).startswith(name) else f"{name}: {err}") from None
     except pickle.UnpicklingError as err:
         if pickle_bytes is None:  # a legacy file: its pickle has no checksum to tell damage from refusal
-            raise CorruptCheckpointError(f"{name} cannot be read as a checkpoint (truncated or damaged?): {err}") from err
+            raise CorruptCheckpointError(
+                f"{name} cannot be read as a checkpoint (truncated or damaged?): {err}"
+            ) from err
         raise CheckpointError(
             f"{name} holds objects that weights_only=True does not load (its pickle is intact: this is not damage). "
             f"Allow them with torch.serialization.add_safe_globals, or, only for a file you trust, load it with "
@@ -954,8 +992,9 @@ def read(source: BinaryIO, name: str, map_location: Any = None, weights_only: bo
         raise _named(err, name) from err
     except Exception as err:
         if pickle_bytes is None and not isinstance(err, (MemoryError, OSError)):
-            raise CorruptCheckpointError(f"{name} cannot be loaded ({type(err).__name__}: {err}); the legacy file "
-                                         "may be truncated or damaged") from err
+            raise CorruptCheckpointError(
+                f"{name} cannot be loaded ({type(err).__name__}: {err}); the legacy file may be truncated or damaged"
+            ) from err
         raise _named(err, name) from err
     finally:
         _load.reset(token)
@@ -1006,9 +1045,21 @@ def _check_structure(f: BinaryIO, name: str, file_nbytes: int) -> bytes | None:
         return pickle_bytes
     except CorruptCheckpointError:
         raise
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError, ValueError, struct.error,
-            UnicodeDecodeError, KeyError, RuntimeError, OSError) as err:  # zipfile's ways to fail damage
-        raise CorruptCheckpointError(f"{name}: the checkpoint's structure is damaged ({type(err).__name__}: {err})") from None
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        NotImplementedError,
+        EOFError,
+        ValueError,
+        struct.error,
+        UnicodeDecodeError,
+        KeyError,
+        RuntimeError,
+        OSError,
+    ) as err:  # zipfile's ways to fail damage
+        raise CorruptCheckpointError(
+            f"{name}: the checkpoint's structure is damaged ({type(err).__name__}: {err})"
+        ) from None
     finally:
         f.seek(0)
 
@@ -1022,7 +1073,9 @@ def _check_data_crcs(f: BinaryIO, name: str) -> None:
                     while entry.read(16 << 20):
                         pass
     except (zipfile.BadZipFile, EOFError, ValueError, struct.error) as err:
-        raise CorruptCheckpointError(f"{name}: a tensor's stored bytes are damaged ({type(err).__name__}: {err})") from None
+        raise CorruptCheckpointError(
+            f"{name}: a tensor's stored bytes are damaged ({type(err).__name__}: {err})"
+        ) from None
     finally:
         f.seek(0)
 

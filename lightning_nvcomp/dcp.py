@@ -92,7 +92,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePath, PureWindowsPath
-from typing import IO, Any, cast
+from typing import IO, Any, BinaryIO, cast
 
 import torch
 import torch.distributed as dist
@@ -553,11 +553,13 @@ class NvcompFileSystemWriter(FileSystemWriter):
             tensors: list[torch.Tensor] = []
             try:
                 tensors = [
-                    planner.resolve_data(item) for item in plan.items if item.type != WriteItemType.BYTE_IO
+                    cast(torch.Tensor, planner.resolve_data(item))
+                    for item in plan.items
+                    if item.type != WriteItemType.BYTE_IO
                 ]
             except BaseException as err:  # still take part in the collective choice, then fail
                 error = err
-            codec = self._agree_codec(cast(list[torch.Tensor], tensors), "sync")
+            codec = self._agree_codec(tensors, "sync")
             if error is not None:
                 raise error
             del tensors
@@ -633,7 +635,12 @@ class NvcompFileSystemWriter(FileSystemWriter):
         shard = staged.get(data.untyped_storage().data_ptr()) if data.numel() else None
         if shard is not None:
             held = shard.placeholder
-            if data.shape != held.shape or data.dtype != held.dtype or data.stride() != held.stride() or data.storage_offset():
+            if (
+                data.shape != held.shape
+                or data.dtype != held.dtype
+                or data.stride() != held.stride()
+                or data.storage_offset()
+            ):
                 raise CheckpointError(
                     f"item {item.index.fqn!r}: the planner asks for a view {tuple(data.shape)} of a shard compressed "
                     f"while staging {tuple(held.shape)}; save with stage_compress='none'"
@@ -663,7 +670,7 @@ class NvcompFileSystemWriter(FileSystemWriter):
 
             def write(item: WriteItem, snap: container.Snapshot, raw: int, used: str) -> WriteResult:
                 offset = stream.tell()
-                snap.write_to(ArchiveWriter(stream))
+                snap.write_to(ArchiveWriter(cast(BinaryIO, stream)))
                 length = stream.tell() - offset
                 return WriteResult(item.index, length, NvcompStorageInfo(name, offset, length, None, used, raw))
 
@@ -775,7 +782,7 @@ class NvcompFileSystemReader(FileSystemReader):
         with self.fs.create_stream(path, "rb") as f:
             data = f.read()
         metadata = _load_metadata(data, str(path))
-        if getattr(metadata, "storage_meta", None) is None:
+        if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
@@ -796,7 +803,9 @@ class NvcompFileSystemReader(FileSystemReader):
             _check_storage_info(info, f"item {req.storage_index.fqn!r}")
             per_file.setdefault(info.relative_path, []).append((req, info))
         # One decode bound for the whole load, as for one file: 16 x the bytes read + 256 MiB (container.LoadState).
-        budget = container.LoadState(str(self.path), file_nbytes=sum(i.length for rs in per_file.values() for _, i in rs))
+        budget = container.LoadState(
+            str(self.path), file_nbytes=sum(i.length for rs in per_file.values() for _, i in rs)
+        )
         for relative_path, reqs in per_file.items():
             path = self.fs.concat_path(self.path, relative_path)
             with self.fs.create_stream(path, "rb") as stream:
@@ -813,8 +822,15 @@ class NvcompFileSystemReader(FileSystemReader):
         fut.set_result(None)
         return fut
 
-    def _read_one(self, stream: Any, req: ReadItem, info: _StorageInfo, planner: LoadPlanner, where: str,
-                  budget: container.LoadState) -> None:
+    def _read_one(
+        self,
+        stream: Any,
+        req: ReadItem,
+        info: _StorageInfo,
+        planner: LoadPlanner,
+        where: str,
+        budget: container.LoadState,
+    ) -> None:
         view = self._slice_file(stream, info)
         if isinstance(info, NvcompStorageInfo) and info.codec is not None:
             target = planner.resolve_tensor(req).detach()
@@ -955,8 +971,9 @@ def _check_zip_crcs(data: bytes, where: str) -> None:
         raise CorruptCheckpointError(f"{where}: entry {bad!r} fails its CRC-32 check; the item is damaged")
 
 
-def _read_item(view: IO[bytes], info: NvcompStorageInfo, device: torch.device, where: str,
-               budget: container.LoadState) -> torch.Tensor:
+def _read_item(
+    view: IO[bytes], info: NvcompStorageInfo, device: torch.device, where: str, budget: container.LoadState
+) -> torch.Tensor:
     """Decode one stored item (a torch.save zip, compressed records inside) onto ``device`` (GPU if it is one)."""
     if info.codec not in _ITEM_CODECS:
         raise CorruptCheckpointError(f"{where}: unknown codec {info.codec!r} in the checkpoint metadata")

@@ -382,7 +382,10 @@ def estimate(
         ValueError: a number out of range, an unknown precision or optimizer.
     """
     _check_positive(
-        gpus=gpus, storage_gibps=storage_gibps, interval_min=interval_min, gpu_hour_usd=gpu_hour_usd,
+        gpus=gpus,
+        storage_gibps=storage_gibps,
+        interval_min=interval_min,
+        gpu_hour_usd=gpu_hour_usd,
         mtbf_hours=mtbf_hours,
     )
     components = checkpoint_components(params, precision, optimizer, master_weights=master_weights, gradients=gradients)

@@ -37,12 +37,17 @@ def _combined(stats: list[container.SaveStats], label: str) -> container.SaveSta
     if len(stats) == 1:
         return stats[0]
     codec = max(stats, key=lambda s: s.raw_nbytes).codec
-    predictions = [s.prediction for s in stats]
+    predictions = [s.prediction for s in stats if s.prediction is not None]
     prediction = None
-    if all(p is not None for p in predictions):  # auto: one forecast per file, summed like the files' times
+    if len(predictions) == len(stats):  # auto: one forecast per file, summed like the files' times
         raw, stored = sum(s.raw_nbytes for s in stats), sum(s.raw_nbytes / p.ratio for s, p in zip(stats, predictions))
-        prediction = Prediction(codec, raw / stored if stored else 1.0, sum(p.encode_s for p in predictions),
-                                sum(p.write_s for p in predictions), sum(p.blocked_s for p in predictions))
+        prediction = Prediction(
+            codec,
+            raw / stored if stored else 1.0,
+            sum(p.encode_s for p in predictions),
+            sum(p.write_s for p in predictions),
+            sum(p.blocked_s for p in predictions),
+        )
     return container.SaveStats(
         label,
         codec,
@@ -114,8 +119,11 @@ class CheckpointWriter:
             self.policy.write_gbps(directory, raw_nbytes(container.find_contents(obj).tensors))
         begin = time.perf_counter()
         if not self.async_save:
-            self._group.append(container.save(obj, path, self.codec, policy=self.policy, storage=self.storage,
-                                              staging_nbytes=self.staging_nbytes))
+            self._group.append(
+                container.save(
+                    obj, path, self.codec, policy=self.policy, storage=self.storage, staging_nbytes=self.staging_nbytes
+                )
+            )
             self._blocked += time.perf_counter() - begin
             return
         contents = container.find_contents(obj)
@@ -166,7 +174,8 @@ class CheckpointWriter:
     def wait(self, path: str | None = None) -> None:
         """Wait for background writes (only those of ``path``, when given); raise a failed one's error here."""
         target = None if path is None else os.path.abspath(path)
-        keep, waiting = [], []
+        keep: list[tuple[str, Future]] = []
+        waiting: list[tuple[str, Future]] = []
         for item in self._inflight:
             (waiting if target is None or os.path.abspath(item[0]) == target else keep).append(item)
         self._inflight = keep

@@ -250,8 +250,9 @@ def measure_bandwidth(
         size = int(_all_reduce([float(own)], torch.distributed.ReduceOp.MIN)[0])
     if size <= 0:
         where = "" if own <= 0 else " on another rank"
-        _warn_skipped(directory, free, f"too little free space{where} for a probe of "
-                                       f"{_mib(min(nbytes, MIN_PROBE_NBYTES))}")
+        _warn_skipped(
+            directory, free, f"too little free space{where} for a probe of {_mib(min(nbytes, MIN_PROBE_NBYTES))}"
+        )
         return None
     block = os.urandom(min(size, 16 << 20))  # incompressible, and no RNG of the training run is touched
     path = os.path.join(directory, _own_name(f"lightning-nvcomp-probe-{rank}", ".tmp"))
@@ -299,7 +300,10 @@ def _warn_skipped(directory: str, free: int | None, reason: str) -> None:
     log.warning(
         "lightning_nvcomp: not probing the write bandwidth of %s (%s; free space there: %s): assuming %s GB/s "
         "until the first checkpoint write there is timed",
-        directory, reason, _mib(free), FALLBACK_GBPS,
+        directory,
+        reason,
+        _mib(free),
+        FALLBACK_GBPS,
     )
 
 
@@ -352,8 +356,16 @@ class CodecPolicy:
 
     def in_mode(self, mode: str, interval_s: float | None = None) -> CodecPolicy:
         """A policy for ``mode`` that shares this one's measurements (probe and calibration happen once)."""
-        other = CodecPolicy(mode, interval_s, self.probe_nbytes, self.storage, self._fixed_gbps, self._fixed_profiles,
-                            self.collective, self.per_tensor)
+        other = CodecPolicy(
+            mode,
+            interval_s,
+            self.probe_nbytes,
+            self.storage,
+            self._fixed_gbps,
+            self._fixed_profiles,
+            self.collective,
+            self.per_tensor,
+        )
         other._bandwidth, other._profiles, other._assumed = self._bandwidth, self._profiles, self._assumed
         return other
 

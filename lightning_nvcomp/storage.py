@@ -23,7 +23,7 @@ import socket
 import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, cast
 
 from lightning_nvcomp.resources import shared
 
@@ -87,7 +87,7 @@ class ThrottledStorage(Storage):
         self.bytes_per_s = mb_per_s * 1e6
 
     def wrap(self, f: BinaryIO) -> BinaryIO:
-        return _ThrottledFile(f, self.bytes_per_s)
+        return cast(BinaryIO, _ThrottledFile(f, self.bytes_per_s))
 
 
 class _ThrottledFile:
@@ -163,7 +163,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
                 os.unlink(leftover)
         cause = _os_error(err)  # torch.save wraps a failed write (disk full, quota) in a RuntimeError
         if cause is not None:
-            raise OSError(cause.errno, f"cannot save {path}: {cause.strerror}; any previous file there is intact") from err
+            raise OSError(
+                cause.errno, f"cannot save {path}: {cause.strerror}; any previous file there is intact"
+            ) from err
         raise
     fsync_path(directory)
     if old is not None:
@@ -219,8 +221,9 @@ _TMP = ".tmp"
 #: Who wrote a temporary or trash name: 8 hex digits of the SHA-1 of this host's name (short, file-name safe).
 HOST_ID = hashlib.sha1(socket.gethostname().encode("utf-8", "surrogateescape")).hexdigest()[:8]
 #: ``.NAME.lnv-<host>-<pid>-<token>.tmp`` / ``.lnv-old``: the only names :func:`_sweep` ever removes.
-_OWN = re.compile(r"^\..*\.lnv-(?P<host>[0-9a-f]{8})-(?P<pid>[1-9][0-9]{0,9})-[0-9a-f]{8}(?:\.tmp|\.lnv-old)$",
-                  re.DOTALL)
+_OWN = re.compile(
+    r"^\..*\.lnv-(?P<host>[0-9a-f]{8})-(?P<pid>[1-9][0-9]{0,9})-[0-9a-f]{8}(?:\.tmp|\.lnv-old)$", re.DOTALL
+)
 _NAME_MAX = 255
 
 

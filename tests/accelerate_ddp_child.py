@@ -17,8 +17,9 @@ import sys
 import torch
 from accelerate.utils import InitProcessGroupKwargs
 
-import accelerate_runs as R
 from lightning_nvcomp.integrations.accelerate import attach
+
+import accelerate_runs as R
 
 
 def main() -> None:

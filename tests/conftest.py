@@ -107,12 +107,35 @@ def trained_like(numel: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
 def special_floats(dtype: torch.dtype) -> torch.Tensor:
     """NaNs with payloads (both signs, quiet and signalling), +-inf, +-0.0, denormals, extremes for ``dtype``."""
     if dtype == torch.float32:
-        bits = [0x7FC00001, 0xFFC12345, 0x7F800001, 0xFF800003, 0x7F800000, 0xFF800000, 0x80000000, 0x00000000,
-                0x00000001, 0x807FFFFF, 0x00400000, 0x7F7FFFFF, 0xFF7FFFFF, 0x3F800000]
+        bits = [
+            0x7FC00001,
+            0xFFC12345,
+            0x7F800001,
+            0xFF800003,
+            0x7F800000,
+            0xFF800000,
+            0x80000000,
+            0x00000000,
+            0x00000001,
+            0x807FFFFF,
+            0x00400000,
+            0x7F7FFFFF,
+            0xFF7FFFFF,
+            0x3F800000,
+        ]
         return torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in bits], dtype=torch.int32).view(dtype)
     if dtype == torch.float64:
-        bits = [0x7FF8000000000001, 0xFFF8DEADBEEF0001, 0x7FF0000000000001, 0x7FF0000000000000,
-                0xFFF0000000000000, 0x8000000000000000, 0x0000000000000001, 0x800FFFFFFFFFFFFF, 0x3FF0000000000000]
+        bits = [
+            0x7FF8000000000001,
+            0xFFF8DEADBEEF0001,
+            0x7FF0000000000001,
+            0x7FF0000000000000,
+            0xFFF0000000000000,
+            0x8000000000000000,
+            0x0000000000000001,
+            0x800FFFFFFFFFFFFF,
+            0x3FF0000000000000,
+        ]
         return torch.tensor([b - (1 << 64) if b >= 1 << 63 else b for b in bits], dtype=torch.int64).view(dtype)
     if dtype in (torch.float16, torch.bfloat16):
         if dtype == torch.float16:
@@ -130,8 +153,9 @@ FLOAT_DTYPES_WITH_SPECIALS = [torch.float32, torch.float64, torch.float16, torch
 ]
 
 
-def python_child(code: str, *args: str, timeout: float = 120, env: dict | None = None,
-                 check: bool = False, **kwargs) -> subprocess.CompletedProcess:
+def python_child(
+    code: str, *args: str, timeout: float = 120, env: dict | None = None, check: bool = False, **kwargs
+) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter of this venv (``sys.executable``); ``args`` become ``sys.argv[1:]``."""
     full_env = dict(os.environ)
     full_env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
@@ -139,7 +163,12 @@ def python_child(code: str, *args: str, timeout: float = 120, env: dict | None =
         full_env.update(env)
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code), *args],
-        capture_output=True, text=True, timeout=timeout, env=full_env, cwd=str(REPO_ROOT), **kwargs,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=str(REPO_ROOT),
+        **kwargs,
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")

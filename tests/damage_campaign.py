@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from conftest import random_tensor, tensor_bytes, trained_like
 
 import lightning_nvcomp
 import lightning_nvcomp.cli
 from lightning_nvcomp.errors import CheckpointError
+
+from conftest import random_tensor, tensor_bytes, trained_like
 
 #: The three file types of the campaign: what writes them.
 FILE_KINDS = ("none", "zstd", "torch.save")
@@ -138,9 +139,14 @@ def file_regions(path: Path) -> list[Region]:
         else:
             meta.ranges.append(entry)
     end_start, cd_offset, cd_size = _end_records(raw)
-    regions = [headers, pickle_region, *(data[k] for k in sorted(data, key=lambda k: int(k[5:]))), meta,
-               Region("central directory", [(cd_offset, cd_offset + cd_size)]),
-               Region("end records", [(end_start, len(raw))])]
+    regions = [
+        headers,
+        pickle_region,
+        *(data[k] for k in sorted(data, key=lambda k: int(k[5:]))),
+        meta,
+        Region("central directory", [(cd_offset, cd_offset + cd_size)]),
+        Region("end records", [(end_start, len(raw))]),
+    ]
     owner = [None] * len(raw)
     for region in regions:
         for a, b in region.ranges:
@@ -182,8 +188,11 @@ class Damage:
         return raw[: self.offset]
 
     def __str__(self) -> str:
-        what = {"flip": f"bit {self.arg} of byte {self.offset}", "zero": f"{self.arg} bytes at {self.offset}",
-                "truncate": f"to {self.offset} bytes"}[self.kind]
+        what = {
+            "flip": f"bit {self.arg} of byte {self.offset}",
+            "zero": f"{self.arg} bytes at {self.offset}",
+            "truncate": f"to {self.offset} bytes",
+        }[self.kind]
         return f"{self.region}: {self.kind} {what}"
 
 
@@ -204,7 +213,7 @@ PICKLE_VALUE_FLIPS = 120
 def pickle_value_bits(raw: bytes, region: Region) -> list[list[tuple[int, int]]]:
     """Per number or bool of the pickle, the (file offset, bit) flips that change it: the 8 bits of a number's
     lowest byte (a small change keeps a shape or an offset in bounds), bit 0 of NEWTRUE/NEWFALSE (swaps them)."""
-    (start, end), = region.ranges
+    ((start, end),) = region.ranges
     out = []
     for op, _arg, pos in pickletools.genops(raw[start:end]):
         if op.name in _INT_OPS:
@@ -277,8 +286,10 @@ def differences(saved: object, loaded: object) -> tuple[list[str], list[str]]:
                 return
             pairs.append((path, a, b))
             if type(a) is not type(b) or a.requires_grad != b.requires_grad:
-                other_diffs.append(f"{path}: {type(b).__name__}(requires_grad={b.requires_grad}) instead of "
-                                   f"{type(a).__name__}(requires_grad={a.requires_grad})")
+                other_diffs.append(
+                    f"{path}: {type(b).__name__}(requires_grad={b.requires_grad}) instead of "
+                    f"{type(a).__name__}(requires_grad={a.requires_grad})"
+                )
             try:
                 props_a = (a.dtype, tuple(a.shape), a.stride(), a.storage_offset(), a.layout, a.device)
                 props_b = (b.dtype, tuple(b.shape), b.stride(), b.storage_offset(), b.layout, b.device)
@@ -389,8 +400,9 @@ class Case:
             if self.package.outcome == ERROR:
                 return Result(SILENT_OTHER, "exit 0 but lightning_nvcomp.load fails")
             return Result(self.package.outcome, f"exit 0; load: {self.package.detail}")
-        return Result(ERROR, self.verify_out, f"exit {self.verify_rc}" if self.verify_rc is not None else "raised",
-                      clear=False)
+        return Result(
+            ERROR, self.verify_out, f"exit {self.verify_rc}" if self.verify_rc is not None else "raised", clear=False
+        )
 
 
 def run_case(raw: bytes, damage: Damage, path: Path, saved: object) -> Case:
@@ -414,8 +426,7 @@ def tally(cases: list[Case]) -> dict[str, dict[str, int]]:
     """Per loader: cases, clear errors, other errors, equal, silent tensors, silent other values."""
     rows = {}
     for loader in LOADERS:
-        results = [c.package if loader == LOADERS[0] else c.torch if loader == LOADERS[1] else c.verify
-                   for c in cases]
+        results = [c.package if loader == LOADERS[0] else c.torch if loader == LOADERS[1] else c.verify for c in cases]
         rows[loader] = {
             "cases": len(results),
             "clear errors": sum(r.outcome == ERROR and r.clear for r in results),
@@ -445,9 +456,11 @@ def error_types(cases: list[Case]) -> str:
     package = Counter(c.package.error_type for c in cases if c.package.outcome == ERROR)
     plain = Counter(c.torch.error_type for c in cases if c.torch.outcome == ERROR)
     verify = Counter("exit 0" if c.verify_rc == 0 else c.verify.error_type for c in cases)
-    return (f"lightning_nvcomp.load errors: {dict(package.most_common())}\n"
-            f"torch.load errors: {dict(plain.most_common())}\n"
-            f"verify: {dict(verify.most_common())}")
+    return (
+        f"lightning_nvcomp.load errors: {dict(package.most_common())}\n"
+        f"torch.load errors: {dict(plain.most_common())}\n"
+        f"verify: {dict(verify.most_common())}"
+    )
 
 
 def by_region(cases: list[Case]) -> str:
@@ -458,5 +471,7 @@ def by_region(cases: list[Case]) -> str:
         n["cases"] += 1
         n["load silent"] += c.package.outcome in (SILENT_TENSOR, SILENT_OTHER)
         n["torch.load silent tensors"] += c.torch.outcome == SILENT_TENSOR
-    return "\n".join(f"  {region:20s} {kind:9s} " + ", ".join(f"{k} {v}" for k, v in n.items())
-                     for (region, kind), n in counts.items())
+    return "\n".join(
+        f"  {region:20s} {kind:9s} " + ", ".join(f"{k} {v}" for k, v in n.items())
+        for (region, kind), n in counts.items()
+    )

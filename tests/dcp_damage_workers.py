@@ -29,9 +29,10 @@ import traceback
 import zipfile
 from pathlib import Path
 
-import dcp_workers as W
 import torch
 import torch.distributed as dist
+
+import dcp_workers as W
 
 # -- processes ----------------------------------------------------------------------------------------------------
 
@@ -44,7 +45,10 @@ def _entry(rank: int, world_size: int, port: int, job: str, out: str, args: tupl
     warnings.filterwarnings("ignore")
     logging.getLogger().setLevel(logging.CRITICAL)  # DCP logs every failed load, with its traceback, on the root logger
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
         timeout=datetime.timedelta(seconds=30),
     )
     results: dict = {}
@@ -171,8 +175,14 @@ def _regions(item: bytes) -> list[tuple[str, int, int]]:
     return regions
 
 
-def _cases(rng: random.Random, span: tuple[int, int], regions: list[tuple[str, int, int]], per_region: dict[str, int],
-           zeros: dict[str, int], truncations: int) -> list[tuple[str, str, int, int]]:
+def _cases(
+    rng: random.Random,
+    span: tuple[int, int],
+    regions: list[tuple[str, int, int]],
+    per_region: dict[str, int],
+    zeros: dict[str, int],
+    truncations: int,
+) -> list[tuple[str, str, int, int]]:
     """``(kind, region, position, bit)`` damage cases: flips (``bit`` 0-7) and zeroed 16 bytes sampled in each
     region, truncations at a position in ``span``."""
     cases = []
@@ -244,15 +254,31 @@ def job_campaign(results: dict, out: str, root: str, seed: int) -> None:
         metadata = _load_metadata(files[".metadata"], ".metadata")
         data_files = sorted(n for n in files if n.endswith(".distcp"))
         assert data_files == ["__0_0.distcp"], data_files
-        plan = [(".metadata", ".metadata", c) for c in _cases(
-            rng, (0, len(files[".metadata"])), [("metadata", 0, len(files[".metadata"]))],
-            {"metadata": 24}, {"metadata": 8}, 6)]
+        plan = [
+            (".metadata", ".metadata", c)
+            for c in _cases(
+                rng,
+                (0, len(files[".metadata"])),
+                [("metadata", 0, len(files[".metadata"]))],
+                {"metadata": 24},
+                {"metadata": 8},
+                6,
+            )
+        ]
         for index, info in sorted(metadata.storage_data.items(), key=lambda kv: kv[1].offset):
             item = files[info.relative_path][info.offset : info.offset + info.length]
             regions = [(label, info.offset + s, info.offset + e) for label, s, e in _regions(item)]
-            plan += [(info.relative_path, index.fqn, c) for c in _cases(
-                rng, (info.offset, info.offset + info.length), regions,
-                {"pickle": 3, "data": 3, "header": 1, "small": 1, "directory": 2}, {"pickle": 1, "data": 1}, 1)]
+            plan += [
+                (info.relative_path, index.fqn, c)
+                for c in _cases(
+                    rng,
+                    (info.offset, info.offset + info.length),
+                    regions,
+                    {"pickle": 3, "data": 3, "header": 1, "small": 1, "directory": 2},
+                    {"pickle": 1, "data": 1},
+                    1,
+                )
+            ]
         work = Path(root, f"{codec}-damaged")
         for name, fqn, (kind, region, pos, bit) in plan:
             shutil.rmtree(work, ignore_errors=True)
@@ -261,9 +287,21 @@ def job_campaign(results: dict, out: str, root: str, seed: int) -> None:
                 (work / other).write_bytes(_damage(data, kind, pos, bit) if other == name else data)
             ours, ours_type, ours_msg = _load("ours", str(work))
             default, default_type, _ = _load("default", str(work))
-            cases.append({"codec": codec, "file": name, "item": fqn, "kind": kind, "region": region, "pos": pos,
-                          "ours": ours, "ours_type": ours_type, "ours_msg": ours_msg,
-                          "default": default, "default_type": default_type})
+            cases.append(
+                {
+                    "codec": codec,
+                    "file": name,
+                    "item": fqn,
+                    "kind": kind,
+                    "region": region,
+                    "pos": pos,
+                    "ours": ours,
+                    "ours_type": ours_type,
+                    "ours_msg": ours_msg,
+                    "default": default,
+                    "default_type": default_type,
+                }
+            )
     results["cases"] = cases
     results["seconds"] = time.perf_counter() - begin
     results["campaign"] = "ok"

@@ -46,7 +46,9 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def assert_same(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
-    assert a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape), f"{what}: {a.dtype}{tuple(a.shape)} != {b.dtype}{tuple(b.shape)}"
+    assert a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape), (
+        f"{what}: {a.dtype}{tuple(a.shape)} != {b.dtype}{tuple(b.shape)}"
+    )
     assert torch.equal(bits(a), bits(b)), f"{what}: bytes differ"
 
 
@@ -207,17 +209,25 @@ def job_roundtrip(results: dict, root: str) -> None:
                 meta = pickle.load(f)
             from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-            tensors = [i for k, i in meta.storage_data.items()
-                       if isinstance(meta.state_dict_metadata[k.fqn], TensorStorageMetadata)]
+            tensors = [
+                i
+                for k, i in meta.storage_data.items()
+                if isinstance(meta.state_dict_metadata[k.fqn], TensorStorageMetadata)
+            ]
             assert len(tensors) >= 6, meta.storage_data  # DTensor/ShardedTensor shards, plain tensors
-            assert all(isinstance(i, NvcompStorageInfo) and i.codec == "zstd" and i.raw_nbytes for i in tensors), tensors
+            assert all(isinstance(i, NvcompStorageInfo) and i.codec == "zstd" and i.raw_nbytes for i in tensors), (
+                tensors
+            )
 
     scenario(results, "zstd", zstd)
     scenario(results, "plain_reader", lambda: _save_load(f"{root}/plain_reader", {"codec": "zstd"}, reader="plain"))
     scenario(results, "none", lambda: _save_load(f"{root}/none", {"codec": "none"}))
     scenario(results, "async_gpu", lambda: _save_load(f"{root}/async_gpu", {"codec": "zstd"}, async_=True))
-    scenario(results, "async_stage_all",
-             lambda: _save_load(f"{root}/async_all", {"codec": "zstd", "stage_compress": "all"}, async_=True))
+    scenario(
+        results,
+        "async_stage_all",
+        lambda: _save_load(f"{root}/async_all", {"codec": "zstd", "stage_compress": "all"}, async_=True),
+    )
 
 
 def job_auto(results: dict, root: str) -> None:

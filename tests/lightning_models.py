@@ -29,9 +29,7 @@ def make_classes(pl):
         def __init__(self, in_dim: int = 8, hidden: int = 16, lr: float = 0.01) -> None:
             super().__init__()
             self.save_hyperparameters()
-            self.net = torch.nn.Sequential(
-                torch.nn.Linear(in_dim, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1)
-            )
+            self.net = torch.nn.Sequential(torch.nn.Linear(in_dim, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1))
             # a buffer of another dtype, so checkpoints hold more than float32 parameters
             self.register_buffer("seen", torch.zeros((), dtype=torch.int64))
 

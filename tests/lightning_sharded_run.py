@@ -55,21 +55,32 @@ def main() -> None:
     if kind == "mp":
         # Lightning's default makes every device a tensor-parallel rank; Net shards across data-parallel ranks only.
         sizes = {"data_parallel_size": devices, "tensor_parallel_size": 1}
-        strategy = ModelParallelStrategy(**sizes) if codec == "plain" else NvcompModelParallelStrategy(codec=codec, **sizes)
+        strategy = (
+            ModelParallelStrategy(**sizes) if codec == "plain" else NvcompModelParallelStrategy(codec=codec, **sizes)
+        )
     else:
-        strategy = (FSDPStrategy(state_dict_type="sharded") if codec == "plain"
-                    else NvcompFSDPStrategy(codec=codec, state_dict_type="sharded"))
+        strategy = (
+            FSDPStrategy(state_dict_type="sharded")
+            if codec == "plain"
+            else NvcompFSDPStrategy(codec=codec, state_dict_type="sharded")
+        )
     trainer = L.Trainer(
-        accelerator="cuda" if gpu else "cpu", devices=devices,
-        strategy=strategy, max_steps=max_steps,
-        logger=CSVLogger(root, name="csv", version=0), enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cuda" if gpu else "cpu",
+        devices=devices,
+        strategy=strategy,
+        max_steps=max_steps,
+        logger=CSVLogger(root, name="csv", version=0),
+        enable_progress_bar=False,
+        enable_model_summary=False,
         # NvcompSavings is also installed by the package's entry point; named here for runs from a source tree.
         callbacks=[ModelCheckpoint(dirpath=f"{root}/checkpoints", every_n_epochs=1, save_top_k=-1), NvcompSavings()],
     )
     trainer.fit(Net(), ckpt_path=ckpt_path)
     stats = getattr(strategy, "last_stats", None)
-    result = {"global_step": trainer.global_step,
-              "ranks": [[r.rank, r.codec, r.raw_nbytes, r.stored_nbytes] for r in stats.ranks] if stats else None}
+    result = {
+        "global_step": trainer.global_step,
+        "ranks": [[r.rank, r.codec, r.raw_nbytes, r.stored_nbytes] for r in stats.ranks] if stats else None,
+    }
     with open(f"{root}/result-{trainer.global_rank}.json", "w") as f:
         json.dump(result, f)
 

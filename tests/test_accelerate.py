@@ -20,13 +20,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO_ROOT, assert_tree_bit_exact, child_json, python_child
 
-import accelerate_runs as R
 import lightning_nvcomp
 from lightning_nvcomp.container import TensorInfo, describe
 from lightning_nvcomp.integrations.accelerate import attach
 from lightning_nvcomp.storage import ThrottledStorage
+
+import accelerate_runs as R
+from conftest import REPO_ROOT, assert_tree_bit_exact, child_json, python_child
 
 TESTS_DIR = Path(__file__).resolve().parent
 CHILD_ENV = {"PYTHONPATH": str(TESTS_DIR), "OMP_NUM_THREADS": "1"}
@@ -185,8 +186,16 @@ def test_resumed_training_matches_uninterrupted_training(tmp_path, async_save):
     attachment.detach()
 
     if not async_save:  # a fresh process, fresh Accelerator and objects (once: an interpreter start costs ~3 s)
-        child = python_child(RESUME_IN_CHILD, str(tmp_path / "ck"), "zstd", "0", str(total - first),
-                             str(torch.get_num_threads()), env=CHILD_ENV, check=True)
+        child = python_child(
+            RESUME_IN_CHILD,
+            str(tmp_path / "ck"),
+            "zstd",
+            "0",
+            str(total - first),
+            str(torch.get_num_threads()),
+            env=CHILD_ENV,
+            check=True,
+        )
         assert child_json(child) == uninterrupted
 
     # fresh objects in this process too
@@ -454,10 +463,27 @@ def _launch_two_ranks(tmp_path: Path, timeout_s: int) -> subprocess.CompletedPro
     env = dict(os.environ, **CHILD_ENV, PYTHONDONTWRITEBYTECODE="1")
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK"):
         env.pop(key, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(TESTS_DIR / "accelerate_ddp_child.py"), str(tmp_path), str(tmp_path / "ck"), str(timeout_s)]
-    proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(TESTS_DIR / "accelerate_ddp_child.py"),
+        str(tmp_path),
+        str(tmp_path / "ck"),
+        str(timeout_s),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=str(REPO_ROOT),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s * 6 + 60)
     except subprocess.TimeoutExpired:
@@ -514,14 +540,41 @@ def test_ans_without_a_gpu_is_refused():
 # the example ----------------------------------------------------------------------------------------------------
 
 EXAMPLE = REPO_ROOT / "examples" / "accelerate_train.py"
-TINY_GPT = ["--cpu", "--dim", "32", "--layers", "1", "--heads", "2", "--context", "32", "--batch", "4",
-            "--corpus-mb", "1", "--codec", "zstd", "--probe-mb", "4", "--save-every", "2", "--log-every", "1"]
+TINY_GPT = [
+    "--cpu",
+    "--dim",
+    "32",
+    "--layers",
+    "1",
+    "--heads",
+    "2",
+    "--context",
+    "32",
+    "--batch",
+    "4",
+    "--corpus-mb",
+    "1",
+    "--codec",
+    "zstd",
+    "--probe-mb",
+    "4",
+    "--save-every",
+    "2",
+    "--log-every",
+    "1",
+]
 
 
 def _example(*args: str) -> subprocess.CompletedProcess:
     """The example in a fresh interpreter, as a user runs it."""
-    proc = subprocess.run([sys.executable, str(EXAMPLE), *TINY_GPT, *args], capture_output=True, text=True,
-                          timeout=300, cwd=str(REPO_ROOT), env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE), *TINY_GPT, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(REPO_ROOT),
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
 

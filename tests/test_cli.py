@@ -11,6 +11,11 @@ import pytest
 import torch
 
 import lightning_nvcomp
+from lightning_nvcomp import container
+from lightning_nvcomp.cli import main
+from lightning_nvcomp.codec import record
+from lightning_nvcomp.errors import CodecUnavailableError
+
 from conftest import (
     CHILD_DIGEST_SRC,
     REPO_ROOT,
@@ -21,10 +26,6 @@ from conftest import (
     tensor_digest,
     trained_like,
 )
-from lightning_nvcomp import container
-from lightning_nvcomp.cli import main
-from lightning_nvcomp.codec import record
-from lightning_nvcomp.errors import CodecUnavailableError
 
 #: The tensors of the training state below: 4 of the model, 3 per parameter in AdamW's state.
 STATE_TENSORS = 16

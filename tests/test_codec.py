@@ -9,6 +9,19 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lightning_nvcomp.codec import checksum, planes, record
+from lightning_nvcomp.codec.gpu import gpu_available
+from lightning_nvcomp.container import DTYPES
+from lightning_nvcomp.errors import (
+    CheckpointError,
+    CodecUnavailableError,
+    CorruptCheckpointError,
+    UnsupportedFormatError,
+)
+
 from conftest import (
     FLOAT_DTYPES_WITH_SPECIALS,
     assert_bit_exact,
@@ -17,13 +30,6 @@ from conftest import (
     tensor_bytes,
     trained_like,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from lightning_nvcomp.codec import checksum, planes, record
-from lightning_nvcomp.codec.gpu import gpu_available
-from lightning_nvcomp.container import DTYPES
-from lightning_nvcomp.errors import UnsupportedFormatError, CheckpointError, CodecUnavailableError, CorruptCheckpointError
 
 SETTINGS = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 CPU_CODECS = ("zstd", "raw")
@@ -217,8 +223,11 @@ def test_roundtrip_multi_segment_multi_chunk(name, codec, numel, kind, layout, s
 
 
 @SETTINGS
-@given(nbytes=st.integers(0, 2000), dtype=st.sampled_from([torch.float32, torch.float64, torch.int16]),
-       seed=st.integers(0, 2**32 - 1))
+@given(
+    nbytes=st.integers(0, 2000),
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.int16]),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_roundtrip_byte_counts_not_a_multiple_of_the_plane_width(nbytes, dtype, seed):
     data = data_bytes("few", nbytes, seed)
     with pytest.MonkeyPatch.context() as mp:
@@ -447,8 +456,16 @@ def test_decode_rejects_blobs_that_are_not_1d_uint8_tensors(valid_record):
     _, blobs, meta = valid_record
     first = blobs[0]
     rest = blobs[1:]
-    for bad in ([first.view(1, -1)] + rest, [first.to(torch.int16)] + rest, [first.numpy()] + rest, [None] + rest,
-                torch.cat(blobs), tuple(blobs), None, {0: first}):
+    for bad in (
+        [first.view(1, -1)] + rest,
+        [first.to(torch.int16)] + rest,
+        [first.numpy()] + rest,
+        [None] + rest,
+        torch.cat(blobs),
+        tuple(blobs),
+        None,
+        {0: first},
+    ):
         with pytest.raises(CorruptCheckpointError):
             record.decode(bad, copy.deepcopy(meta), "cpu")
 
@@ -492,7 +509,9 @@ def test_crc32_combine_matches_zlib_on_the_concatenation(a, b):
     assert checksum.combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
 
 
-@pytest.mark.parametrize("nbytes", [0, 1, checksum.PIECE_NBYTES - 1, checksum.PIECE_NBYTES, 2 * checksum.PIECE_NBYTES + 7])
+@pytest.mark.parametrize(
+    "nbytes", [0, 1, checksum.PIECE_NBYTES - 1, checksum.PIECE_NBYTES, 2 * checksum.PIECE_NBYTES + 7]
+)
 def test_crc32_in_parallel_pieces_equals_zlib(nbytes):
     data = torch.from_numpy(np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8))
     assert checksum.crc32(data) == zlib.crc32(data.numpy())

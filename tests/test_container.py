@@ -11,6 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import lightning_nvcomp
+from lightning_nvcomp import container, storage
+from lightning_nvcomp.codec import record
+from lightning_nvcomp.container import DTYPES, SaveStats, TensorInfo, describe
+from lightning_nvcomp.errors import CheckpointError
+
 from conftest import (
     CHILD_DIGEST_SRC,
     assert_bit_exact,
@@ -23,14 +32,6 @@ from conftest import (
     tensor_digest,
     trained_like,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-import lightning_nvcomp
-from lightning_nvcomp import container, storage
-from lightning_nvcomp.codec import record
-from lightning_nvcomp.container import DTYPES, SaveStats, TensorInfo, describe
-from lightning_nvcomp.errors import CheckpointError
 
 SETTINGS = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 GRAD_DTYPES = {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64}
@@ -86,8 +87,14 @@ def tensor_dicts(draw):
             obj[key] = [base, (base.reshape(-1)[:0], {"inner": base.reshape(-1)[::3]}), 7]
         else:
             obj[key] = base
-    obj["meta"] = {"epoch": draw(st.integers(-5, 10**12)), "name": draw(st.text(max_size=8)), "none": None,
-                   "ratio": 0.5, "flags": (True, False), "bytes": b"\x00\xff"}
+    obj["meta"] = {
+        "epoch": draw(st.integers(-5, 10**12)),
+        "name": draw(st.text(max_size=8)),
+        "none": None,
+        "ratio": 0.5,
+        "flags": (True, False),
+        "bytes": b"\x00\xff",
+    }
     return obj, shared
 
 
@@ -317,8 +324,13 @@ def make_training_state(steps: int = 3):
 
 def test_module_and_adamw_state_roundtrip(tmp_path):
     model, opt, _ = make_training_state()
-    ckpt = {"state_dict": model.state_dict(), "optimizer_states": [opt.state_dict()], "epoch": 2, "global_step": 3,
-            "step_tensor": torch.tensor(3)}
+    ckpt = {
+        "state_dict": model.state_dict(),
+        "optimizer_states": [opt.state_dict()],
+        "epoch": 2,
+        "global_step": 3,
+        "step_tensor": torch.tensor(3),
+    }
     steps = [s["step"] for s in opt.state_dict()["state"].values()]
     assert steps and all(isinstance(s, torch.Tensor) and s.dtype == torch.float32 and s.dim() == 0 for s in steps)
     assert model.state_dict()["3.num_batches_tracked"].dtype == torch.int64
@@ -360,7 +372,9 @@ def test_convert_to_torch_writes_a_plain_file_loadable_without_the_package(tmp_p
     ours, path = tmp_path / "none.pt", tmp_path / "plain.pt"
     lightning_nvcomp.save(obj, ours, codec="none")
     assert cli.main(["convert", str(ours), str(path), "--codec", "torch", "-q"]) == 0
-    code = CHILD_DIGEST_SRC + """
+    code = (
+        CHILD_DIGEST_SRC
+        + """
 import json, sys
 obj = torch.load(sys.argv[1], weights_only=True)
 assert "lightning_nvcomp" not in sys.modules, "loading imported lightning_nvcomp"
@@ -368,6 +382,7 @@ shared = obj["w"].untyped_storage().data_ptr() == obj["wv"].untyped_storage().da
 print(json.dumps({"digests": {k: tensor_digest(v) for k, v in obj.items() if v is not None}, "v": obj["v"],
                   "shared": shared}))
 """
+    )
     out = child_json(python_child(code, str(path), check=True))
     assert out["digests"] == {k: tensor_digest(v) for k, v in obj.items() if v is not None}
     assert out["v"] is None and out["shared"]
@@ -375,7 +390,9 @@ print(json.dumps({"digests": {k: tensor_digest(v) for k, v in obj.items() if v i
     assert unchecked.returncode != 0 and "lightning_nvcomp.decode_tensor" in unchecked.stderr
 
 
-LOAD_IN_CHILD = CHILD_DIGEST_SRC + """
+LOAD_IN_CHILD = (
+    CHILD_DIGEST_SRC
+    + """
 import json, sys
 if sys.argv[2] == "import":
     import lightning_nvcomp
@@ -387,6 +404,7 @@ except Exception as err:
 else:
     print(json.dumps({"digests": {k: tensor_digest(v) for k, v in obj.items()}}))
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -452,7 +470,7 @@ def test_describe_reads_a_checkpoint_with_damaged_tensor_data(tmp_path):
     obj = {"model": {"w": trained_like(4000, torch.float32)}}
     path = tmp_path / "ck.pt"
     lightning_nvcomp.save(obj, path, codec="zstd")
-    (start, size), = tensor_data_entries(path).values()
+    ((start, size),) = tensor_data_entries(path).values()
     raw = bytearray(path.read_bytes())
     raw[start + size // 2] ^= 0xFF
     path.write_bytes(raw)
@@ -519,8 +537,9 @@ def test_resumed_optimizer_state_does_not_hold_or_resave_the_whole_record(tmp_pa
     model.load_state_dict(loaded["model"])
     for moments in opt.state.values():  # each tensor has its own storage, not a slice of a shared record
         assert moments["exp_avg"].untyped_storage().nbytes() == moments["exp_avg"].numel() * 4
-    again = lightning_nvcomp.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "b.ckpt",
-                                  codec="zstd")
+    again = lightning_nvcomp.save(
+        {"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "b.ckpt", codec="zstd"
+    )
     assert again.raw_nbytes == first.raw_nbytes
 
 

@@ -13,6 +13,18 @@ from pathlib import Path
 
 import pytest
 import torch
+
+import lightning_nvcomp
+from lightning_nvcomp import container, decode_tensor
+from lightning_nvcomp.codec import record
+from lightning_nvcomp.codec.gpu import gpu_available
+from lightning_nvcomp.errors import (
+    CheckpointError,
+    CodecUnavailableError,
+    CorruptCheckpointError,
+    UnsupportedFormatError,
+)
+
 from conftest import (
     REPO_ROOT,
     assert_bit_exact,
@@ -25,12 +37,6 @@ from conftest import (
     trained_like,
     zip_entries,
 )
-
-import lightning_nvcomp
-from lightning_nvcomp import container, decode_tensor
-from lightning_nvcomp.codec import record
-from lightning_nvcomp.codec.gpu import gpu_available
-from lightning_nvcomp.errors import UnsupportedFormatError, CheckpointError, CodecUnavailableError, CorruptCheckpointError
 
 no_gpu = pytest.mark.skipif(gpu_available(), reason="checks the behaviour of a machine without a usable GPU")
 
@@ -139,7 +145,9 @@ def test_flip_in_tensor_data_is_always_detected(saved, tmp_path):
     assert len(entries) >= 2
     checked = 0
     for start, size in entries.values():
-        for i, pos in enumerate(sorted({start, start + 1, start + size - 1, *range(start, start + size, max(1, size // 16))})):
+        for i, pos in enumerate(
+            sorted({start, start + 1, start + size - 1, *range(start, start + size, max(1, size // 16))})
+        ):
             data = bytearray(raw)
             data[pos] ^= 0x80 if i % 2 else 0x01
             damaged = write_damaged(tmp_path, data)
@@ -223,8 +231,17 @@ def forged_check(args: dict) -> int:
 
 def decode_args(good_args, default_name: str, **kw) -> tuple:
     data, good_blobs, meta = good_args
-    args = dict(blobs=good_blobs, rec=dict(meta), index=0, offset=0, size=(64,), stride=(1,), requires_grad=False,
-                parameter=False, name=default_name)
+    args = dict(
+        blobs=good_blobs,
+        rec=dict(meta),
+        index=0,
+        offset=0,
+        size=(64,),
+        stride=(1,),
+        requires_grad=False,
+        parameter=False,
+        name=default_name,
+    )
     check = kw.pop("check", None)
     args.update(kw)
     return (*args.values(), forged_check(args) if check is None else check)
@@ -300,7 +317,9 @@ HOSTILE = {
     "dtype unhashable (dict)": dict(rec={"dtype": {}}),
     "size past int64 with stride 0": dict(size=(1 << 70,), stride=(0,)),
     "numel overflows int64 with stride 0": dict(size=(1 << 62, 1 << 62), stride=(0, 0)),
-    "forged decode cache with a storage outside it": dict(size=(128,), rec={"storages": [[0, 1024]], "__decoded__": "forge"}),
+    "forged decode cache with a storage outside it": dict(
+        size=(128,), rec={"storages": [[0, 1024]], "__decoded__": "forge"}
+    ),
     "forged decode cache with a negative storage": dict(rec={"storages": [[-8, 512]], "__decoded__": "forge"}),
 }
 
@@ -558,8 +577,14 @@ def test_killed_save_leaves_the_previous_checkpoint(tmp_path):
     lightning_nvcomp.save(previous, path, codec="zstd")
     before = path.read_bytes()
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(INTERRUPTED_CHILD), str(path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO_ROOT), env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(INTERRUPTED_CHILD), str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(REPO_ROOT),
+        env=env,
+    )
     try:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
         deadline = time.monotonic() + 120

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from damage_campaign import (
     EQUAL,
     ERROR,
@@ -84,7 +85,7 @@ def test_campaign_covers_every_region(kind, tmp_path):
     assert {c.offset for c in cases if c.kind == "truncate"} >= {0, 1, 2, 3}
     pickle_values = [c for c in cases if c.region == "data.pkl values"]
     assert len(pickle_values) == PICKLE_VALUE_FLIPS
-    (start, end), = next(r for r in regions if r.name == "data.pkl").ranges
+    ((start, end),) = next(r for r in regions if r.name == "data.pkl").ranges
     assert all(start <= c.offset < end for c in pickle_values)
     assert all(c.apply(raw) != raw for c in cases), "a sampled damage changes nothing"
     assert 300 <= len(cases) <= 400, len(cases)
@@ -160,18 +161,28 @@ def test_damage_campaign(kind, tmp_path):
 
     problems = []
     if package_silent:
-        problems.append(f"{len(package_silent)} damaged copies loaded silently wrong by lightning_nvcomp.load:\n"
-                        + _examples(package_silent, lambda c: c.package.detail))
+        problems.append(
+            f"{len(package_silent)} damaged copies loaded silently wrong by lightning_nvcomp.load:\n"
+            + _examples(package_silent, lambda c: c.package.detail)
+        )
     if package_unclear:
-        problems.append(f"{len(package_unclear)} lightning_nvcomp.load errors are not a CheckpointError naming "
-                        f"the file:\n" + _examples(package_unclear, lambda c: c.package.detail))
+        problems.append(
+            f"{len(package_unclear)} lightning_nvcomp.load errors are not a CheckpointError naming "
+            f"the file:\n" + _examples(package_unclear, lambda c: c.package.detail)
+        )
     if torch_wrong_tensors and kind != "torch.save":
-        problems.append(f"{len(torch_wrong_tensors)} damaged copies gave wrong tensors through plain torch.load:\n"
-                        + _examples(torch_wrong_tensors, lambda c: c.torch.detail))
+        problems.append(
+            f"{len(torch_wrong_tensors)} damaged copies gave wrong tensors through plain torch.load:\n"
+            + _examples(torch_wrong_tensors, lambda c: c.torch.detail)
+        )
     if verify_ok_not_equal:
-        problems.append(f"{len(verify_ok_not_equal)} times verify exited 0 on a file that does not load equal:\n"
-                        + _examples(verify_ok_not_equal, lambda c: c.package.outcome + ", " + c.package.detail))
+        problems.append(
+            f"{len(verify_ok_not_equal)} times verify exited 0 on a file that does not load equal:\n"
+            + _examples(verify_ok_not_equal, lambda c: c.package.outcome + ", " + c.package.detail)
+        )
     if verify_not_0_or_1:
-        problems.append(f"{len(verify_not_0_or_1)} times verify did not exit 0 or 1 on a damaged copy:\n"
-                        + _examples(verify_not_0_or_1, lambda c: f"{c.verify_rc}: {c.verify_out}"))
+        problems.append(
+            f"{len(verify_not_0_or_1)} times verify did not exit 0 or 1 on a damaged copy:\n"
+            + _examples(verify_not_0_or_1, lambda c: f"{c.verify_rc}: {c.verify_out}")
+        )
     assert not problems, f"{kind} file, {len(cases)} damage cases:\n" + "\n".join(problems)

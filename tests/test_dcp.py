@@ -13,14 +13,15 @@ import struct
 import zipfile
 from pathlib import Path
 
-import dcp_workers as W
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from conftest import assert_bit_exact, python_child, trained_like
 
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter, NvcompStorageInfo
+
+import dcp_workers as W
+from conftest import assert_bit_exact, python_child, trained_like
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -31,7 +32,9 @@ def _ok(results: list[dict], *names: str) -> None:
     """Every rank ran each scenario in ``names`` to the end ("ok"), else show its traceback (or the job's)."""
     for rank, res in enumerate(results):
         for name in names:
-            assert res.get(name) == "ok", f"rank {rank}, scenario {name}: {res.get(name) or res.get('<job>', 'did not run')}"
+            assert res.get(name) == "ok", (
+                f"rank {rank}, scenario {name}: {res.get(name) or res.get('<job>', 'did not run')}"
+            )
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +70,9 @@ def _check(loaded: dict, state: dict) -> None:
 
 def test_one_rank_roundtrip(tmp_path):
     """World size 1 (gloo): sync save with zstd and none, default and our reader, async_save (both staging modes)."""
-    _ok(W.spawn("roundtrip", 1, tmp_path, str(tmp_path)), "zstd", "plain_reader", "none", "async_gpu",
-        "async_stage_all")
+    _ok(
+        W.spawn("roundtrip", 1, tmp_path, str(tmp_path)), "zstd", "plain_reader", "none", "async_gpu", "async_stage_all"
+    )
 
 
 def test_two_ranks_roundtrip(two_ranks):
@@ -170,7 +174,9 @@ def test_default_reader_decodes_in_a_fresh_interpreter(tmp_path):
                     else loaded[k] == v), k
         print("ok", "lightning_nvcomp" in sys.modules)
         """,
-        str(tmp_path), str(tmp_path.parent / "expected.pt"), check=True,
+        str(tmp_path),
+        str(tmp_path.parent / "expected.pt"),
+        check=True,
     )
     assert proc.stdout.split() == ["ok", "True"], proc.stdout
 
@@ -199,7 +205,8 @@ def test_default_reader_without_the_package_fails_clearly(tmp_path):
         else:
             print("loaded")
         """,
-        str(tmp_path), check=True,
+        str(tmp_path),
+        check=True,
     )
     assert proc.stdout.split() == ["error", "True"], proc.stdout + proc.stderr
 
@@ -336,5 +343,8 @@ def test_gpu_save_load(tmp_path, codec):
     check(tmp_path / "async", NvcompFileSystemReader)
     plain = tmp_path / "plain"
     dcp.save(expected, storage_writer=dcp.FileSystemWriter(plain))
-    if codec not in ("auto", "none"):  # auto may store raw bytes (fast local disk), in a container a little larger than DCP's
+    if codec not in (
+        "auto",
+        "none",
+    ):  # auto may store raw bytes (fast local disk), in a container a little larger than DCP's
         assert (tmp_path / "sync" / "__0_0.distcp").stat().st_size < (plain / "__0_0.distcp").stat().st_size

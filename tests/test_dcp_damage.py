@@ -21,11 +21,9 @@ import pickle
 import pickletools
 from pathlib import Path
 
-import dcp_damage_workers as D
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from conftest import assert_bit_exact, trained_like
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata
 
@@ -37,6 +35,9 @@ from lightning_nvcomp.dcp import (
     _CheckedMetadata,
 )
 from lightning_nvcomp.errors import CorruptCheckpointError
+
+import dcp_damage_workers as D
+from conftest import assert_bit_exact, trained_like
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
 
@@ -60,9 +61,11 @@ def campaign(tmp_path_factory) -> list[dict]:
         for kind in ("metadata", "distcp"):
             for reader in ("ours", "default"):
                 c = {k[3]: v for k, v in counts.items() if k[:3] == (codec, kind, reader)}
-                print(f"DCP damage {codec:4} .{kind:8} {reader:7}: {c['cases']} cases / {c.get('error', 0)} errors / "
-                      f"{c.get('equal', 0)} equal / {c.get('silent', 0)} silent / "
-                      f"{c.get('silent_value', 0)} silent non-tensor values")
+                print(
+                    f"DCP damage {codec:4} .{kind:8} {reader:7}: {c['cases']} cases / {c.get('error', 0)} errors / "
+                    f"{c.get('equal', 0)} equal / {c.get('silent', 0)} silent / "
+                    f"{c.get('silent_value', 0)} silent non-tensor values"
+                )
     print(f"DCP damage campaign: {len(cases)} cases, {results[0]['seconds']:.1f} s")
     return cases
 
@@ -103,8 +106,10 @@ def test_campaign_our_reader_is_never_silently_wrong(campaign):
             continue
         message = case["ours_msg"]
         if case["file"] == ".metadata":  # (the format version int lies outside the CRC: damaged, or newer)
-            assert (".metadata: the checkpoint metadata is damaged" in message
-                    or ".metadata: the checkpoint metadata has format version" in message), message
+            assert (
+                ".metadata: the checkpoint metadata is damaged" in message
+                or ".metadata: the checkpoint metadata has format version" in message
+            ), message
         else:
             assert case["ours_type"] == "CorruptCheckpointError", (case["ours_type"], message)
             assert "__0_0.distcp: item " in message, message
@@ -185,8 +190,9 @@ def test_metadata_is_checked_and_read_by_every_reader(tmp_path):
         target = _zeros(state)
         load(target)
         _check(target, state)
-    payload = next(arg for op, arg, _ in pickletools.genops(raw) if op.name.endswith("BINBYTES8") or
-                   op.name.endswith("BINBYTES"))  # DCP's own pickle of the Metadata
+    payload = next(
+        arg for op, arg, _ in pickletools.genops(raw) if op.name.endswith("BINBYTES8") or op.name.endswith("BINBYTES")
+    )  # DCP's own pickle of the Metadata
     assert pickle.loads(payload).storage_data == meta.storage_data
     at = raw.index(payload) + len(payload) // 2
     damaged = bytearray(raw)

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from conftest import tensor_bytes
 
 import lightning_nvcomp
 from lightning_nvcomp.dcp import NvcompFileSystemReader
+
+from conftest import tensor_bytes
 
 V01 = Path(__file__).parent / "fixtures" / "v0.1"
 EXPECTED = json.loads((V01 / "state.json").read_text())
@@ -22,8 +23,13 @@ def digest(value: object) -> object:
     if not isinstance(value, torch.Tensor):
         return value
     t = value.detach()
-    return [str(t.dtype), list(t.shape), list(t.stride()), type(value).__name__,
-            hashlib.sha256(tensor_bytes(t).numpy()).hexdigest()]
+    return [
+        str(t.dtype),
+        list(t.shape),
+        list(t.stride()),
+        type(value).__name__,
+        hashlib.sha256(tensor_bytes(t).numpy()).hexdigest(),
+    ]
 
 
 @pytest.mark.parametrize("codec", ["none", "zstd"])

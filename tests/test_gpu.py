@@ -15,8 +15,19 @@ from lightning_nvcomp.codec.gpu import NvcompEngine, gpu_available
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and nvCOMP")]
 
 DTYPES = [
-    torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2,
-    torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.float64,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.int64,
+    torch.int32,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
 ]
 
 
@@ -31,7 +42,11 @@ def _trained_like(n: int, dtype: torch.dtype, device: str = "cuda") -> torch.Ten
         return (torch.rand(n, generator=g) > 0.7).to(device)
     if not (dtype.is_floating_point or dtype.is_complex):
         info = torch.iinfo(dtype)
-        return torch.randint(max(info.min, -1000), min(info.max, 1000), (n,), generator=g, dtype=torch.int64).to(dtype).to(device)
+        return (
+            torch.randint(max(info.min, -1000), min(info.max, 1000), (n,), generator=g, dtype=torch.int64)
+            .to(dtype)
+            .to(device)
+        )
     x = torch.randn(n, generator=g, dtype=torch.float64) * 0.02
     if n >= 8:
         x[:4] = torch.tensor([float("inf"), -0.0, 1e-310, float("-inf")], dtype=torch.float64)
@@ -219,7 +234,11 @@ def test_auto_on_gpu_state_with_cpu_step_counters(tmp_path):
     from lightning_nvcomp.policy import CodecPolicy
     from lightning_nvcomp.storage import ThrottledStorage
 
-    state = {"m": _trained_like(2_000_000, torch.float32), "step": torch.tensor(7.0), "w": _trained_like(1000, torch.bfloat16)}
+    state = {
+        "m": _trained_like(2_000_000, torch.float32),
+        "step": torch.tensor(7.0),
+        "w": _trained_like(1000, torch.bfloat16),
+    }
     policy = CodecPolicy(probe_nbytes=8 << 20, storage=ThrottledStorage(200))
     stats = lightning_nvcomp.save(state, tmp_path / "auto.ckpt", codec="auto", policy=policy)
     assert stats.codec == "ans"
@@ -228,8 +247,11 @@ def test_auto_on_gpu_state_with_cpu_step_counters(tmp_path):
 
 
 def test_keep_on_gpu_puts_back_only_what_was_on_the_gpu(tmp_path):
-    state = {"w": _trained_like(300_000, torch.float32), "cpu": _trained_like(300_000, torch.bfloat16, "cpu"),
-             "step": torch.tensor(3.0)}
+    state = {
+        "w": _trained_like(300_000, torch.float32),
+        "cpu": _trained_like(300_000, torch.bfloat16, "cpu"),
+        "step": torch.tensor(3.0),
+    }
     lightning_nvcomp.save(state, tmp_path / "k.ckpt", codec="ans")
     back = lightning_nvcomp.load(tmp_path / "k.ckpt", keep_on_gpu=True)
     assert back["w"].is_cuda and not back["cpu"].is_cuda and not back["step"].is_cuda
@@ -249,8 +271,13 @@ def test_gpu_state_with_passed_through_tensors_is_checked_by_both_loaders(tmp_pa
     """GPU state stored raw (codec none: a pinned copy) or coded, with tensors the coder passes through (a conj
     view sharing its storage, a subclass): bit-exact through both loaders, and a damaged byte is caught by both."""
     c = _trained_like(64, torch.complex64)
-    state = {"w": _trained_like(100_000, torch.float32), "p": torch.nn.Parameter(_trained_like(10, torch.bfloat16)),
-             "c": c, "cj": c.conj(), "sub": _trained_like(32, torch.float32).as_subclass(Sub)}
+    state = {
+        "w": _trained_like(100_000, torch.float32),
+        "p": torch.nn.Parameter(_trained_like(10, torch.bfloat16)),
+        "c": c,
+        "cj": c.conj(),
+        "sub": _trained_like(32, torch.float32).as_subclass(Sub),
+    }
     path = tmp_path / "n.ckpt"
     lightning_nvcomp.save(state, path, codec=codec)
     for back in (lightning_nvcomp.load(path, weights_only=False), torch.load(path, weights_only=False)):
@@ -308,8 +335,16 @@ def test_lightning_fit_resume_and_load_with_ans_on_gpu(tmp_path, async_save):
     data = DataLoader(TensorDataset(torch.randn(256, 64)), batch_size=32)
     io = lightning_nvcomp.NvcompCheckpointIO(codec="ans", async_save=async_save, probe_mb=8)
     ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=4, save_top_k=-1)
-    trainer = L.Trainer(accelerator="gpu", devices=1, max_steps=8, plugins=[io], callbacks=[ckpt],
-                        enable_progress_bar=False, logger=False, default_root_dir=tmp_path)
+    trainer = L.Trainer(
+        accelerator="gpu",
+        devices=1,
+        max_steps=8,
+        plugins=[io],
+        callbacks=[ckpt],
+        enable_progress_bar=False,
+        logger=False,
+        default_root_dir=tmp_path,
+    )
     model = Tiny()
     trainer.fit(model, data)
     path = str(tmp_path / "epoch=0-step=8.ckpt")
@@ -317,8 +352,15 @@ def test_lightning_fit_resume_and_load_with_ans_on_gpu(tmp_path, async_save):
     assert raw["global_step"] == 8
     for k, v in model.state_dict().items():
         assert torch.equal(_bytes(raw["state_dict"][k]), _bytes(v)), k
-    resumed = L.Trainer(accelerator="gpu", devices=1, max_steps=10, plugins=[lightning_nvcomp.NvcompCheckpointIO("ans")],
-                        enable_progress_bar=False, logger=False, enable_checkpointing=False)
+    resumed = L.Trainer(
+        accelerator="gpu",
+        devices=1,
+        max_steps=10,
+        plugins=[lightning_nvcomp.NvcompCheckpointIO("ans")],
+        enable_progress_bar=False,
+        logger=False,
+        enable_checkpointing=False,
+    )
     resumed.fit(Tiny(), data, ckpt_path=str(tmp_path / "epoch=0-step=4.ckpt"))
     assert resumed.global_step == 10
 

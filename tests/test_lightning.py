@@ -24,21 +24,32 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import CHILD_DIGEST_SRC, assert_tree_bit_exact, child_json, python_child, tensor_digest
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-from lightning_models import TinyData, TinyModule, make_classes
 
 import lightning_nvcomp
 from lightning_nvcomp import NvcompCheckpointIO
+
+from conftest import CHILD_DIGEST_SRC, assert_tree_bit_exact, child_json, python_child, tensor_digest
+from lightning_models import TinyData, TinyModule, make_classes
 
 TESTS_DIR = Path(__file__).resolve().parent
 
 #: Every metric a save logs (``predicted_blocked_s`` only with codec="auto", ``saved_usd_total`` only with a price).
 METRICS = {
     f"nvcomp/{name}"
-    for name in ["raw_gb", "stored_gb", "ratio", "codec_id", "blocked_s", "write_s", "baseline_s", "saved_s",
-                 "saved_s_total", "saved_gpu_hours_total"]
+    for name in [
+        "raw_gb",
+        "stored_gb",
+        "ratio",
+        "codec_id",
+        "blocked_s",
+        "write_s",
+        "baseline_s",
+        "saved_s",
+        "saved_s_total",
+        "saved_gpu_hours_total",
+    ]
 }
 
 #: 32 samples in batches of 8: four optimizer steps per epoch.
@@ -48,8 +59,15 @@ STEPS_PER_EPOCH = 4
 def trainer(root: Path, **kwargs) -> L.Trainer:
     """A quiet, deterministic CPU Trainer without validation (checkpoints are saved at each training epoch end)."""
     options = dict(
-        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        deterministic=True, limit_val_batches=0, default_root_dir=root, max_epochs=2,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+        limit_val_batches=0,
+        default_root_dir=root,
+        max_epochs=2,
     )
     options.update(kwargs)
     return L.Trainer(**options)
@@ -159,8 +177,12 @@ def test_checkpoints_load_in_a_fresh_interpreter(tmp_path: Path) -> None:
     ``lightning_nvcomp`` is imported (Lightning not needed); an uncompressed one needs nothing at all."""
     paths = {}
     for codec in ("zstd", "none"):
-        t = trainer(tmp_path, plugins=[NvcompCheckpointIO(codec=codec, probe_mb=4)],
-                    callbacks=[every_epoch(tmp_path / codec)], max_epochs=1)
+        t = trainer(
+            tmp_path,
+            plugins=[NvcompCheckpointIO(codec=codec, probe_mb=4)],
+            callbacks=[every_epoch(tmp_path / codec)],
+            max_epochs=1,
+        )
         module = model()
         t.fit(module, datamodule=TinyData())
         paths[codec] = (tmp_path / codec / "epoch=0-step=4.ckpt", module.state_dict(), t.optimizers[0].state_dict())
@@ -196,13 +218,21 @@ def test_checkpoints_load_in_a_fresh_interpreter(tmp_path: Path) -> None:
 def test_resume_continues_bit_exactly(tmp_path: Path, async_save: bool) -> None:
     """Train 3 epochs in one go; separately, resume from the epoch-0 checkpoint: same weights, optimizer state,
     step counters and final checkpoint, bit for bit."""
-    full = trainer(tmp_path, plugins=[NvcompCheckpointIO(codec="zstd", probe_mb=4, async_save=async_save)],
-                   callbacks=[every_epoch(tmp_path / "full")], max_epochs=3)
+    full = trainer(
+        tmp_path,
+        plugins=[NvcompCheckpointIO(codec="zstd", probe_mb=4, async_save=async_save)],
+        callbacks=[every_epoch(tmp_path / "full")],
+        max_epochs=3,
+    )
     full_model = model(seed=0)
     full.fit(full_model, datamodule=TinyData())
 
-    resumed = trainer(tmp_path, plugins=[NvcompCheckpointIO(codec="zstd", probe_mb=4, async_save=async_save)],
-                      callbacks=[every_epoch(tmp_path / "resumed")], max_epochs=3)
+    resumed = trainer(
+        tmp_path,
+        plugins=[NvcompCheckpointIO(codec="zstd", probe_mb=4, async_save=async_save)],
+        callbacks=[every_epoch(tmp_path / "resumed")],
+        max_epochs=3,
+    )
     resumed_model = model(seed=1)  # different initial weights: everything must come from the checkpoint
     resumed.fit(resumed_model, datamodule=TinyData(), ckpt_path=tmp_path / "full" / "epoch=0-step=4.ckpt")
 
@@ -239,8 +269,9 @@ def test_auto_codec(tmp_path: Path) -> None:
 
 
 def test_load_from_checkpoint_is_bit_exact(tmp_path: Path) -> None:
-    t = trainer(tmp_path, plugins=[NvcompCheckpointIO(codec="zstd", probe_mb=4)],
-                callbacks=[every_epoch(tmp_path / "ckpts")])
+    t = trainer(
+        tmp_path, plugins=[NvcompCheckpointIO(codec="zstd", probe_mb=4)], callbacks=[every_epoch(tmp_path / "ckpts")]
+    )
     trained = model(in_dim=8, hidden=12, lr=0.02)
     t.fit(trained, datamodule=TinyData())
     path = tmp_path / "ckpts" / "epoch=1-step=8.ckpt"
@@ -258,7 +289,8 @@ def test_load_from_checkpoint_is_bit_exact(tmp_path: Path) -> None:
 
 
 def _cli_config(path: Path, root: Path, ckdir: Path, max_epochs: int) -> Path:
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(
+        textwrap.dedent(f"""\
         seed_everything: 0
         trainer:
           accelerator: cpu
@@ -284,14 +316,16 @@ def _cli_config(path: Path, root: Path, ckdir: Path, max_epochs: int) -> Path:
                 every_n_epochs: 1
         model:
           hidden: 12
-        """))
+        """)
+    )
     return path
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     path = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
-    proc = python_child("import lightning_models; lightning_models.cli_main()", *args, timeout=180,
-                        env={"PYTHONPATH": path})
+    proc = python_child(
+        "import lightning_models; lightning_models.cli_main()", *args, timeout=180, env={"PYTHONPATH": path}
+    )
     assert proc.returncode == 0, f"LightningCLI failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return proc
 
@@ -304,8 +338,13 @@ def test_lightning_cli_fit_and_resume(tmp_path: Path) -> None:
     assert "lightning_nvcomp: " in first.stdout + first.stderr  # the plugin wrote them (its console summary)
 
     resume_from = tmp_path / "c1" / "epoch=1-step=8.ckpt"
-    second = _cli("fit", "--config", str(_cli_config(tmp_path / "second.yaml", tmp_path / "r2", tmp_path / "c2", 4)),
-                  "--ckpt_path", str(resume_from))
+    second = _cli(
+        "fit",
+        "--config",
+        str(_cli_config(tmp_path / "second.yaml", tmp_path / "r2", tmp_path / "c2", 4)),
+        "--ckpt_path",
+        str(resume_from),
+    )
     assert f"Restoring states from the checkpoint path at {resume_from}" in second.stdout + second.stderr
     # a resumed run saves only epochs 2 and 3 (a fresh one would have written epoch 0 and 1 too)
     assert sorted(os.listdir(tmp_path / "c2")) == ["epoch=2-step=12.ckpt", "epoch=3-step=16.ckpt"]
@@ -315,8 +354,13 @@ def test_lightning_cli_fit_and_resume(tmp_path: Path) -> None:
     # ... and it is the same training as 4 uninterrupted epochs in this process
     L.seed_everything(0, verbose=False)
     reference = TinyModule(hidden=12)
-    t = trainer(tmp_path, plugins=[NvcompCheckpointIO(codec="zstd", probe_mb=4)], callbacks=[], max_epochs=4,
-                enable_checkpointing=False)
+    t = trainer(
+        tmp_path,
+        plugins=[NvcompCheckpointIO(codec="zstd", probe_mb=4)],
+        callbacks=[],
+        max_epochs=4,
+        enable_checkpointing=False,
+    )
     t.fit(reference, datamodule=TinyData())
     assert_matches_training(final, reference, t.optimizers[0])
 
@@ -342,9 +386,16 @@ def test_pytorch_lightning_trainer(tmp_path: Path) -> None:
     assert isinstance(plugin, lightning_fabric.plugins.CheckpointIO)
     ckdir = tmp_path / "ckpts"
     t = pl.Trainer(
-        accelerator="cpu", devices=1, max_epochs=2, plugins=[plugin], logger=pl.loggers.CSVLogger(tmp_path),
+        accelerator="cpu",
+        devices=1,
+        max_epochs=2,
+        plugins=[plugin],
+        logger=pl.loggers.CSVLogger(tmp_path),
         callbacks=[pl.callbacks.ModelCheckpoint(dirpath=ckdir, filename="{epoch}-{step}", save_top_k=-1)],
-        enable_progress_bar=False, enable_model_summary=False, deterministic=True, limit_val_batches=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+        limit_val_batches=0,
     )
     assert t.strategy.checkpoint_io is plugin
     (callback,) = savings_callbacks(t)
@@ -379,8 +430,9 @@ def test_wrapped_in_lightning_async_checkpoint_io(tmp_path: Path) -> None:
 
     plugin = NvcompCheckpointIO(codec="zstd", probe_mb=4)
     ckdir = tmp_path / "ckpts"
-    t = trainer(tmp_path, plugins=[AsyncCheckpointIO(plugin)], callbacks=[every_epoch(ckdir)],
-                logger=CSVLogger(tmp_path))
+    t = trainer(
+        tmp_path, plugins=[AsyncCheckpointIO(plugin)], callbacks=[every_epoch(ckdir)], logger=CSVLogger(tmp_path)
+    )
     module = model()
     t.fit(module, datamodule=TinyData())
     assert sorted(os.listdir(ckdir)) == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"]
@@ -434,8 +486,13 @@ def test_fabric_save_load_round_trip(tmp_path: Path, namespace: str) -> None:
 def test_async_fit_leaves_complete_files(tmp_path: Path) -> None:
     plugin = NvcompCheckpointIO(codec="zstd", probe_mb=4, async_save=True)
     ckdir = tmp_path / "ckpts"
-    t = trainer(tmp_path, plugins=[plugin], logger=CSVLogger(tmp_path), max_epochs=4,
-                callbacks=[every_epoch(ckdir, save_top_k=2, monitor="step", mode="max", save_last=True)])
+    t = trainer(
+        tmp_path,
+        plugins=[plugin],
+        logger=CSVLogger(tmp_path),
+        max_epochs=4,
+        callbacks=[every_epoch(ckdir, save_top_k=2, monitor="step", mode="max", save_last=True)],
+    )
     module = model()
     t.fit(module, datamodule=TinyData())
 
@@ -465,8 +522,9 @@ def test_async_background_failure_fails_fit(tmp_path: Path, failing_epoch: int) 
     blocked = ckdir / f"epoch={failing_epoch}.ckpt"
     _block_path(blocked)
     plugin = NvcompCheckpointIO(codec="zstd", probe_mb=4, async_save=True)
-    checkpoint = ModelCheckpoint(dirpath=ckdir, filename="{epoch}", every_n_epochs=1, save_top_k=-1,
-                                 enable_version_counter=False)
+    checkpoint = ModelCheckpoint(
+        dirpath=ckdir, filename="{epoch}", every_n_epochs=1, save_top_k=-1, enable_version_counter=False
+    )
     t = trainer(tmp_path, plugins=[plugin], callbacks=[checkpoint], max_epochs=2)
     with pytest.raises(RuntimeError, match="background save") as info:
         t.fit(model(), datamodule=TinyData())
@@ -485,6 +543,7 @@ def test_async_failure_raised_once_by_plugin(tmp_path: Path) -> None:
     state = {"w": torch.randn(64, 64), "global_step": 7}
     blocked = tmp_path / "blocked.ckpt"
     _block_path(blocked)
+
     def again(call, *args) -> None:
         try:
             call(*args)
@@ -582,10 +641,15 @@ def test_async_checkpoint_holds_the_state_at_save_time_trainer(tmp_path: Path) -
     """Each async checkpoint's ModelCheckpoint state is the one of its own step, like a synchronous save's (at
     b9d8c77 the writer thread pickled the live ``best_k_models`` dict after the next step had changed it)."""
     ckdir = tmp_path / "ckpts"
-    checkpoint = ModelCheckpoint(dirpath=ckdir, filename="{step}", every_n_train_steps=1, save_top_k=3,
-                                 monitor="step", mode="max")
-    t = trainer(tmp_path, plugins=[NvcompCheckpointIO(codec="zstd", probe_mb=4, async_save=True)],
-                callbacks=[checkpoint], max_steps=3)
+    checkpoint = ModelCheckpoint(
+        dirpath=ckdir, filename="{step}", every_n_train_steps=1, save_top_k=3, monitor="step", mode="max"
+    )
+    t = trainer(
+        tmp_path,
+        plugins=[NvcompCheckpointIO(codec="zstd", probe_mb=4, async_save=True)],
+        callbacks=[checkpoint],
+        max_steps=3,
+    )
     torch.manual_seed(0)
     t.fit(_BigModule(), datamodule=TinyData())
     for step in (1, 2, 3):
@@ -593,15 +657,19 @@ def test_async_checkpoint_holds_the_state_at_save_time_trainer(tmp_path: Path) -
         (state,) = [v for k, v in ckpt["callbacks"].items() if k.startswith("ModelCheckpoint")]
         assert state["best_model_path"] == str(ckdir / f"step={step}.ckpt")
         assert sorted(state["best_k_models"]) == [str(ckdir / f"step={s}.ckpt") for s in range(1, step + 1)], (
-            f"step={step}.ckpt records later checkpoints")
+            f"step={step}.ckpt records later checkpoints"
+        )
 
 
 def test_async_checkpoint_holds_the_state_at_save_time_plugin(tmp_path: Path) -> None:
     """Changes to the saved object after save_checkpoint returned do not reach the file written in the background."""
     plugin = NvcompCheckpointIO(codec="zstd", probe_mb=4, async_save=True)
     gen = torch.Generator().manual_seed(0)
-    state = {"noise": torch.randint(0, 256, (32 << 20,), dtype=torch.uint8, generator=gen), "global_step": 1,
-             "callbacks": {"best_k_models": {"a.ckpt": 1.0}}}
+    state = {
+        "noise": torch.randint(0, 256, (32 << 20,), dtype=torch.uint8, generator=gen),
+        "global_step": 1,
+        "callbacks": {"best_k_models": {"a.ckpt": 1.0}},
+    }
     plugin.save_checkpoint(state, tmp_path / "model.ckpt")
     state["callbacks"]["best_k_models"]["b.ckpt"] = 2.0  # training went on
     plugin.teardown()
@@ -636,8 +704,9 @@ def _wandb_history(run_file: Path) -> list[dict]:
             record = pb.Record()
             record.ParseFromString(pending)
             if record.WhichOneof("record_type") == "history":
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                             for item in record.history.item})
+                rows.append(
+                    {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                )
     return rows
 
 
@@ -649,12 +718,21 @@ def logged_run(tmp_path_factory: pytest.TempPathFactory):
 
     root = tmp_path_factory.mktemp("logged")
     with pytest.MonkeyPatch.context() as mp:
-        for key, value in dict(WANDB_MODE="offline", WANDB_DIR=str(root), WANDB_SILENT="true", WANDB_CONSOLE="off",
-                               WANDB_DISABLE_GIT="true", WANDB_DISABLE_CODE="true").items():
+        for key, value in dict(
+            WANDB_MODE="offline",
+            WANDB_DIR=str(root),
+            WANDB_SILENT="true",
+            WANDB_CONSOLE="off",
+            WANDB_DISABLE_GIT="true",
+            WANDB_DISABLE_CODE="true",
+        ).items():
             mp.setenv(key, value)
         plugin = NvcompCheckpointIO(codec="zstd", probe_mb=4, gpu_hour_usd=2.5)
-        loggers = [TensorBoardLogger(root, name="tb"), CSVLogger(root, name="csv"),
-                   WandbLogger(save_dir=str(root), offline=True, project="nvcomp-test")]
+        loggers = [
+            TensorBoardLogger(root, name="tb"),
+            CSVLogger(root, name="csv"),
+            WandbLogger(save_dir=str(root), offline=True, project="nvcomp-test"),
+        ]
         t = trainer(root, plugins=[plugin], logger=loggers, callbacks=[every_epoch(root / "ckpts")])
         t.fit(model(), datamodule=TinyData())
         run = loggers[2].experiment
@@ -662,10 +740,19 @@ def logged_run(tmp_path_factory: pytest.TempPathFactory):
         run.finish()
         wandb.teardown()
     (run_file,) = glob.glob(str(root / "wandb" / "offline-run-*" / "run-*.wandb"))
-    sizes = {4: os.path.getsize(root / "ckpts" / "epoch=0-step=4.ckpt"),
-             8: os.path.getsize(root / "ckpts" / "epoch=1-step=8.ckpt")}
-    return dict(root=root, history=list(plugin.savings.history), tb_dir=loggers[0].log_dir,
-                csv=Path(loggers[1].log_dir) / "metrics.csv", wandb_file=Path(run_file), summary=summary, sizes=sizes)
+    sizes = {
+        4: os.path.getsize(root / "ckpts" / "epoch=0-step=4.ckpt"),
+        8: os.path.getsize(root / "ckpts" / "epoch=1-step=8.ckpt"),
+    }
+    return dict(
+        root=root,
+        history=list(plugin.savings.history),
+        tb_dir=loggers[0].log_dir,
+        csv=Path(loggers[1].log_dir) / "metrics.csv",
+        wandb_file=Path(run_file),
+        summary=summary,
+        sizes=sizes,
+    )
 
 
 EXPECTED = METRICS | {"nvcomp/saved_usd_total"}
@@ -777,13 +864,22 @@ def _run_ddp(tmp_path: Path, epochs: int, mode: str) -> tuple[dict[int, dict], P
     script = tmp_path / "ddp_fit.py"
     script.write_text(DDP_SCRIPT)
     ckdir = tmp_path / "ckpts"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])),
-               PYTHONDONTWRITEBYTECODE="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])),
+        PYTHONDONTWRITEBYTECODE="1",
+    )
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK"):
         env.pop(key, None)
-    proc = subprocess.Popen([sys.executable, str(script), str(ckdir), str(epochs), mode, CHILD_DIGEST_SRC],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(ckdir), str(epochs), mode, CHILD_DIGEST_SRC],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=150)
     except subprocess.TimeoutExpired:

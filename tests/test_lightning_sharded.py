@@ -13,17 +13,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO_ROOT, assert_tree_bit_exact
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from lightning_nvcomp.codec.gpu import gpu_available
+
+from conftest import REPO_ROOT, assert_tree_bit_exact
 
 SCRIPT = Path(__file__).with_name("lightning_sharded_run.py")
 
 
 def _run(kind: str, codec: str, root: Path, steps: int, ckpt: Path | None = None, gpus: int = 1) -> list[dict]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
-               GPUS=str(gpus))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]), GPUS=str(gpus)
+    )
     args = [sys.executable, str(SCRIPT), kind, codec, str(root), str(steps)] + ([str(ckpt)] if ckpt else [])
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env, cwd=str(root.parent))
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -63,8 +65,10 @@ def _check(tmp_path: Path, kind: str, codec: str, gpus: int = 1) -> None:
     # (Not where the uninterrupted run ends: Lightning's resume of these strategies does not reproduce that.)
     assert _run(kind, codec, resumed, 8, ours / "checkpoints" / names[0], gpus)[0]["global_step"] == 8
     _run(kind, "plain", tmp_path / "plain_resumed", 8, plain / "checkpoints" / names[0], gpus)
-    assert_tree_bit_exact(_full_state(tmp_path / "plain_resumed" / "checkpoints" / names[1], tmp_path / "a.pt"),
-                          _full_state(resumed / "checkpoints" / names[1], tmp_path / "b.pt"))
+    assert_tree_bit_exact(
+        _full_state(tmp_path / "plain_resumed" / "checkpoints" / names[1], tmp_path / "a.pt"),
+        _full_state(resumed / "checkpoints" / names[1], tmp_path / "b.pt"),
+    )
 
 
 @pytest.mark.slow

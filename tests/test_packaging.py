@@ -6,9 +6,10 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, child_json, python_child
 
 import lightning_nvcomp
+
+from conftest import REPO_ROOT, child_json, python_child
 
 try:
     import tomllib

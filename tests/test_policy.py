@@ -11,7 +11,15 @@ import torch.multiprocessing as mp
 
 import lightning_nvcomp
 from lightning_nvcomp.policy import (
-    CodecPolicy, CodecProfile, bulk_device, calibrate, candidate_codecs, choose, predict, probe_bandwidth, sample_state
+    CodecPolicy,
+    CodecProfile,
+    bulk_device,
+    calibrate,
+    candidate_codecs,
+    choose,
+    predict,
+    probe_bandwidth,
+    sample_state,
 )
 from lightning_nvcomp.storage import Storage, ThrottledStorage
 
@@ -171,8 +179,20 @@ def test_bench_command_on_a_real_directory(tmp_path, capsys):
 def test_bench_on_throttled_storage_recommends_compression(tmp_path, capsys):
     from lightning_nvcomp.cli import main
 
-    args = ["bench", "--dir", str(tmp_path), "--state-mb", "8", "--probe-mb", "2", "--throttle-mbps", "10",
-            "--device", "cpu", "--no-measure"]
+    args = [
+        "bench",
+        "--dir",
+        str(tmp_path),
+        "--state-mb",
+        "8",
+        "--probe-mb",
+        "2",
+        "--throttle-mbps",
+        "10",
+        "--device",
+        "cpu",
+        "--no-measure",
+    ]
     assert main(args) == 0
     assert "recommendation: codec='zstd'" in capsys.readouterr().out
 
@@ -197,9 +217,9 @@ def test_a_policy_in_another_mode_shares_its_measurements(tmp_path):
 
 def test_cpu_state_candidates(tmp_path):
     """CPU state is calibrated for gANS too where a GPU is there to code it (after a copy), else zstd and none."""
-    from conftest import trained_like
-
     from lightning_nvcomp.codec.gpu import gpu_available
+
+    from conftest import trained_like
 
     state = [trained_like(1 << 20, torch.float32, 3), trained_like(1 << 20, torch.bfloat16, 4)]
     _, predictions = CodecPolicy(write_gbps=1.0).decide(state, str(tmp_path))

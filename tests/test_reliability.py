@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO_ROOT, assert_bit_exact, python_child, tensor_bytes, trained_like
-from test_damage import Reduce, good_args  # noqa: F401  (a fixture)
 
 import lightning_nvcomp
 from lightning_nvcomp import cli, container
 from lightning_nvcomp.codec import record
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, DecodeLimitError
+
+from conftest import REPO_ROOT, assert_bit_exact, python_child, tensor_bytes, trained_like
+from test_damage import Reduce, good_args  # noqa: F401  (a fixture)
 
 
 def test_two_dtypes_on_one_storage_are_refused_for_every_codec(tmp_path):
@@ -149,8 +150,13 @@ def test_two_tensors_sharing_one_record_dict_each_have_their_blobs_checked(good_
     damaged[0][damaged[0].numel() // 2] ^= 0x04
     rec = dict(meta)
     path = tmp_path / "shared.pt"
-    torch.save({"a": Reduce(*decode_args(good_args, "a", rec=rec)),
-                "b": Reduce(*decode_args(good_args, "b", rec=rec, blobs=damaged))}, path)
+    torch.save(
+        {
+            "a": Reduce(*decode_args(good_args, "a", rec=rec)),
+            "b": Reduce(*decode_args(good_args, "b", rec=rec, blobs=damaged)),
+        },
+        path,
+    )
     for load in (lambda: lightning_nvcomp.load(path), lambda: torch.load(path, weights_only=True)):
         with pytest.raises(CorruptCheckpointError):
             load()
@@ -232,8 +238,10 @@ def test_out_of_memory_is_not_called_damage(tmp_path):
 
 def test_remote_paths_are_refused_before_anything_is_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    for call in (lambda: lightning_nvcomp.save({"w": torch.ones(2)}, "s3://bucket/run/ck.pt", codec="zstd"),
-                 lambda: lightning_nvcomp.load("gs://bucket/ck.pt")):
+    for call in (
+        lambda: lightning_nvcomp.save({"w": torch.ones(2)}, "s3://bucket/run/ck.pt", codec="zstd"),
+        lambda: lightning_nvcomp.load("gs://bucket/ck.pt"),
+    ):
         with pytest.raises(ValueError, match="s3://|gs://"):
             call()
     assert os.listdir(tmp_path) == []

@@ -30,7 +30,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import REPO_ROOT
 
 import lightning_nvcomp
 from lightning_nvcomp import storage
@@ -38,10 +37,18 @@ from lightning_nvcomp.pipeline import CheckpointWriter, raw_nbytes
 from lightning_nvcomp.policy import FALLBACK_GBPS, MIN_PROBE_NBYTES, CodecPolicy, CodecProfile, measure_bandwidth
 from lightning_nvcomp.storage import HOST_ID, Storage
 
+from conftest import REPO_ROOT
+
 TESTS_DIR = Path(__file__).resolve().parent
 MiB = 1 << 20
-URLS = ["s3://bucket/run/x.ckpt", "gs://b/x.ckpt", "abfs://c@a.dfs.core.windows.net/x", "hdfs://nn:8020/x",
-        "memory://x/y.ckpt", "file:///tmp/x.ckpt"]
+URLS = [
+    "s3://bucket/run/x.ckpt",
+    "gs://b/x.ckpt",
+    "abfs://c@a.dfs.core.windows.net/x",
+    "hdfs://nn:8020/x",
+    "memory://x/y.ckpt",
+    "file:///tmp/x.ckpt",
+]
 
 
 def _payload(f, nbytes: int = 4096) -> None:
@@ -105,15 +112,22 @@ def test_checkpoint_writer_refuses_a_url_before_creating_directories(tmp_path, m
 
 def test_lightning_trainer_with_an_s3_root_is_refused_naming_it(tmp_path, monkeypatch):
     import lightning as L
-    from lightning_models import TinyData, TinyModule
 
     from lightning_nvcomp import NvcompCheckpointIO
+
+    from lightning_models import TinyData, TinyModule
 
     monkeypatch.chdir(tmp_path)
     torch.manual_seed(0)
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        limit_val_batches=0, max_epochs=1, default_root_dir="s3://bucket/run",
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        max_epochs=1,
+        default_root_dir="s3://bucket/run",
         plugins=[NvcompCheckpointIO(codec="zstd", probe_mb=4)],
     )
     with pytest.raises(ValueError, match=re.escape("s3://bucket/run")) as info:
@@ -140,10 +154,11 @@ def test_lightning_checkpoint_io_refuses_urls(tmp_path, monkeypatch):
 
 
 def test_accelerate_refuses_an_s3_project_dir_before_creating_anything(tmp_path, monkeypatch):
-    import accelerate_runs as R
     from accelerate.utils import ProjectConfiguration
 
     from lightning_nvcomp.integrations.accelerate import attach
+
+    import accelerate_runs as R
 
     monkeypatch.chdir(tmp_path)
     config = ProjectConfiguration(project_dir="s3://bucket/run", automatic_checkpoint_naming=True)
@@ -162,9 +177,9 @@ def test_accelerate_refuses_an_s3_project_dir_before_creating_anything(tmp_path,
 
 
 def test_accelerate_refuses_an_s3_output_dir(tmp_path, monkeypatch):
-    import accelerate_runs as R
-
     from lightning_nvcomp.integrations.accelerate import attach
+
+    import accelerate_runs as R
 
     monkeypatch.chdir(tmp_path)
     run = R.build(seed=4)
@@ -310,8 +325,13 @@ ThrottledStorage(1).write(sys.argv[1], write)
 
 def _start_slow_save(path: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-c", SLOW_SAVE, str(path)], cwd=str(REPO_ROOT), env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-c", SLOW_SAVE, str(path)],
+        cwd=str(REPO_ROOT),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _wait_for_temp(proc: subprocess.Popen, directory: Path, name: str) -> str:
@@ -498,8 +518,7 @@ def test_the_checkpoint_writer_probes_with_the_checkpoint_size(tmp_path):
     assert raw_nbytes([w, w[10:], torch.zeros(4)]) == 3 * MiB + 16  # each storage once
 
 
-def test_a_probe_without_space_is_skipped_with_a_warning_and_the_first_write_replaces_it(tmp_path, monkeypatch,
-                                                                                          caplog):
+def test_a_probe_without_space_is_skipped_with_a_warning_and_the_first_write_replaces_it(tmp_path, monkeypatch, caplog):
     _small_free_space(monkeypatch, 8 * MiB)  # a quarter of it is less than the smallest probe
     policy = CodecPolicy(storage=CountingStorage())
     with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.policy"):
@@ -542,8 +561,9 @@ def small_fs(tmp_path):
     mount_point.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a 16 MiB tmpfs needs root (the statvfs test double covers the logic)")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"mount -t tmpfs is not permitted here ({done.stderr.strip()}); the test double covers it")
     try:
@@ -611,8 +631,11 @@ def _collective_worker(rank: int, world: int, directory: str, port: int, results
         try:
             counting = CountingStorage()
             policy = CodecPolicy(storage=counting, collective=True)
-            results[("space", rank)] = (policy.write_gbps(str(base / "space")), counting.written,
-                                        policy.bandwidth_assumed(str(base / "space")))
+            results[("space", rank)] = (
+                policy.write_gbps(str(base / "space")),
+                counting.written,
+                policy.bandwidth_assumed(str(base / "space")),
+            )
         finally:
             os.statvfs = real
         # 3. one rank's probe write fails: all skip (and nobody hangs)

@@ -16,7 +16,6 @@ from lightning_nvcomp.cli.table import table
 from lightning_nvcomp.policy import CodecPolicy, Prediction, choose, predict
 from lightning_nvcomp.storage import Storage, ThrottledStorage
 
-
 #: The command's line in the top-level help, and its own help's description.
 SUMMARY = "measure a checkpoint directory and the codecs; predict and time a save with each"
 DESCRIPTION = (
@@ -103,8 +102,18 @@ def measure(
 # ---------------------------------------------------------------------------------------------------- rendering
 
 _HEADER = [
-    "codec", "ratio", "encode GB/s", "|", "predicted: encode", "write", "blocked", "|", "measured: encode", "+write",
-    "total", "",
+    "codec",
+    "ratio",
+    "encode GB/s",
+    "|",
+    "predicted: encode",
+    "write",
+    "blocked",
+    "|",
+    "measured: encode",
+    "+write",
+    "total",
+    "",
 ]
 #: Each column at least as wide as in the first version of this table; "|" columns joined by single spaces make
 #: " | " between the groups; the last column marks the chosen codec.

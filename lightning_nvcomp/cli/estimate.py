@@ -93,37 +93,85 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add = parser.add_argument
     add("--params", type=arg_params, default=70e9, help="model parameters, e.g. 70e9 or 70B (default: 70e9)")
     add("--gpus", type=positive_int, default=128, help="GPUs in the job, all idle during a save (default: 128)")
-    add("--storage-gbps", type=positive_float, default=5.0, metavar="GIB_PER_S",
+    add(
+        "--storage-gbps",
+        type=positive_float,
+        default=5.0,
+        metavar="GIB_PER_S",
         help="aggregate storage bandwidth shared by all GPUs, read as GiB/s (2^30 bytes/s), used for writes and "
-        "restart reads (default: 5)")
-    add("--interval-min", type=positive_float, default=30.0, metavar="MIN",
-        help="minutes between checkpoints (default: 30)")
-    add("--gpu-hour-usd", type=positive_float, default=4.40, metavar="USD",
-        help="price of one GPU-hour in dollars (default: 4.40)")
-    add("--optimizer", choices=costs.OPTIMIZERS, default="adamw",
-        help="adamw: fp32 m and v (8 bytes/param); sgd: fp32 momentum (4); none (default: adamw)")
-    add("--precision", choices=costs.PRECISIONS, default="bf16-mixed",
+        "restart reads (default: 5)",
+    )
+    add(
+        "--interval-min",
+        type=positive_float,
+        default=30.0,
+        metavar="MIN",
+        help="minutes between checkpoints (default: 30)",
+    )
+    add(
+        "--gpu-hour-usd",
+        type=positive_float,
+        default=4.40,
+        metavar="USD",
+        help="price of one GPU-hour in dollars (default: 4.40)",
+    )
+    add(
+        "--optimizer",
+        choices=costs.OPTIMIZERS,
+        default="adamw",
+        help="adamw: fp32 m and v (8 bytes/param); sgd: fp32 momentum (4); none (default: adamw)",
+    )
+    add(
+        "--precision",
+        choices=costs.PRECISIONS,
+        default="bf16-mixed",
         help="bf16-mixed: bf16 weights and gradients; fp32: fp32 weights and gradients; fp8: fp8 weights, bf16 "
-        "gradients (default: bf16-mixed)")
-    add("--master-weights", action="store_true",
+        "gradients (default: bf16-mixed)",
+    )
+    add(
+        "--master-weights",
+        action="store_true",
         help="add fp32 master weights (4 bytes/param), as real mixed precision keeps; off by default to match the "
-        "published case; no effect with fp32")
-    add("--no-grads", dest="gradients", action="store_false",
-        help="leave gradients out (the published case includes them; Lightning checkpoints don't)")
-    add("--mtbf-hours", type=positive_float, metavar="H",
+        "published case; no effect with fp32",
+    )
+    add(
+        "--no-grads",
+        dest="gradients",
+        action="store_false",
+        help="leave gradients out (the published case includes them; Lightning checkpoints don't)",
+    )
+    add(
+        "--mtbf-hours",
+        type=positive_float,
+        metavar="H",
         help="mean time between failures of the whole job, hours: adds the Young/Daly interval sqrt(2 * write time "
-        "* MTBF) and the work lost per failure (half an interval + the restart read) and per month")
-    add("--ratio", type=arg_ratio, action="extend", nargs="+", metavar="CODEC=R",
+        "* MTBF) and the work lost per failure (half an interval + the restart read) and per month",
+    )
+    add(
+        "--ratio",
+        type=arg_ratio,
+        action="extend",
+        nargs="+",
+        metavar="CODEC=R",
         help="whole-checkpoint compression ratio replacing a measured default (gans or ans, zstd) or adding a codec "
-        "(any other name, e.g. blog=1.18); R > 0")
+        "(any other name, e.g. blog=1.18); R > 0",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Print what synchronous checkpoints cost in idle GPU time and dollars, uncompressed and with each codec."""
     result = costs.estimate(
-        args.params, args.gpus, args.storage_gbps, args.interval_min, args.gpu_hour_usd,
-        precision=args.precision, optimizer=args.optimizer, master_weights=args.master_weights,
-        gradients=args.gradients, mtbf_hours=args.mtbf_hours, ratios=dict(args.ratio or []),
+        args.params,
+        args.gpus,
+        args.storage_gbps,
+        args.interval_min,
+        args.gpu_hour_usd,
+        precision=args.precision,
+        optimizer=args.optimizer,
+        master_weights=args.master_weights,
+        gradients=args.gradients,
+        mtbf_hours=args.mtbf_hours,
+        ratios=dict(args.ratio or []),
     )
     print(render(result))
     return 0
@@ -179,8 +227,13 @@ def _components(est: Estimate) -> list[str]:
     shown = [c for c in CODECS if not any(r.codec == c and r.overridden for r in est.rows)]
     header = ["component", "dtype", "bytes/param", "size GiB", *(f"{CODEC_NAMES[c]} ratio" for c in shown)]
     rows = [
-        [c.name, c.dtype, f"{c.bytes_per_param:g}", _num(c.nbytes / GIB, 1),
-         *(f"{c.ratios[codec]:.3f}{'*' if c.assumed else ' '}" for codec in shown)]
+        [
+            c.name,
+            c.dtype,
+            f"{c.bytes_per_param:g}",
+            _num(c.nbytes / GIB, 1),
+            *(f"{c.ratios[codec]:.3f}{'*' if c.assumed else ' '}" for codec in shown),
+        ]
         for c in est.components
     ]
     totals = {r.codec: r.ratio for r in est.rows}
@@ -196,8 +249,14 @@ def _synchronous(est: Estimate) -> list[str]:
     """Idle time and dollars of synchronous saves at the chosen interval, per codec."""
     header = ["codec", "ratio", "size GiB", "idle s/ckpt", "GPU-s/ckpt", "idle GPU-h/month", "$/month", "saved $/month"]
     cells = [
-        [r.label, f"{r.ratio:.3f}{' (--ratio)' if r.overridden else ''}", _num(r.nbytes / GIB, 1),
-         _num(r.idle.write_s, 1), _num(r.idle.write_s * est.gpus), _num(r.idle.gpu_hours_month)]
+        [
+            r.label,
+            f"{r.ratio:.3f}{' (--ratio)' if r.overridden else ''}",
+            _num(r.nbytes / GIB, 1),
+            _num(r.idle.write_s, 1),
+            _num(r.idle.write_s * est.gpus),
+            _num(r.idle.gpu_hours_month),
+        ]
         for r in est.rows
     ]
     return [
@@ -210,16 +269,27 @@ def _synchronous(est: Estimate) -> list[str]:
 def _at_optimal(r: CodecRow) -> tuple[list[str], float]:
     """A row of the Young/Daly table: its cells before the totals, and its total dollars per month."""
     assert r.optimal is not None and r.optimal_idle is not None
-    cells = [r.label, _num(r.idle.write_s, 1), _num(r.optimal.interval_s / 60, 1),
-             _num(r.optimal.lost_s_per_failure), _usd(r.optimal.usd_month), _usd(r.optimal_idle.usd_month)]
+    cells = [
+        r.label,
+        _num(r.idle.write_s, 1),
+        _num(r.optimal.interval_s / 60, 1),
+        _num(r.optimal.lost_s_per_failure),
+        _usd(r.optimal.usd_month),
+        _usd(r.optimal_idle.usd_month),
+    ]
     return cells, r.optimal.usd_month + r.optimal_idle.usd_month
 
 
 def _at_interval(r: CodecRow) -> tuple[list[str], float]:
     """A row of the chosen interval's failure table: its cells before the totals, and its total dollars per month."""
     assert r.at_interval is not None
-    cells = [r.label, _num(r.at_interval.lost_s_per_failure), _num(r.at_interval.gpu_hours_month),
-             _usd(r.at_interval.usd_month), _usd(r.idle.usd_month)]
+    cells = [
+        r.label,
+        _num(r.at_interval.lost_s_per_failure),
+        _num(r.at_interval.gpu_hours_month),
+        _usd(r.at_interval.usd_month),
+        _usd(r.idle.usd_month),
+    ]
     return cells, r.at_interval.usd_month + r.idle.usd_month
 
 
@@ -233,10 +303,16 @@ def _failures(est: Estimate) -> list[str]:
         "an interval of compute + reading the checkpoint back (same bandwidth), all GPUs idle.",
     ]
     for title, row, header in (
-        ("At the Young/Daly interval sqrt(2 * write s * MTBF):", _at_optimal,
-         ["codec", "write s", "Young/Daly min", "lost s/failure", "lost $/month", "ckpt $/month"]),
-        (f"At --interval-min {est.interval_min:g}:", _at_interval,
-         ["codec", "lost s/failure", "lost GPU-h/month", "lost $/month", "ckpt $/month"]),
+        (
+            "At the Young/Daly interval sqrt(2 * write s * MTBF):",
+            _at_optimal,
+            ["codec", "write s", "Young/Daly min", "lost s/failure", "lost $/month", "ckpt $/month"],
+        ),
+        (
+            f"At --interval-min {est.interval_min:g}:",
+            _at_interval,
+            ["codec", "lost s/failure", "lost GPU-h/month", "lost $/month", "ckpt $/month"],
+        ),
     ):
         cells, usd = zip(*(row(r) for r in est.rows))
         lines += [title, _costs_table([*header, "total $/month", "saved $/month"], est, list(cells), list(usd))]

@@ -8,7 +8,6 @@ from lightning_nvcomp.cli.checkpoint import load, survey
 from lightning_nvcomp.cli.common import add_command
 from lightning_nvcomp.cli.table import size
 
-
 #: The command's line in the top-level help, and its own help's description.
 SUMMARY = "decode every tensor and check every checksum"
 DESCRIPTION = (

@@ -58,7 +58,7 @@ def _pool() -> ThreadPoolExecutor:
 def _piece(data: np.ndarray, ready: torch.cuda.Event | None) -> int:
     if ready is not None:  # a device-to-host copy into `data` must have landed first
         ready.synchronize()
-    return zlib.crc32(data)
+    return zlib.crc32(memoryview(data))
 
 
 class Crc32:

@@ -54,7 +54,7 @@ class CpuZstdEngine(ChunkEngine):
         return self._local.dctx
 
     def _encode_one(self, chunk: np.ndarray) -> torch.Tensor:
-        frame = self._compressor().compress(chunk)
+        frame = self._compressor().compress(memoryview(chunk))
         return torch.frombuffer(bytearray(frame), dtype=torch.uint8)
 
     def encode(self, src: torch.Tensor, spans: list[Span], codec: str, data_type: str) -> list[torch.Tensor]:
@@ -67,10 +67,10 @@ class CpuZstdEngine(ChunkEngine):
         frame, out = pair
         want = out.size
         try:
-            declared = zstandard.frame_content_size(frame)
+            declared = zstandard.frame_content_size(memoryview(frame))
             if declared != want:  # checked before decoding: a crafted frame must not make us allocate its claim
                 raise ValueError(f"zstd frame declares {declared} bytes, expected {want}")
-            data = self._decompressor().decompress(frame, max_output_size=want)
+            data = self._decompressor().decompress(memoryview(frame), max_output_size=want)
         except zstandard.ZstdError as err:
             raise ValueError(f"zstd frame does not decode: {err}") from None
         if len(data) != want:

@@ -6,7 +6,6 @@ from abc import ABC, abstractmethod
 
 import torch
 
-
 #: A chunk of a buffer: (byte offset, byte length).
 Span = tuple[int, int]
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import numpy as np
 import torch
@@ -35,6 +35,8 @@ from lightning_nvcomp.codec.engine import ChunkEngine
 from lightning_nvcomp.codec.gpu import NvcompEngine, gpu_available, nvcomp_version
 from lightning_nvcomp.errors import CodecUnavailableError, CorruptCheckpointError, UnsupportedFormatError
 from lightning_nvcomp.resources import shared
+
+T = TypeVar("T")
 
 FORMAT_VERSION = 2
 #: Record formats this version reads: 1 (v0.1, no ``check``) and 2.
@@ -137,6 +139,7 @@ def _encode_segment(engine: ChunkEngine | None, seg: torch.Tensor, layout: Layou
     stored = [[flat[o : o + n] for o, n in plane] for plane in spans]
     for codec in sorted(set(layout.codecs) - {"raw"}):
         ks = [k for k in range(layout.planes) if layout.codecs[k] == codec]
+        assert engine is not None, "a layout with coded planes needs an engine"
         coded = iter(engine.encode(flat, [span for k in ks for span in spans[k]], codec, layout.data_type))
         for k in ks:
             stored[k] = [c if c.numel() < raw.numel() else raw for raw, c in zip(stored[k], coded)]
@@ -217,7 +220,9 @@ def _to_host(packed: torch.Tensor) -> torch.Tensor:
 
 def _segment_pool() -> ThreadPoolExecutor:
     # Separate from the chunk pool the CPU engine uses inside each segment, so the two never wait on each other.
-    return shared("segment-pool", lambda: ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="lnv-segment"))
+    return shared(
+        "segment-pool", lambda: ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="lnv-segment")
+    )
 
 
 def encode(
@@ -225,7 +230,7 @@ def encode(
     dtype: torch.dtype,
     codec: str,
     segment: int | None = None,
-    on_blob: Callable[[torch.Tensor, Crc32], None] | None = None,
+    on_blob: Callable[[torch.Tensor, Crc32 | int], None] | None = None,
     wait_checksums: bool = True,
     layout: Layout | None = None,
 ) -> tuple[list[torch.Tensor], dict]:
@@ -248,7 +253,7 @@ def encode(
     data = data.to("cuda" if on_gpu else "cpu")
     layout = layout or _choose_layout(engine, data, dtype, codec)
     if on_gpu:
-        results = []
+        results: list[tuple[torch.Tensor | None, list[int], Crc32 | int]] = []
         for start, length in _segments(data.numel(), segment):
             if engine is None:  # stored raw: one copy to pinned host memory, no coding
                 blob, pieces = _raw_blob(data[start : start + length]), _raw_chunks(length, layout.chunk)
@@ -260,17 +265,15 @@ def encode(
             crc = Crc32(blob, ready)  # on CPU threads, while the GPU codes the next segment
             if on_blob is not None:
                 on_blob(blob, crc)
-                blob = None
-            results.append((blob, [p.numel() for p in pieces], crc))
+            results.append((None if on_blob else blob, [p.numel() for p in pieces], crc))
     else:
         results = []
-        for blob, sizes, crc in _segment_pool().map(
+        for blob, sizes, cpu_crc in _segment_pool().map(
             lambda span: _encode_cpu_segment(engine, data, span, layout), _segments(data.numel(), segment)
         ):
             if on_blob is not None:
-                on_blob(blob, crc)
-                blob = None
-            results.append((blob, sizes, crc))
+                on_blob(blob, cpu_crc)
+            results.append((None if on_blob else blob, sizes, cpu_crc))
     meta = {
         "format": FORMAT_VERSION,
         "dtype": str(dtype).removeprefix("torch."),
@@ -358,9 +361,17 @@ def _decode_segment(
     if raw_run:
         flat[raw_run[1] : raw_run[1] + raw_run[2]].copy_(stored[raw_run[0] : raw_run[0] + raw_run[2]])
     for codec, (src_spans, out_spans) in groups.items():
+        assert engine is not None, "a record with coded chunks needs an engine"
         engine.decode(stored, src_spans, flat, out_spans, codec, layout.data_type)
     if layout.planes > 1:
         byte_planes.join(plane_out, out)
+
+
+def _field(meta: dict, name: str, kind: type[T]) -> T:
+    value = meta.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise CorruptCheckpointError(f"record field {name!r} is {value!r}, expected a {kind.__name__}")
+    return value
 
 
 def validate(meta: object, blob_sizes: list[int]) -> Layout:
@@ -377,15 +388,9 @@ def validate(meta: object, blob_sizes: list[int]) -> Layout:
     if version >= 2 and meta.get("check") != record_check(meta):
         raise CorruptCheckpointError("the record's description is damaged (its check does not match its fields)")
 
-    def field(name: str, kind: type) -> object:
-        value = meta.get(name)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise CorruptCheckpointError(f"record field {name!r} is {value!r}, expected a {kind.__name__}")
-        return value
-
-    nbytes, planes, chunk, segment = (field(n, int) for n in ("nbytes", "planes", "chunk", "segment"))
-    codecs, sizes, crcs = (field(n, list) for n in ("codecs", "sizes", "crc32"))
-    data_type = field("data_type", str)
+    nbytes, planes, chunk, segment = (_field(meta, n, int) for n in ("nbytes", "planes", "chunk", "segment"))
+    codecs, sizes, crcs = (_field(meta, n, list) for n in ("codecs", "sizes", "crc32"))
+    data_type = _field(meta, "data_type", str)
     if not 0 <= nbytes < _MAX_NBYTES:
         raise CorruptCheckpointError(f"record size {nbytes} is out of range")
     if planes not in (1, 2, 4, 8) or nbytes % planes:
@@ -412,18 +417,30 @@ def validate(meta: object, blob_sizes: list[int]) -> Layout:
             for raw in lengths:
                 size = sizes[pos]
                 pos += 1
-                if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= raw or (codecs[k] == "raw" and size != raw):
+                if (
+                    not isinstance(size, int)
+                    or isinstance(size, bool)
+                    or not 0 < size <= raw
+                    or (codecs[k] == "raw" and size != raw)
+                ):
                     raise CorruptCheckpointError(f"record chunk {pos - 1} has stored size {size!r} for {raw} bytes")
                 stored += _padded(size)
         if stored != blob_sizes[s]:
-            raise CorruptCheckpointError(f"segment {s}'s chunks add up to {stored} bytes but its blob holds {blob_sizes[s]}")
+            raise CorruptCheckpointError(
+                f"segment {s}'s chunks add up to {stored} bytes but its blob holds {blob_sizes[s]}"
+            )
     if any(not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < 1 << 32 for c in crcs):
         raise CorruptCheckpointError("record checksums are not 32-bit integers")
     return layout
 
 
-def decode(blobs: list[torch.Tensor], meta: dict, device: torch.device | str = "cpu", move: bool = True,
-           layout: Layout | None = None) -> torch.Tensor:
+def decode(
+    blobs: list[torch.Tensor],
+    meta: dict,
+    device: torch.device | str = "cpu",
+    move: bool = True,
+    layout: Layout | None = None,
+) -> torch.Tensor:
     """Return the record's raw bytes (1-D uint8) on ``device``, after checking every field and checksum.
 
     With ``move=False``, bytes decoded on a GPU for a CPU ``device`` (gANS has no CPU decoder) stay on the GPU, for
@@ -458,8 +475,14 @@ def decode(blobs: list[torch.Tensor], meta: dict, device: torch.device | str = "
     jobs, pos = [], 0
     for s, (start, length) in enumerate(_segments(meta["nbytes"], meta["segment"])):
         count = len(_chunk_lengths(length, layout)) * layout.planes
-        jobs.append((s, blobs[s] if blobs[s].device == work else hosts[s], meta["sizes"][pos : pos + count],
-                     out[start : start + length]))
+        jobs.append(
+            (
+                s,
+                blobs[s] if blobs[s].device == work else hosts[s],
+                meta["sizes"][pos : pos + count],
+                out[start : start + length],
+            )
+        )
         pos += count
 
     def run(job: tuple) -> None:

@@ -63,8 +63,9 @@ class NvcompCheckpointIO(CheckpointIO):
         probe_mb: int = 256,
         interval_s: float | None = None,
     ) -> None:
-        self.writer = CheckpointWriter(codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd,
-                                       report=self._report)
+        self.writer = CheckpointWriter(
+            codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd, report=self._report
+        )
         self.logger_attached = False
 
     @property
@@ -86,7 +87,9 @@ class NvcompCheckpointIO(CheckpointIO):
         self.writer.wait(os.fspath(path))
         # Lightning passes no map_location: GPU-saved state comes back decoded on this process's GPU, where the
         # model and optimizer take it without another copy (TorchCheckpointIO would return it on the CPU).
-        return container.load(path, map_location=map_location, weights_only=weights_only, keep_on_gpu=True)
+        # weights_only=None is Lightning's "torch's default", which is True since torch 2.6.
+        safe = True if weights_only is None else weights_only
+        return container.load(path, map_location=map_location, weights_only=safe, keep_on_gpu=True)
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         check_local(path)
@@ -145,7 +148,9 @@ class SavingsLogging:
         io = trainer.strategy.checkpoint_io
         while not isinstance(io, NvcompCheckpointIO) and getattr(io, "checkpoint_io", None) is not None:
             io = io.checkpoint_io  # unwrap Lightning's wrapping IOs
-        self.sources = [s for s in (io, trainer.strategy) if isinstance(s, (NvcompCheckpointIO, CompressedShardedSaves))]
+        self.sources = [
+            s for s in (io, trainer.strategy) if isinstance(s, (NvcompCheckpointIO, CompressedShardedSaves))
+        ]
         if self.sources:
             for directory in _checkpoint_dirs(trainer):
                 check_local(directory)

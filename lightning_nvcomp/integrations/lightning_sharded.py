@@ -22,6 +22,7 @@ from typing import Any
 
 import torch.distributed.checkpoint as dcp
 
+from lightning_nvcomp.integrations._lightning_compat import distributed_checkpoint_save_as
 from lightning_nvcomp.integrations._require import MissingExtraError
 
 try:
@@ -44,8 +45,15 @@ def rank_metrics(stats: DcpCheckpointStats) -> dict[str, float]:
     metrics = {}
     for r in stats.ranks:
         prefix = f"{telemetry.PREFIX}rank{r.rank}/"
-        metrics.update({prefix + "raw_gb": r.raw_nbytes / 1e9, prefix + "stored_gb": r.stored_nbytes / 1e9,
-                        prefix + "ratio": r.ratio, prefix + "encode_s": r.encode_s, prefix + "write_s": r.write_s})
+        metrics.update(
+            {
+                prefix + "raw_gb": r.raw_nbytes / 1e9,
+                prefix + "stored_gb": r.stored_nbytes / 1e9,
+                prefix + "ratio": r.ratio,
+                prefix + "encode_s": r.encode_s,
+                prefix + "write_s": r.write_s,
+            }
+        )
     return metrics
 
 
@@ -77,13 +85,8 @@ class CompressedShardedSaves:
 
         step = int(checkpoint.get("global_step", 0))
         begin = time.perf_counter()
-        with _SWAP:
-            original = self._saver_module._distributed_checkpoint_save
-            self._saver_module._distributed_checkpoint_save = compressed_save
-            try:
-                super().save_checkpoint(checkpoint, filepath, storage_options)  # type: ignore[misc]
-            finally:
-                self._saver_module._distributed_checkpoint_save = original
+        with _SWAP, distributed_checkpoint_save_as(self._saver_module, compressed_save):
+            super().save_checkpoint(checkpoint, filepath, storage_options)  # type: ignore[misc]
         if writers:  # a sharded save (a "full" one went through the CheckpointIO)
             self._record(writers[0], time.perf_counter() - begin, step, os.fspath(filepath))
 
@@ -91,8 +94,14 @@ class CompressedShardedSaves:
         stats = self.last_stats = writer.gather_stats()  # collectives: every rank saves, so every rank is here
         per_writer_gbps = writer.write_gbps()
         slowest_raw = max(r.raw_nbytes for r in stats.ranks)
-        whole = SaveStats(path, stats.codec, stats.raw_nbytes, stats.stored_nbytes,
-                          max(r.encode_s for r in stats.ranks), max(r.write_s for r in stats.ranks))
+        whole = SaveStats(
+            path,
+            stats.codec,
+            stats.raw_nbytes,
+            stats.stored_nbytes,
+            max(r.encode_s for r in stats.ranks),
+            max(r.write_s for r in stats.ranks),
+        )
         # As one writer at the aggregate rate: the slowest rank's raw bytes take raw / gbps at the per-writer rate.
         aggregate_gbps = per_writer_gbps * stats.raw_nbytes / slowest_raw if slowest_raw else per_writer_gbps
         metrics = self.savings.add(whole, blocked_s, aggregate_gbps)
