@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import CodecUnavailableError
@@ -54,3 +55,56 @@ class Codec(str, enum.Enum):
 
 #: The codecs a save chooses between (``auto`` picks one of them).
 CONCRETE_CODECS = (Codec.ANS, Codec.ZSTD, Codec.NONE)
+
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class SaveOptions:
+    """How a run saves its checkpoints: the one options object the Lightning plugin, the Accelerate hook and the
+    writer behind them share (their keyword arguments build it). Sizes are in bytes.
+
+    Args:
+        codec: a :class:`Codec` or its name.
+        async_save: write on a background thread; training waits only for the compressed snapshot.
+        staging_nbytes: coding granularity; a GPU save borrows about three times this much GPU memory.
+        probe_nbytes: largest size of the one-off write-bandwidth probe per file system (the savings baseline and
+            ``auto``; bounded by the checkpoint and the free space, see :mod:`lightning_nvcomp.policy`).
+        interval_s: seconds between saves, for ``auto`` in async mode.
+        gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
+
+    Raises:
+        ValueError: an unknown codec or a size that is not positive. CodecUnavailableError: the codec cannot run
+        here (checked now, not at the first checkpoint hours later).
+    """
+
+    codec: Codec = Codec.AUTO
+    async_save: bool = False
+    staging_nbytes: int = 256 * MiB
+    probe_nbytes: int = 256 * MiB
+    interval_s: float | None = None
+    gpu_hour_usd: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "codec", Codec.parse(self.codec))
+        if self.staging_nbytes <= 0 or self.probe_nbytes <= 0:
+            raise ValueError(
+                f"the staging ({self.staging_nbytes} bytes) and probe ({self.probe_nbytes} bytes) sizes must be positive"
+            )
+        self.codec.require_available()
+
+    @classmethod
+    def of(
+        cls,
+        codec: str | Codec = Codec.AUTO,
+        async_save: bool = False,
+        staging_mb: int = 256,
+        probe_mb: int = 256,
+        interval_s: float | None = None,
+        gpu_hour_usd: float | None = None,
+    ) -> SaveOptions:
+        """From the integrations' keyword arguments, whose sizes are in MiB (``staging_mb``, ``probe_mb``)."""
+        if staging_mb <= 0 or probe_mb <= 0:
+            raise ValueError(f"staging_mb ({staging_mb}) and probe_mb ({probe_mb}) must be positive")
+        return cls(Codec.parse(codec), async_save, staging_mb * MiB, probe_mb * MiB, interval_s, gpu_hour_usd)

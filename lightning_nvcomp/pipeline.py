@@ -13,7 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 from lightning_nvcomp import container, telemetry
-from lightning_nvcomp.options import Codec
+from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.policy import CodecPolicy, Prediction
 from lightning_nvcomp.storage import Storage, check_local, wait_for_discards
 
@@ -66,36 +66,18 @@ class CheckpointWriter:
     savings metrics for the group (in async mode, once its background writes are done).
 
     Args:
-        codec: ``"auto"``, ``"ans"``, ``"zstd"`` or ``"none"`` (see :func:`lightning_nvcomp.save`).
-        async_save: write on a background thread; training waits only for the compressed snapshot.
-        staging_mb: coding granularity; a GPU save borrows about three times this much GPU memory.
-        probe_mb: largest size of the one-off write-bandwidth probe per file system (the savings baseline, and
-            ``auto``); the probe writes no more than the first checkpoint there, nor more than a quarter of the free
-            space, and is skipped (a bandwidth assumed, then replaced by the first real write) where that is too
-            little.
-        interval_s: seconds between saves, for ``auto`` in async mode.
-        gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
+        options: the codec, sync or async, the staging and probe sizes, the interval and the price
+            (:class:`~lightning_nvcomp.options.SaveOptions`).
         report: called with each console summary line (default: the ``lightning_nvcomp.pipeline`` logger).
     """
 
-    def __init__(
-        self,
-        codec: str = "auto",
-        async_save: bool = False,
-        staging_mb: int = 256,
-        probe_mb: int = 256,
-        interval_s: float | None = None,
-        gpu_hour_usd: float | None = None,
-        report: Callable[[str], None] | None = None,
-    ) -> None:
-        Codec.parse(codec).require_available()  # fail now, not at the first checkpoint hours later
-        if staging_mb <= 0 or probe_mb <= 0:
-            raise ValueError(f"staging_mb ({staging_mb}) and probe_mb ({probe_mb}) must be positive")
-        self.codec, self.async_save = codec, async_save
-        self.staging_nbytes = staging_mb << 20
-        self.policy = CodecPolicy("async" if async_save else "sync", interval_s, probe_mb << 20)
+    def __init__(self, options: SaveOptions | None = None, report: Callable[[str], None] | None = None) -> None:
+        self.options = options = options or SaveOptions()
+        self.codec, self.async_save = options.codec.value, options.async_save
+        self.staging_nbytes = options.staging_nbytes
+        self.policy = CodecPolicy("async" if options.async_save else "sync", options.interval_s, options.probe_nbytes)
         self.storage = Storage()
-        self.savings = telemetry.Savings(gpu_hour_usd)
+        self.savings = telemetry.Savings(options.gpu_hour_usd)
         self.report = report or log.info
         self._lock = threading.Lock()
         self._metrics: list[tuple[int, dict[str, float]]] = []

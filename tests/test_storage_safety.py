@@ -33,6 +33,7 @@ import torch.multiprocessing as mp
 
 import lightning_nvcomp
 from lightning_nvcomp import storage
+from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.pipeline import CheckpointWriter, raw_nbytes
 from lightning_nvcomp.policy import FALLBACK_GBPS, MIN_PROBE_NBYTES, CodecPolicy, CodecProfile, measure_bandwidth
 from lightning_nvcomp.storage import HOST_ID, Storage
@@ -101,7 +102,7 @@ def test_a_pathlib_path_made_from_a_url_is_refused(tmp_path, monkeypatch):
 
 def test_checkpoint_writer_refuses_a_url_before_creating_directories(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    writer = CheckpointWriter(codec="zstd", probe_mb=4)
+    writer = CheckpointWriter(SaveOptions(codec="zstd", probe_nbytes=4 << 20))
     try:
         with pytest.raises(ValueError, match=re.escape("s3://bucket/run/epoch=0.ckpt")):
             writer.save({"w": torch.ones(4)}, "s3://bucket/run/epoch=0.ckpt")
@@ -506,7 +507,7 @@ def test_the_probe_is_bounded_by_the_checkpoint_size(tmp_path):
 
 
 def test_the_checkpoint_writer_probes_with_the_checkpoint_size(tmp_path):
-    writer = CheckpointWriter(codec="zstd")  # probe_mb: 256
+    writer = CheckpointWriter(SaveOptions(codec="zstd"))  # probe: 256 MiB
     counting = writer.policy.storage = CountingStorage()
     w = torch.randn(3 * MiB // 4)  # 3 MiB of float32 ...
     try:
@@ -599,7 +600,7 @@ def test_a_4_mb_checkpoint_io_save_on_a_16_mib_file_system(small_fs):
 
 def test_a_full_small_file_system_skips_the_probe_and_saves(small_fs, caplog):
     (small_fs / "filler").write_bytes(b"\x00" * (6 * MiB))  # 10 MiB free: a quarter is less than 4 MiB
-    writer = CheckpointWriter(codec="zstd")
+    writer = CheckpointWriter(SaveOptions(codec="zstd"))
     state = {"w": torch.randn(MiB)}  # 4 MiB
     try:
         with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.policy"):

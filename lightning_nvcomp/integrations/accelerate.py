@@ -27,6 +27,7 @@ try:
 except ImportError as err:
     raise MissingExtraError("accelerate", "lightning_nvcomp.integrations.accelerate (attach)", err) from err
 
+from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.pipeline import CheckpointWriter
 from lightning_nvcomp.storage import check_local
 
@@ -142,4 +143,5 @@ def attach(
     Returns:
         The :class:`Attachment`; ``detach()`` restores the Accelerator.
     """
-    return Attachment(accelerator, CheckpointWriter(codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd))
+    options = SaveOptions.of(codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd)
+    return Attachment(accelerator, CheckpointWriter(options))

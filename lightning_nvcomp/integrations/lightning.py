@@ -21,6 +21,7 @@ except ImportError as err:
     raise MissingExtraError("lightning", "NvcompCheckpointIO and NvcompSavings", err) from err
 
 from lightning_nvcomp import container, telemetry
+from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.pipeline import CheckpointWriter
 from lightning_nvcomp.storage import check_local, discard
 
@@ -63,9 +64,8 @@ class NvcompCheckpointIO(CheckpointIO):
         probe_mb: int = 256,
         interval_s: float | None = None,
     ) -> None:
-        self.writer = CheckpointWriter(
-            codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd, report=self._report
-        )
+        options = SaveOptions.of(codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd)
+        self.writer = CheckpointWriter(options, report=self._report)
         self.logger_attached = False
 
     @property
