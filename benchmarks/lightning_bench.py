@@ -99,7 +99,7 @@ def main() -> None:
         "global_step": args.steps,
         "epoch": 0,
     }
-    raw_gb = sum(t.numel() * t.element_size() for t in lightning_nvcomp.container._find_tensors(checkpoint)) / 1e9
+    raw_gb = sum(t.numel() * t.element_size() for t in lightning_nvcomp.format.find_contents(checkpoint).tensors) / 1e9
     write_gbps = probe_bandwidth(args.dir, args.probe_mb << 20)
     print(f"state {raw_gb:.2f} GB, disk {write_gbps:.2f} GB/s ({args.probe_mb} MiB write + fsync)", flush=True)
 

@@ -6,9 +6,11 @@
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from lightning_nvcomp.container import SaveStats, decode_storage, decode_tensor, load, save
 from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError, CorruptCheckpointError, DecodeLimitError
+from lightning_nvcomp.format import decode_storage, decode_tensor, load
 from lightning_nvcomp.integrations._require import MissingExtraError
+from lightning_nvcomp.saving import save
+from lightning_nvcomp.stats import SaveStats
 
 if TYPE_CHECKING:  # for type checkers; at run time these come from __getattr__ below
     from lightning_nvcomp.integrations.lightning import NvcompCheckpointIO, NvcompSavings

@@ -16,7 +16,7 @@ weights), and it runs after DCP has already copied every GPU shard to host memor
 Instead :class:`NvcompFileSystemWriter` subclasses ``FileSystemWriter`` and replaces two methods:
 
 * ``write_data``: each local shard the plan assigns to this rank (``planner.resolve_data``) is compressed on its own
-  device (nvCOMP on CUDA tensors, CPU zstd otherwise) with :func:`lightning_nvcomp.container.snapshot`, and only
+  device (nvCOMP on CUDA tensors, CPU zstd otherwise) with :func:`lightning_nvcomp.format.snapshot`, and only
   the compressed bytes reach host memory and the ``__<rank>_<n>.distcp`` files, while the next shard is coded.
 * ``stage`` (``dcp.async_save``): CUDA shards are compressed on the GPU *while staging*, so training waits for the
   GPU coder and a small device-to-host copy instead of a full-size one, and host memory holds compressed bytes;
@@ -26,7 +26,7 @@ Instead :class:`NvcompFileSystemWriter` subclasses ``FileSystemWriter`` and repl
 
 The file layout and metadata are DCP's own: one ``.metadata`` (written atomically), ``__<rank>_<n>.distcp`` data
 files in which each item is stored at ``(offset, length)`` as a self-contained ``torch.save`` zip. For compressed
-items that zip is the package's container format (:mod:`lightning_nvcomp.container`): its blobs are the record's
+items that zip is the package's container format (:mod:`lightning_nvcomp.format`, docs/FORMAT.md): its blobs are the record's
 compressed segments and its pickle rebuilds the tensor through ``lightning_nvcomp.decode_tensor``, which validates
 every record field (:func:`lightning_nvcomp.codec.record.validate`) and every segment CRC-32 before decoding a byte.
 Each item's ``storage_data`` is a :class:`NvcompStorageInfo` (DCP's ``_StorageInfo`` plus ``codec`` and
@@ -119,10 +119,10 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from lightning_nvcomp import container
-from lightning_nvcomp.archive import ArchiveWriter
+from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError, CorruptCheckpointError
+from lightning_nvcomp.format.zip import ArchiveWriter
 from lightning_nvcomp.options import CONCRETE_CODECS, Codec
 from lightning_nvcomp.policy import CodecPolicy
 from lightning_nvcomp.resources import shared
@@ -365,7 +365,7 @@ class _StagedShard:
 
     __slots__ = ("placeholder", "raw_nbytes", "snap")
 
-    def __init__(self, snap: container.Snapshot, placeholder: torch.Tensor, raw_nbytes: int) -> None:
+    def __init__(self, snap: fileformat.Snapshot, placeholder: torch.Tensor, raw_nbytes: int) -> None:
         # The placeholder is kept alive with the entry: its address identifies it and cannot be reused meanwhile.
         self.snap, self.placeholder, self.raw_nbytes = snap, placeholder, raw_nbytes
 
@@ -385,7 +385,7 @@ class NvcompFileSystemWriter(FileSystemWriter):
             are copied and compressed in the background), ``"all"`` (every shard at staging: least host memory,
             training waits for CPU compression), ``"none"`` (DCP's staging copies everything; compression runs in
             the background on the CPU).
-        staging_nbytes: GPU scratch bound per shard coding (see :func:`lightning_nvcomp.container.snapshot`).
+        staging_nbytes: GPU scratch bound per shard coding (see :func:`lightning_nvcomp.format.snapshot`).
         process_group: the group ``"auto"`` broadcasts its decision in and :meth:`gather_stats` gathers over
             (default: the default group; must be the group DCP saves with).
         Other arguments are ``FileSystemWriter``'s; ``_extensions`` is refused (stream transforms would
@@ -490,12 +490,12 @@ class NvcompFileSystemWriter(FileSystemWriter):
 
     def _stage_tensor(self, t: torch.Tensor, codec: str, devices: tuple[str, ...]) -> torch.Tensor:
         t = t.detach()
-        if t.device.type not in devices or t.numel() == 0 or t.dim() == 0 or t.dtype not in container.DTYPES.values():
+        if t.device.type not in devices or t.numel() == 0 or t.dim() == 0 or t.dtype not in fileformat.DTYPES.values():
             return t.to("cpu", copy=True)
         src = _compact(t)
         with _ENCODE_LOCK:
             # isolate: the file is written while training goes on (with "none", CPU shards must be copied too)
-            snap = container.snapshot(src, codec, [src], isolate=True, staging_nbytes=self.staging_nbytes)
+            snap = fileformat.snapshot(src, codec, [src], isolate=True, staging_nbytes=self.staging_nbytes)
         # Never written to: a placeholder with the shard's shape for the planner (torch.empty touches no memory).
         placeholder = torch.empty(t.shape, dtype=t.dtype)
         self._staged[placeholder.untyped_storage().data_ptr()] = _StagedShard(
@@ -628,7 +628,7 @@ class NvcompFileSystemWriter(FileSystemWriter):
 
     def _encode_item(
         self, item: WriteItem, planner: SavePlanner, codec: str, staged: dict[int, _StagedShard]
-    ) -> tuple[container.Snapshot, int, str]:
+    ) -> tuple[fileformat.Snapshot, int, str]:
         """Compress one tensor item: returns its snapshot, raw size and codec. Uses the shard compressed while
         staging when there is one."""
         data = cast(torch.Tensor, planner.resolve_data(item)).detach()
@@ -646,11 +646,11 @@ class NvcompFileSystemWriter(FileSystemWriter):
                     f"while staging {tuple(held.shape)}; save with stage_compress='none'"
                 )
             return shard.snap, shard.raw_nbytes, codec
-        if data.device.type not in ("cpu", "cuda") or data.dtype not in container.DTYPES.values():
+        if data.device.type not in ("cpu", "cuda") or data.dtype not in fileformat.DTYPES.values():
             data = data.cpu()
         data = _compact(data)
         with _ENCODE_LOCK:
-            snap = container.snapshot(data, codec, [data], staging_nbytes=self.staging_nbytes)
+            snap = fileformat.snapshot(data, codec, [data], staging_nbytes=self.staging_nbytes)
         return snap, data.numel() * data.element_size(), codec
 
     def _write_file(
@@ -668,7 +668,7 @@ class NvcompFileSystemWriter(FileSystemWriter):
                 length = stream.tell() - offset
                 results.append(WriteResult(item.index, length, _StorageInfo(name, offset, length)))
 
-            def write(item: WriteItem, snap: container.Snapshot, raw: int, used: str) -> WriteResult:
+            def write(item: WriteItem, snap: fileformat.Snapshot, raw: int, used: str) -> WriteResult:
                 offset = stream.tell()
                 snap.write_to(ArchiveWriter(cast(BinaryIO, stream)))
                 length = stream.tell() - offset
@@ -751,7 +751,7 @@ def _local_tensors(state_dict: STATE_DICT_TYPE) -> list[torch.Tensor]:
                 visit(v)
 
     visit(state_dict)
-    return [t.detach() for t in found if t.numel() and t.dtype in container.DTYPES.values()]
+    return [t.detach() for t in found if t.numel() and t.dtype in fileformat.DTYPES.values()]
 
 
 class NvcompFileSystemReader(FileSystemReader):
@@ -802,8 +802,8 @@ class NvcompFileSystemReader(FileSystemReader):
                 )
             _check_storage_info(info, f"item {req.storage_index.fqn!r}")
             per_file.setdefault(info.relative_path, []).append((req, info))
-        # One decode bound for the whole load, as for one file: 16 x the bytes read + 256 MiB (container.LoadState).
-        budget = container.LoadState(
+        # One decode bound for the whole load, as for one file: 16 x the bytes read + 256 MiB (fileformat.LoadState).
+        budget = fileformat.LoadState(
             str(self.path), file_nbytes=sum(i.length for rs in per_file.values() for _, i in rs)
         )
         for relative_path, reqs in per_file.items():
@@ -829,7 +829,7 @@ class NvcompFileSystemReader(FileSystemReader):
         info: _StorageInfo,
         planner: LoadPlanner,
         where: str,
-        budget: container.LoadState,
+        budget: fileformat.LoadState,
     ) -> None:
         view = self._slice_file(stream, info)
         if isinstance(info, NvcompStorageInfo) and info.codec is not None:
@@ -972,7 +972,7 @@ def _check_zip_crcs(data: bytes, where: str) -> None:
 
 
 def _read_item(
-    view: IO[bytes], info: NvcompStorageInfo, device: torch.device, where: str, budget: container.LoadState
+    view: IO[bytes], info: NvcompStorageInfo, device: torch.device, where: str, budget: fileformat.LoadState
 ) -> torch.Tensor:
     """Decode one stored item (a torch.save zip, compressed records inside) onto ``device`` (GPU if it is one)."""
     if info.codec not in _ITEM_CODECS:
@@ -984,7 +984,7 @@ def _read_item(
         )
     data = io.BytesIO(_read_exactly(view, info.length, where))
     location = device if device.type == "cuda" and gpu_available() else torch.device("cpu")
-    tensor = container.read(data, where, map_location=location, state=budget)
+    tensor = fileformat.read(data, where, map_location=location, state=budget)
     if not isinstance(tensor, torch.Tensor):
         raise CorruptCheckpointError(f"{where}: holds a {type(tensor).__name__}, not a tensor")
     if info.raw_nbytes is not None and tensor.numel() * tensor.element_size() != info.raw_nbytes:

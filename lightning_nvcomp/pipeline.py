@@ -12,9 +12,11 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
-from lightning_nvcomp import container, telemetry
+from lightning_nvcomp import format as fileformat
+from lightning_nvcomp import saving, telemetry
 from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.policy import CodecPolicy, Prediction
+from lightning_nvcomp.stats import SaveStats
 from lightning_nvcomp.storage import Storage, check_local, wait_for_discards
 
 log = logging.getLogger(__name__)
@@ -32,7 +34,7 @@ def raw_nbytes(tensors: list[Any]) -> int:
     return sum(storages.values())
 
 
-def _combined(stats: list[container.SaveStats], label: str) -> container.SaveStats:
+def _combined(stats: list[SaveStats], label: str) -> SaveStats:
     """One save's figures for several files written together (e.g. Accelerate's model, optimizer, scheduler)."""
     if len(stats) == 1:
         return stats[0]
@@ -48,7 +50,7 @@ def _combined(stats: list[container.SaveStats], label: str) -> container.SaveSta
             sum(p.write_s for p in predictions),
             sum(p.blocked_s for p in predictions),
         )
-    return container.SaveStats(
+    return SaveStats(
         label,
         codec,
         sum(s.raw_nbytes for s in stats),
@@ -98,19 +100,19 @@ class CheckpointWriter:
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
         if not self.policy.knows_bandwidth(directory):  # the one-off probe of this file system, before the timing
-            self.policy.write_gbps(directory, raw_nbytes(container.find_contents(obj).tensors))
+            self.policy.write_gbps(directory, raw_nbytes(fileformat.find_contents(obj).tensors))
         begin = time.perf_counter()
         if not self.async_save:
             self._group.append(
-                container.save(
+                saving.save(
                     obj, path, self.codec, policy=self.policy, storage=self.storage, staging_nbytes=self.staging_nbytes
                 )
             )
             self._blocked += time.perf_counter() - begin
             return
-        contents = container.find_contents(obj)
-        codec, prediction = container.resolve_codec(self.codec, contents.tensors, directory, self.policy)
-        snap = container.snapshot(obj, codec, contents, isolate=True, staging_nbytes=self.staging_nbytes)
+        contents = fileformat.find_contents(obj)
+        codec, prediction = saving.resolve_codec(self.codec, contents.tensors, directory, self.policy)
+        snap = fileformat.snapshot(obj, codec, contents, isolate=True, staging_nbytes=self.staging_nbytes)
         future = self._background(self._write, snap, path, prediction)
         self._inflight.append((path, future))
         self._group.append(future)
@@ -132,8 +134,8 @@ class CheckpointWriter:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-nvcomp-write")
         return self._executor.submit(fn, *args)
 
-    def _write(self, snap: container.Snapshot, path: str, prediction: Any) -> container.SaveStats:
-        stats = snap.write(path, self.storage, prediction)
+    def _write(self, snap: fileformat.Snapshot, path: str, prediction: Any) -> SaveStats:
+        stats = saving.write_snapshot(snap, path, self.storage, prediction)
         self.policy.observe_write(os.path.dirname(os.path.abspath(path)), stats.file_nbytes, stats.write_s)
         return stats
 

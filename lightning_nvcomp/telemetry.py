@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lightning_nvcomp.container import SaveStats
 from lightning_nvcomp.options import Codec
+from lightning_nvcomp.stats import SaveStats
 
 PREFIX = "nvcomp/"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_nvcomp.container import DTYPES
+from lightning_nvcomp.format import DTYPES
 
 #: Integer dtype of each element size: viewing a tensor as one of these is a pure reinterpretation of its bits
 #: (allowed for any strides, 0-d included), after which copies cannot touch NaN payloads or signalling bits.

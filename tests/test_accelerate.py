@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import lightning_nvcomp
-from lightning_nvcomp.container import TensorInfo, describe
+from lightning_nvcomp.format import TensorInfo, describe
 from lightning_nvcomp.integrations.accelerate import attach
 from lightning_nvcomp.storage import ThrottledStorage
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import lightning_nvcomp
-from lightning_nvcomp import container
+from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.cli import main
 from lightning_nvcomp.codec import record
 from lightning_nvcomp.errors import CodecUnavailableError
@@ -110,7 +110,7 @@ def test_verify_ok(capsys, zstd_ckpt):
     status, out, err = run(capsys, "verify", zstd_ckpt)
     assert status == 0 and err == ""  # no progress bar when stderr is not a terminal
     assert out.startswith(f"OK: {STATE_TENSORS} tensors,") and "checksums and decode verified" in out
-    assert container._progress.get() is None
+    assert fileformat.decode._progress.get() is None
 
 
 def test_verify_damaged_blob_exits_1_naming_file_and_tensor(capsys, big_ckpt):

@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 
 from lightning_nvcomp.codec import checksum, planes, record
 from lightning_nvcomp.codec.gpu import gpu_available
-from lightning_nvcomp.container import DTYPES
 from lightning_nvcomp.errors import (
     CheckpointError,
     CodecUnavailableError,
     CorruptCheckpointError,
     UnsupportedFormatError,
 )
+from lightning_nvcomp.format import DTYPES
 
 from conftest import (
     FLOAT_DTYPES_WITH_SPECIALS,

@@ -15,10 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lightning_nvcomp
-from lightning_nvcomp import container, storage
+from lightning_nvcomp import format as fileformat
+from lightning_nvcomp import storage
 from lightning_nvcomp.codec import record
-from lightning_nvcomp.container import DTYPES, SaveStats, TensorInfo, describe
 from lightning_nvcomp.errors import CheckpointError
+from lightning_nvcomp.format import DTYPES, TensorInfo, describe
+from lightning_nvcomp.format import writer as format_writer
+from lightning_nvcomp.stats import SaveStats
 
 from conftest import (
     CHILD_DIGEST_SRC,
@@ -121,8 +124,8 @@ def test_roundtrip_hypothesis(case, codec, small_groups):
     obj, shared = case
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
         if small_groups:  # many records (storages above 64 bytes alone, groups of <= 256 bytes), many segments
-            mp.setattr(container, "_SMALL_NBYTES", 64)
-            mp.setattr(container, "_GROUP_NBYTES", 256)
+            mp.setattr(format_writer, "_SMALL_NBYTES", 64)
+            mp.setattr(format_writer, "_GROUP_NBYTES", 256)
             mp.setattr(record, "SEGMENT_NBYTES", 1024)
             for key in list(record.CHUNK_NBYTES):
                 mp.setitem(record.CHUNK_NBYTES, key, 128)
@@ -447,7 +450,7 @@ def test_describe_names_shapes_and_decodes_nothing(tmp_path):
     path = tmp_path / "ck.pt"
     lightning_nvcomp.save(obj, path, codec="zstd")
     decoded = []
-    with container.decode_progress(decoded.append):
+    with fileformat.decode_progress(decoded.append):
         info = describe(path)
         assert decoded == [], "describe decoded records"
         lightning_nvcomp.load(path)
@@ -511,14 +514,15 @@ def test_auto_codec_without_gpu_measures_and_never_picks_ans(tmp_path):
 
 @pytest.mark.parametrize("codec", ["zstd", "none"])
 def test_isolated_snapshot_is_unaffected_by_later_training(tmp_path, codec):
-    from lightning_nvcomp.container import snapshot
+    from lightning_nvcomp.format import snapshot
+    from lightning_nvcomp.saving import write_snapshot
 
     w = torch.randn(1000)
     state = {"w": w, "view": w[10:20]}
     before = {k: v.clone() for k, v in state.items()}
     snap = snapshot(state, codec, isolate=True)
     w.add_(1.0)  # training goes on before the background write
-    snap.write(tmp_path / "ck.pt")
+    write_snapshot(snap, tmp_path / "ck.pt")
     loaded = lightning_nvcomp.load(tmp_path / "ck.pt")
     assert_bit_exact(loaded["w"], before["w"])
     assert_bit_exact(loaded["view"], before["view"])

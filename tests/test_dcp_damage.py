@@ -118,14 +118,13 @@ def test_campaign_our_reader_is_never_silently_wrong(campaign):
 
 
 def test_campaign_codec_none_payload_needs_container_crcs(campaign):
-    """Damage inside the bytes of codec "none" records (both readers). Caught only once container.py's records
-    carry CRCs for uncompressed records too (issue 12 item 1, container.py's rewrite): with the container of before
-    that rewrite, these load silently wrong. Not weakened: 0 silent is the guarantee."""
+    """Damage inside the bytes of codec "none" records (both readers). Caught since format 2's records
+    carry CRCs for uncompressed records too (issue 12 item 1): with the v0.1 format, these load silently wrong. Not weakened: 0 silent is the guarantee."""
     cases = [c for c in campaign if _none_payload(c)]
     assert len(cases) >= 10, len(cases)
     silent = [c for c in cases if c["ours"] != "error" or c["default"] in ("silent", "silent_value")]
     assert not silent, (
-        f"{len(silent)} of {len(cases)} damaged codec-'none' payloads were not caught (needs container.py's CRCs "
+        f"{len(silent)} of {len(cases)} damaged codec-'none' payloads were not caught (needs format 2's CRCs "
         f"over uncompressed records, issue 12 item 1):\n{_show(silent)}"
     )
 

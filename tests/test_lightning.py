@@ -103,10 +103,10 @@ def is_compressed(path: Path) -> bool:
     if b"lightning_nvcomp\ndecode_tensor" not in pickle_of(path):
         return False
     codecs: set[str] = set()
-    stack = [lightning_nvcomp.container.describe(path)]
+    stack = [lightning_nvcomp.format.describe(path)]
     while stack:
         item = stack.pop()
-        if isinstance(item, lightning_nvcomp.container.TensorInfo):
+        if isinstance(item, lightning_nvcomp.format.TensorInfo):
             codecs.update(item.record["codecs"])
         elif isinstance(item, dict):
             stack.extend(item.values())

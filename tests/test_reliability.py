@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import lightning_nvcomp
-from lightning_nvcomp import cli, container
+from lightning_nvcomp import cli
+from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.codec import record
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, DecodeLimitError
 
@@ -108,7 +109,7 @@ def _bomb(path: Path, records: int, nbytes: int) -> None:
     for i in range(records):
         own = [b.clone() for b in blobs]
         args = [own, meta, 0, 0, (nbytes,), (1,), False, False, f"z{i}"]
-        calls[f"z{i}"] = Reduce(*args, container.tensor_check(meta, *args[2:]))
+        calls[f"z{i}"] = Reduce(*args, fileformat.tensor_check(meta, *args[2:]))
     torch.save(calls, path)
 
 
@@ -120,13 +121,13 @@ def test_decompression_bomb_is_refused_with_a_way_out(tmp_path, monkeypatch):
         with pytest.raises(DecodeLimitError) as info:
             load()
         message = str(info.value)
-        assert "max_decoded_nbytes" in message and container.DECODE_LIMIT_ENV in message
+        assert "max_decoded_nbytes" in message and fileformat.DECODE_LIMIT_ENV in message
     assert cli.main(["verify", str(path), "-q"]) == 2  # not damage: cannot be checked within the limit
     back = lightning_nvcomp.load(path, max_decoded_nbytes=400 << 20)
     assert all(not t.any() for t in back.values())
-    monkeypatch.setenv(container.DECODE_LIMIT_ENV, "unlimited")
+    monkeypatch.setenv(fileformat.DECODE_LIMIT_ENV, "unlimited")
     assert len(torch.load(path, weights_only=True)) == 6
-    monkeypatch.setenv(container.DECODE_LIMIT_ENV, str(1 << 20))
+    monkeypatch.setenv(fileformat.DECODE_LIMIT_ENV, str(1 << 20))
     with pytest.raises(DecodeLimitError):
         lightning_nvcomp.load(tmp_path / "bomb.pt")
 

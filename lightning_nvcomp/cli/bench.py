@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lightning_nvcomp import container
+from lightning_nvcomp import format as fileformat
+from lightning_nvcomp import saving
 from lightning_nvcomp.cli.common import add_command, positive_float, positive_int
 from lightning_nvcomp.cli.table import table
 from lightning_nvcomp.policy import CodecPolicy, Prediction, choose, predict
@@ -72,7 +73,7 @@ def _measure(directory: str, state: object, codec: str, storage: Storage) -> tup
     """(encode s, write s) of a real save of ``state`` with ``codec`` into ``directory``; the file is removed."""
     path = os.path.join(directory, f".lightning-nvcomp-bench-{codec}.ckpt")
     try:
-        stats = container.save(state, path, codec, storage=storage)
+        stats = saving.save(state, path, codec, storage=storage)
         return stats.encode_s, stats.write_s
     finally:
         if os.path.exists(path):
@@ -88,7 +89,7 @@ def measure(
 ) -> tuple[float, list[BenchRow], Prediction]:
     """Probe ``directory``, calibrate every codec on ``state``, predict each save and (if ``timed``) time a real
     one. Returns the per-writer bandwidth in GB/s, the rows, and the codec ``auto`` would choose."""
-    tensors = container.find_contents(state).tensors
+    tensors = fileformat.find_contents(state).tensors
     raw = _nbytes(tensors)
     gbps = policy.write_gbps(directory)
     predictions = [predict(raw, p, gbps, policy.mode, policy.interval_s) for p in policy.profiles(tensors)]
@@ -155,12 +156,12 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     storage = ThrottledStorage(args.throttle_mbps) if args.throttle_mbps else Storage()
     if args.state:
-        state = container.load(args.state, map_location=device)
+        state = fileformat.load(args.state, map_location=device)
     else:
         state = trained_like_state(args.state_mb << 20, device)
     policy = CodecPolicy(args.mode, args.interval_s, args.probe_mb << 20, storage)
     begin = time.perf_counter()
     gbps, rows, chosen = measure(args.dir, state, policy, storage, timed=not args.no_measure)
-    print(format_table(gbps, rows, chosen, _nbytes(container.find_contents(state).tensors), args.mode))
+    print(format_table(gbps, rows, chosen, _nbytes(fileformat.find_contents(state).tensors), args.mode))
     print(f"(bench took {time.perf_counter() - begin:.1f} s)")
     return 0

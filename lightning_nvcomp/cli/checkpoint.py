@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from lightning_nvcomp import container
-from lightning_nvcomp.container import DTYPES, TensorInfo
+from lightning_nvcomp import format as fileformat
+from lightning_nvcomp.format import DTYPES, TensorInfo
 
 
 def ratio(raw_nbytes: float, stored_nbytes: float) -> float:
@@ -40,7 +40,7 @@ class Entry:
 
 @dataclass(frozen=True)
 class Survey:
-    """What :func:`container.describe` tells about the checkpoint at ``path``, flattened."""
+    """What :func:`fileformat.describe` tells about the checkpoint at ``path``, flattened."""
 
     path: str
     entries: list[Entry]
@@ -98,7 +98,7 @@ def _plain_entry(name: str, tensor: torch.Tensor) -> Entry:
 
 def survey(path: str) -> Survey:
     """Describe ``path``, decoding nothing."""
-    structure = container.describe(path)  # records are validated: their fields can be trusted below
+    structure = fileformat.describe(path)  # records are validated: their fields can be trusted below
     entries, writers = [], set()
     for name, item in _walk(structure):
         if isinstance(item, torch.Tensor):
@@ -120,5 +120,5 @@ def load(surveyed: Survey, map_location: str, quiet: bool) -> Any:
     total = surveyed.raw_nbytes(compressed_only=True)
     disable = True if quiet or not total else None  # None: tqdm disables itself when stderr is not a TTY
     with tqdm(total=total, unit="B", unit_scale=True, desc="decoding", leave=False, disable=disable) as bar:
-        with container.decode_progress(bar.update):
-            return container.load(surveyed.path, map_location=map_location)
+        with fileformat.decode_progress(bar.update):
+            return fileformat.load(surveyed.path, map_location=map_location)

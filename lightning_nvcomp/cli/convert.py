@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from lightning_nvcomp import container
+from lightning_nvcomp import saving
 from lightning_nvcomp.cli.checkpoint import Survey, load, ratio, survey
 from lightning_nvcomp.cli.common import EXIT_BAD_FILE, EXIT_UNAVAILABLE, add_command, fail
 from lightning_nvcomp.cli.table import size
@@ -17,7 +17,7 @@ from lightning_nvcomp.errors import CodecUnavailableError
 from lightning_nvcomp.storage import atomic_write
 
 #: What ``--codec`` accepts: every codec ``save`` writes by name, and ``torch`` for a plain torch.save file.
-CODECS = [c for c in container.SAVE_CODECS if c != "auto"] + ["torch"]
+CODECS = [c for c in saving.SAVE_CODECS if c != "auto"] + ["torch"]
 
 
 #: The command's line in the top-level help, and its own help's description.
@@ -62,7 +62,7 @@ def _save(obj: object, args: argparse.Namespace) -> tuple[int, str]:
     """Write ``obj`` to ``args.output`` with ``args.codec``: (file size, what wrote it)."""
     if args.codec == "torch":
         return atomic_write(args.output, lambda f: torch.save(obj, f)), "plain torch.save"
-    stats = container.save(obj, args.output, codec=args.codec)
+    stats = saving.save(obj, args.output, codec=args.codec)
     return stats.file_nbytes, stats.codec
 
 

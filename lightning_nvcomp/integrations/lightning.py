@@ -20,7 +20,8 @@ try:
 except ImportError as err:
     raise MissingExtraError("lightning", "NvcompCheckpointIO and NvcompSavings", err) from err
 
-from lightning_nvcomp import container, telemetry
+from lightning_nvcomp import format as fileformat
+from lightning_nvcomp import telemetry
 from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.pipeline import CheckpointWriter
 from lightning_nvcomp.storage import check_local, discard
@@ -89,7 +90,7 @@ class NvcompCheckpointIO(CheckpointIO):
         # model and optimizer take it without another copy (TorchCheckpointIO would return it on the CPU).
         # weights_only=None is Lightning's "torch's default", which is True since torch 2.6.
         safe = True if weights_only is None else weights_only
-        return container.load(path, map_location=map_location, weights_only=safe, keep_on_gpu=True)
+        return fileformat.load(path, map_location=map_location, weights_only=safe, keep_on_gpu=True)
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         check_local(path)

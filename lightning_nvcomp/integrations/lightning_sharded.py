@@ -34,8 +34,8 @@ except ImportError as err:
     raise MissingExtraError("lightning", "NvcompFSDPStrategy and NvcompModelParallelStrategy", err) from err
 
 from lightning_nvcomp import telemetry
-from lightning_nvcomp.container import SaveStats
 from lightning_nvcomp.dcp import DcpCheckpointStats, NvcompFileSystemWriter
+from lightning_nvcomp.stats import SaveStats
 
 _SWAP = threading.Lock()
 

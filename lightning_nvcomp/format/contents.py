@@ -1,0 +1,120 @@
+"""What ``torch.save`` would store of an object: the dense tensors stored through ``decode_tensor`` and the
+storages of everything else, found by a dry-run pickle (:func:`find_contents`)."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeGuard
+
+import torch
+
+from lightning_nvcomp.errors import CheckpointError
+
+_DTYPE_NAMES = (
+    "float64 float32 float16 bfloat16 float8_e4m3fn float8_e5m2 float8_e4m3fnuz float8_e5m2fnuz float8_e8m0fnu "
+    "complex32 complex64 complex128 int8 int16 int32 int64 uint8 uint16 uint32 uint64 bool"
+).split()
+
+
+#: The dtypes this format stores, by name (those the installed torch knows).
+DTYPES = {name: getattr(torch, name) for name in _DTYPE_NAMES if hasattr(torch, name)}
+
+
+def _eligible(obj: object) -> TypeGuard[torch.Tensor]:
+    return (
+        isinstance(obj, torch.Tensor)
+        and type(obj) in (torch.Tensor, torch.nn.Parameter)
+        and obj.layout == torch.strided
+        and obj.device.type in ("cpu", "cuda")
+        and str(obj.dtype).removeprefix("torch.") in DTYPES
+        and not obj.is_conj()
+        and not obj.is_neg()
+    )
+
+
+class _NullSink:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+@dataclass
+class Contents:
+    """What ``torch.save`` would store of an object, found by a dry-run pickle.
+
+    ``tensors``: the dense tensors stored through :func:`decode_tensor`, in pickling order. ``storages``: the storages
+    of every other tensor (conj/neg views, subclasses, sparse parts, dtypes the format does not name) and storages
+    saved as such, by ``_cdata``: ``(storage, dtype name or None for an untyped storage)``; they are stored through
+    :func:`decode_storage`. ``kept``: every object the save must not copy (it holds or is what was found).
+    """
+
+    tensors: list[torch.Tensor]
+    storages: dict[int, tuple[torch.UntypedStorage, str | None]]
+    kept: list[object]
+
+
+def _storage_of(obj: object) -> tuple[torch.UntypedStorage | None, str | None]:
+    """A storage object's untyped storage and dtype name (None for an untyped one); (None, None) for anything else."""
+    if isinstance(obj, torch.storage.TypedStorage):
+        return obj._untyped_storage, str(obj.dtype).removeprefix("torch.")
+    if isinstance(obj, torch.UntypedStorage):
+        return obj, None
+    return None, None
+
+
+class _ContentsFinder(pickle.Pickler):
+    """A dry-run pickle that notes the tensors and storages torch.save would meet (a module-level class: a local one
+    would keep what it found alive in a reference cycle until the next garbage collection)."""
+
+    def __init__(self) -> None:
+        super().__init__(_NullSink(), protocol=2)
+        self.tensors: dict[int, torch.Tensor] = {}
+        self.storages: dict[int, tuple[torch.UntypedStorage, str | None]] = {}
+        self.kept: dict[int, object] = {}
+
+    def persistent_id(self, item: object) -> object:
+        untyped, dtype = _storage_of(item)
+        if untyped is None:
+            return None
+        seen = self.storages.setdefault(untyped._cdata, (untyped, dtype))
+        if dtype is not None and seen[1] is None:
+            self.storages[untyped._cdata] = (untyped, dtype)
+        elif dtype is not None and seen[1] != dtype:
+            raise CheckpointError(
+                f"two tensors view one storage as {seen[1]} and {dtype}; torch.save refuses this too: save a copy "
+                "of one of them"
+            )
+        return "storage"
+
+    def reducer_override(self, item: object) -> Any:
+        if _eligible(item):
+            self.tensors.setdefault(id(item), item)
+            return int, ()
+        if isinstance(item, (torch.Tensor, torch.UntypedStorage, torch.storage.TypedStorage)):
+            self.kept.setdefault(id(item), item)
+        return NotImplemented
+
+
+def find_contents(obj: object) -> Contents:
+    """The tensors and storages ``torch.save`` would meet in ``obj``."""
+    finder = _ContentsFinder()
+    finder.dump(obj)
+    tensors = list(finder.tensors.values())
+    return Contents(tensors, finder.storages, [*tensors, *finder.kept.values()])
+
+
+def _tensor_names(obj: object) -> dict[int, str]:
+    """Dotted key paths of the tensors reachable through dicts, lists and tuples (for messages and inspect)."""
+    names: dict[int, str] = {}
+    seen: set[int] = set()
+    stack: list[tuple[object, str]] = [(obj, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, torch.Tensor):
+            names.setdefault(id(item), path or "<root>")
+        elif isinstance(item, (Mapping, list, tuple)) and id(item) not in seen:
+            seen.add(id(item))
+            pairs = item.items() if isinstance(item, Mapping) else enumerate(item)
+            stack.extend((value, f"{path}.{key}" if path else str(key)) for key, value in pairs)
+    return names

@@ -1,0 +1,371 @@
+"""The decoders ``torch.load`` calls: :func:`decode_tensor` and :func:`decode_storage` (see docs/FORMAT.md), every
+argument validated and every byte checked before a tensor is returned, and what one load may decode bounded
+(:class:`LoadState`). ``import lightning_nvcomp`` registers both with ``torch.load(weights_only=True)``."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import copy
+import math
+import os
+import weakref
+from collections.abc import Iterator
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from lightning_nvcomp import _torch_compat
+from lightning_nvcomp.codec import record as records
+from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, DecodeLimitError
+from lightning_nvcomp.format.contents import DTYPES
+
+_MAX_DIMS = 64
+
+
+class TensorInfo(NamedTuple):
+    """What :func:`describe` returns in place of each compressed tensor."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    record: dict
+    stored_nbytes: int
+
+
+#: While set, decode_tensor hands each tensor's description to this callable instead of decoding.
+_describe: contextvars.ContextVar[Callable[..., Any] | None] = contextvars.ContextVar("describe", default=None)
+
+
+#: While set, records saved from a GPU decode onto the current GPU (when there is one), whatever the blobs' device.
+_keep_on_gpu: contextvars.ContextVar[bool] = contextvars.ContextVar("keep_on_gpu", default=False)
+
+
+#: While set, called with the raw size of every record decoded (progress bars).
+_progress: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar("progress", default=None)
+
+
+#: Default bound on what one load decodes: this multiple of the file's size plus :data:`DECODE_ALLOWANCE` bytes.
+#: Real checkpoints compress 1.2-1.6x; only constant data (zeros) compresses more, and the allowance covers some.
+DECODE_MULTIPLE = 16
+
+
+DECODE_ALLOWANCE = 256 << 20
+
+
+#: Environment variable that sets the bound in bytes for every load of the process (``unlimited``: none).
+DECODE_LIMIT_ENV = "LIGHTNING_NVCOMP_MAX_DECODED_BYTES"
+
+
+def _env_limit() -> int | None | bool:
+    """The bound set by :data:`DECODE_LIMIT_ENV`: bytes, None for unlimited, False when it is not set."""
+    value = os.environ.get(DECODE_LIMIT_ENV, "").strip()
+    if not value:
+        return False
+    if value.lower() in ("unlimited", "none", "inf"):
+        return None
+    try:
+        return int(float(value))
+    except ValueError:
+        raise ValueError(f"{DECODE_LIMIT_ENV}={value!r} is not a number of bytes or 'unlimited'") from None
+
+
+class LoadState:
+    """What one load has decoded: the bound on decoded bytes, decoded records (copies of one record decode once)
+    and the storages handed out (every other storage in the result came from the file as it is).
+
+    Args:
+        name: how errors name the file.
+        limit: the most bytes this load may decode (None: unlimited). With ``file_nbytes`` unknown (a plain
+            ``torch.load``), the compressed bytes seen so far stand in for the file's size.
+        file_nbytes: the size of the file being loaded, when known.
+    """
+
+    def __init__(self, name: str = "", limit: int | None | bool = False, file_nbytes: int | None = None) -> None:
+        self.name, self.file_nbytes = name, file_nbytes
+        env = _env_limit()
+        self.limit = limit if limit is not False else env
+        self.decoded = self.compressed = 0
+        self.cache: dict[tuple, list[torch.Tensor]] = {}
+        self.records: dict[int, tuple[dict, list, dict]] = {}  # id -> (the dict, its blobs' keys, validated copy)
+        self.produced: set[int] = set()
+        self._seen: set[tuple] = set()
+
+    def bound(self) -> int | None:
+        if self.limit is not False:
+            return self.limit
+        base = self.file_nbytes if self.file_nbytes is not None else self.compressed
+        return DECODE_MULTIPLE * base + DECODE_ALLOWANCE
+
+    def charge(self, blobs: list[torch.Tensor], keys: list[tuple], nbytes: int, name: str) -> None:
+        """Count a record about to be decoded; raise DecodeLimitError if the load would exceed its bound."""
+        for b, key in zip(blobs, keys):
+            if key not in self._seen:
+                self._seen.add(key)
+                self.compressed += b.numel()
+        bound = self.bound()
+        if bound is not None and self.decoded + nbytes > bound:
+            rule = (
+                f"{self.limit} bytes"
+                if self.limit is not False
+                else f"{DECODE_MULTIPLE} x the file's {self.file_nbytes if self.file_nbytes is not None else self.compressed}"
+                f" bytes + {DECODE_ALLOWANCE >> 20} MiB"
+            )
+            raise DecodeLimitError(
+                f"{self.name + ': ' if self.name else ''}tensor {name!r}: decoding it would bring this load to "
+                f"{self.decoded + nbytes} bytes, over its limit of {bound} ({rule}), which guards against "
+                "decompression bombs. If you trust the file, raise the limit: lightning_nvcomp.load(..., "
+                f"max_decoded_nbytes=N) or the environment variable {DECODE_LIMIT_ENV}=N (bytes, or 'unlimited')"
+            )
+        self.decoded += nbytes
+
+
+#: The state of the load running in this context (our loaders set it; see :func:`_load_state`).
+_load: contextvars.ContextVar[LoadState | None] = contextvars.ContextVar("load", default=None)
+
+
+#: States of plain torch.load calls, by their unpickler (freed with it, when the load ends).
+_torch_loads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+#: Without a known load (torch changed), records are cached by their first blob, and bounded one by one: by the
+#: blob's id, dropped when the blob is (tensors compare elementwise, so they cannot be weak dictionary keys).
+_orphans: dict[int, LoadState] = {}
+
+
+def _load_state(blobs: list[torch.Tensor]) -> LoadState:
+    state = _load.get()
+    if state is not None:
+        return state
+    unpickler = _torch_compat.current_torch_load()
+    if unpickler is not None:
+        try:
+            return _torch_loads.setdefault(unpickler, LoadState())
+        except TypeError:  # not weak-referenceable: treat as unknown
+            pass
+    if not blobs:
+        return LoadState()
+    key = id(blobs[0])
+    if key not in _orphans:
+        _orphans[key] = LoadState()
+        weakref.finalize(blobs[0], _orphans.pop, key, None)
+    return _orphans[key]
+
+
+def _blob_key(b: torch.Tensor) -> tuple:
+    return (b.untyped_storage()._cdata, b.storage_offset(), b.numel())
+
+
+def _fail(name: object, message: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"tensor {name!r}: {message}")
+
+
+def _int_tuple(value: object, name: object, what: str) -> tuple[int, ...]:
+    if not isinstance(value, (tuple, list)) or len(value) > _MAX_DIMS:
+        raise _fail(name, f"{what} {value!r} is not a short list of integers")
+    if any(not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 1 << 48 for v in value):
+        raise _fail(name, f"{what} {value!r} holds a negative, huge or non-integer entry")
+    if math.prod(value) >= 1 << 48:
+        raise _fail(name, f"{what} {value!r} describes an absurd number of elements")
+    return tuple(value)
+
+
+def _check_blobs(blobs: object, name: object) -> None:
+    if not isinstance(blobs, list) or any(
+        not isinstance(b, torch.Tensor) or b.dtype != torch.uint8 or b.dim() != 1 for b in blobs
+    ):
+        raise _fail(name, "its compressed bytes are not a list of 1-D uint8 tensors")
+
+
+#: Key under which a validated record copy keeps its layout (an object: no pickle can hold it).
+_LAYOUT = object()
+
+
+def _check_record(rec: object, blobs: list[torch.Tensor], name: object, state: LoadState, keys: list[tuple]) -> dict:
+    """Validate a record dict against its blobs (every field; format 2: its own check) and return a copy of it that
+    nothing else holds. Validated once per load: every tensor of a record gets the same dict (pickle's memo), and a
+    pickle that changes the dict after its first use changes nothing (the copy is what decodes)."""
+    cached = state.records.get(id(rec))
+    if cached is not None and cached[0] is rec and cached[1] == keys:
+        return cached[2]
+    if not isinstance(rec, dict):
+        raise _fail(name, "its record description is not a dict")
+    try:
+        layout = records.validate(rec, [b.numel() for b in blobs])
+    except CheckpointError as err:  # damage, or a newer format: the same kind of error, the tensor named
+        raise type(err)(f"tensor {name!r}: {err}") from None
+    storages = rec.get("storages")
+    if not isinstance(storages, list) or any(
+        not isinstance(s, list) or len(s) != 2 or any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in s)
+        for s in storages
+    ):
+        raise _fail(name, "record storage table is malformed")
+    if any(off + n > rec["nbytes"] for off, n in storages):
+        raise _fail(name, f"a storage lies outside the record's {rec['nbytes']} bytes")
+    if not isinstance(rec.get("dtype"), str) or rec["dtype"] not in DTYPES:
+        raise _fail(name, f"unknown dtype {rec.get('dtype')!r}")
+    valid: dict[Any, Any] = copy.deepcopy({k: v for k, v in rec.items() if isinstance(k, str)})
+    valid[_LAYOUT] = layout
+    state.records[id(rec)] = (rec, keys, valid)
+    return valid
+
+
+def _record_storages(
+    blobs: list[torch.Tensor], rec: dict, name: str, state: LoadState, keys: list[tuple]
+) -> list[torch.Tensor]:
+    """The record's storages as uint8 tensors on the blobs' device (``map_location``), each in its own memory;
+    decoded once per load (copies of one record included), within the load's bound."""
+    target = blobs[0].device if blobs else torch.device("cpu")
+    if _keep_on_gpu.get() and rec.get("device") == "cuda" and target.type == "cpu" and torch.cuda.is_available():
+        target = torch.device("cuda", torch.cuda.current_device())
+    identity = rec["check"] if rec["format"] >= 2 else id(rec)
+    key = (tuple(keys), identity, str(target))
+    cached = state.cache.get(key)
+    if cached is not None:
+        return cached
+    state.charge(blobs, keys, rec["nbytes"], name)
+    try:
+        data = records.decode(blobs, rec, target, move=False, layout=rec[_LAYOUT])
+    except CheckpointError as err:
+        raise type(err)(f"tensor {name!r}: {err}") from None
+    pieces = [data[start : start + n] for start, n in rec["storages"]]
+    if data.device != target:  # decoded on a GPU for a CPU load: one copy, straight into each storage's memory
+        pieces = [piece.to(target) for piece in pieces]
+    elif len(pieces) > 1 or (pieces and pieces[0].numel() != data.numel()):
+        # Each storage gets its own memory, exactly its bytes: tensors are placed in it by absolute offsets, and a
+        # tensor kept after the load (an optimizer keeps its state tensors) must not hold the whole record alive.
+        pieces = [piece.clone() for piece in pieces]
+    state.cache[key] = pieces
+    state.produced.update(p.untyped_storage()._cdata for p in pieces)
+    report = _progress.get()
+    if report is not None:
+        report(rec["nbytes"])
+    return pieces
+
+
+def tensor_check(
+    rec: dict, index: int, offset: int, size: tuple, stride: tuple, requires_grad: bool, parameter: bool, name: str
+) -> int:
+    """The ``check`` argument of :func:`decode_tensor`: a CRC-32 over the tensor's record and placement."""
+    return records.canonical_crc(
+        [rec["check"], index, offset, list(size), list(stride), requires_grad, parameter, name]
+    )
+
+
+def storage_check(rec: dict, index: int, dtype: str | None) -> int:
+    """The ``check`` argument of :func:`decode_storage`."""
+    return records.canonical_crc([rec["check"], index, dtype])
+
+
+def decode_tensor(
+    blobs: list[torch.Tensor],
+    rec: dict,
+    index: int,
+    offset: int,
+    size: tuple[int, ...],
+    stride: tuple[int, ...],
+    requires_grad: bool,
+    parameter: bool,
+    name: str,
+    check: int | None = None,
+    *newer: object,
+) -> torch.Tensor:
+    """Rebuild one tensor from a compressed record (called by ``torch.load``; import lightning_nvcomp first).
+
+    Every argument is validated: this function is reachable from any pickle. ``check`` (format 2 records) is the
+    CRC-32 of the record's ``check`` and every other argument (:func:`tensor_check`): a damaged placement fails here,
+    under any loader. Format 1 records (v0.1) are called without it. Arguments a newer format may add (``newer``)
+    are accepted so that its record's version is what the error names (upgrade), not the call.
+    """
+    if not isinstance(name, str):
+        raise CorruptCheckpointError(f"tensor name {name!r} is not a string")
+    _check_blobs(blobs, name)
+    state, keys = _load_state(blobs), [_blob_key(b) for b in blobs]
+    rec = _check_record(rec, blobs, name, state, keys)
+    size = _int_tuple(size, name, "shape")
+    stride = _int_tuple(stride, name, "stride")
+    if len(size) != len(stride) or not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise _fail(name, f"shape {size}, stride {stride} and offset {offset!r} do not fit together")
+    if not isinstance(requires_grad, bool) or not isinstance(parameter, bool):
+        raise _fail(name, "requires_grad or parameter is not a bool")
+    storages = rec["storages"]
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(storages):
+        raise _fail(name, f"storage index {index!r} is out of range")
+    if newer and rec["format"] <= records.FORMAT_VERSION:
+        raise _fail(name, f"{len(newer)} arguments more than format {rec['format']} has")
+    if rec["format"] >= 2:
+        if check != tensor_check(rec, index, offset, size, stride, requires_grad, parameter, name):
+            raise _fail(name, "its placement (record, index, offset, shape, stride, flags) is damaged: check mismatch")
+    elif check is not None:
+        raise _fail(name, "a format-1 record with a check argument")
+    dtype = DTYPES[rec["dtype"]]
+    start, nbytes = storages[index]
+    itemsize = dtype.itemsize
+    if nbytes % itemsize or start % itemsize:
+        raise _fail(name, f"storage of {nbytes} bytes at {start} does not hold whole {dtype} elements")
+    numel = nbytes // itemsize
+    if all(size) and offset + sum((n - 1) * s for n, s in zip(size, stride)) >= numel:
+        raise _fail(name, f"shape {size} with stride {stride} at offset {offset} overruns its {numel} elements")
+    if not all(size) and offset >= 1 << 48:  # an empty view reads nothing, but torch allows any offset for it
+        raise _fail(name, f"offset {offset} is absurd")
+    describe = _describe.get()
+    if describe is not None:
+        return describe(TensorInfo(name, rec["dtype"], size, rec, sum(b.numel() for b in blobs)))
+    storage = _record_storages(blobs, rec, name, state, keys)[index]
+    tensor = storage.view(dtype).as_strided(size, stride, offset)
+    if parameter:
+        return torch.nn.Parameter(tensor, requires_grad)
+    return tensor.requires_grad_(requires_grad)
+
+
+def _torch_dtype(name: object) -> torch.dtype | None:
+    value = getattr(torch, name, None) if isinstance(name, str) and name.isidentifier() else None
+    return value if isinstance(value, torch.dtype) else None
+
+
+def decode_storage(
+    blobs: list[torch.Tensor], rec: dict, index: int, dtype: str | None, check: int, *newer: object
+) -> Any:
+    """Rebuild one storage from a record: how tensors that are not stored through :func:`decode_tensor` (conj or
+    neg views, subclasses, sparse tensors, dtypes the record format does not name) get their bytes, checked.
+
+    Returns a ``TypedStorage`` of ``dtype`` (uint8 when ``dtype`` is None: a storage saved untyped), as
+    ``torch.load``'s persistent storages are; torch's own rebuild functions place the tensors in it.
+    """
+    where = f"storage {index!r} of a record"
+    _check_blobs(blobs, where)
+    state, keys = _load_state(blobs), [_blob_key(b) for b in blobs]
+    rec = _check_record(rec, blobs, where, state, keys)
+    typed = _torch_dtype(dtype) if dtype is not None else None
+    if dtype is not None and typed is None:
+        raise _fail(where, f"unknown dtype {dtype!r}")
+    storages = rec["storages"]
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(storages):
+        raise _fail(where, f"storage index {index!r} is out of range")
+    if newer and rec["format"] <= records.FORMAT_VERSION:
+        raise _fail(where, f"{len(newer)} arguments more than format {rec['format']} has")
+    if rec["format"] < 2 or check != storage_check(rec, index, dtype):
+        raise _fail(where, "its description is damaged: check mismatch")
+    if _describe.get() is not None:  # describe decodes nothing: a storage of the right size that holds no memory
+        piece = torch.empty(storages[index][1], dtype=torch.uint8, device="meta")
+    else:
+        piece = _record_storages(blobs, rec, where, state, keys)[index]
+    # As torch.load's storages: typed, and uint8 for storages saved untyped.
+    return torch.storage.TypedStorage(wrap_storage=piece.untyped_storage(), dtype=typed or torch.uint8, _internal=True)
+
+
+# Found by torch.load's pickle as `lightning_nvcomp.decode_tensor` / `.decode_storage`; allowed for weights_only=True.
+decode_tensor.__module__ = decode_storage.__module__ = "lightning_nvcomp"
+
+
+torch.serialization.add_safe_globals([decode_tensor, decode_storage])
+
+
+@contextlib.contextmanager
+def decode_progress(callback: Callable[[int], None]) -> Iterator[None]:
+    """Within this block, every record decoded calls ``callback(raw_nbytes)`` (progress bars)."""
+    token = _progress.set(callback)
+    try:
+        yield
+    finally:
+        _progress.reset(token)

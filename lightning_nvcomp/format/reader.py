@@ -1,0 +1,242 @@
+"""Reading a checkpoint file: opened once, its zip structure and small entries checked, ``torch.load`` with the
+load's decode bound, the storages of a plain ``torch.save`` file checked by their zip CRC-32s (:func:`load`)."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import struct
+import zipfile
+from typing import Any, BinaryIO
+
+import torch
+
+from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
+from lightning_nvcomp.format.contents import find_contents
+from lightning_nvcomp.format.decode import LoadState, _describe, _keep_on_gpu, _load
+from lightning_nvcomp.storage import check_local
+
+
+def load(
+    path: str | os.PathLike,
+    map_location: Any = None,
+    weights_only: bool = True,
+    mmap: bool | None = None,
+    keep_on_gpu: bool = False,
+    max_decoded_nbytes: int | None | bool = False,
+) -> Any:
+    """Load a checkpoint written by :func:`save` (or any ``torch.save`` file), bit-exactly and verified.
+
+    The file is opened once: the load reads the file that was at ``path`` when it began, whatever replaces it
+    meanwhile. Every tensor is checked before it is returned (our records by their CRC-32s and checks, the storages
+    of a plain ``torch.save`` file by the zip's CRC-32s), and so is the pickle. Returned tensors are in memory of
+    their own, never pages of the file, unless ``mmap=True``: then tensors stored by plain ``torch.save`` share the
+    file's pages, copy-on-write, as with ``torch.load(mmap=True)``. Compressed bytes go from the page cache to the
+    decoder either way.
+
+    Args:
+        path: the checkpoint (a local path).
+        map_location: as ``torch.load``'s; ``"cuda"`` decodes on the GPU directly. Default: the CPU.
+        weights_only: as ``torch.load``'s.
+        mmap: True maps plain tensors from the file (see above); None or False: they are copied.
+        keep_on_gpu: with no ``map_location``, compressed tensors saved from a GPU come back on the current GPU
+            when there is one, decoded there (what a resume wants: the optimizer adopts them as they are).
+        max_decoded_nbytes: the most bytes the load may decode (None: unlimited). Default: 16 x the file's size +
+            256 MiB, or the environment variable ``LIGHTNING_NVCOMP_MAX_DECODED_BYTES``; a guard against
+            decompression bombs (:class:`DecodeLimitError`).
+
+    Raises:
+        CorruptCheckpointError: the file is damaged (the message names it and the tensor at fault).
+        CodecUnavailableError: a codec it needs cannot run here (gANS without a GPU).
+        CheckpointError: anything else about the file (not a checkpoint, refused by ``weights_only``, too large
+            to decode). Errors of the machine (memory, devices, threads) pass through, the file named.
+    """
+    check_local(path)
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"checkpoint {path} is a directory, not a checkpoint file")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    token = _keep_on_gpu.set(keep_on_gpu and map_location is None)
+    try:
+        with open(path, "rb") as f:
+            return read(f, path, map_location, weights_only, mmap, max_decoded_nbytes)
+    finally:
+        _keep_on_gpu.reset(token)
+
+
+#: The start of a legacy (pre-zip) torch file: protocol 2, then the pickled magic number 0x1950a86a20f9469cfc6c.
+_LEGACY_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
+
+
+_TORCH_ZIP_ERRORS = ("PytorchStreamReader", "inline_container")
+
+
+_OUR_DECODERS = (b"lightning_nvcomp\ndecode_tensor\n", b"lightning_nvcomp\ndecode_storage\n")
+
+
+def _fd_path(f: BinaryIO) -> str | None:
+    """A path that opens the very file ``f`` has open (Linux), for torch.load(mmap=True), which wants a path."""
+    try:
+        fd_path = f"/proc/self/fd/{f.fileno()}"
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        return None
+    return fd_path if os.path.exists(fd_path) else None
+
+
+def read(
+    source: BinaryIO,
+    name: str,
+    map_location: Any = None,
+    weights_only: bool = True,
+    mmap: bool | None = None,
+    max_decoded_nbytes: int | None | bool = False,
+    state: LoadState | None = None,
+) -> Any:
+    """``torch.load`` of a seekable binary file, verified: the zip's structure and the CRC-32 of every small entry
+    (the pickle among them) first, every record's checks while decoding, and the zip CRC-32s of the storages of a
+    plain ``torch.save`` file after. Every failure is named after ``name``; :class:`CorruptCheckpointError` means
+    damage and nothing else. See :func:`load` for the arguments; ``state``: a :class:`LoadState` shared by several
+    files read as one load (the items of a DCP checkpoint: one decode bound for all of them)."""
+    source.seek(0, os.SEEK_END)
+    file_nbytes = source.tell()
+    source.seek(0)
+    pickle_bytes = _check_structure(source, name, file_nbytes)
+    ours = pickle_bytes is not None and any(d in pickle_bytes for d in _OUR_DECODERS)
+    state = state or LoadState(name, max_decoded_nbytes, file_nbytes)
+    # Map the file only where no returned tensor can share its pages: ours decode into new memory.
+    fd_path = _fd_path(source) if pickle_bytes is not None and (mmap or (mmap is None and ours)) else None
+    token = _load.set(state)
+    try:
+        obj = torch.load(
+            fd_path or source, map_location=map_location, weights_only=weights_only, mmap=fd_path is not None
+        )
+        foreign = _describe.get() is None and _foreign_storages(obj, state.produced)
+        if foreign and pickle_bytes is not None:
+            _check_data_crcs(source, name)
+            if fd_path is not None and not mmap:  # a file of ours with plain storages in it: load them copied
+                source.seek(0)
+                obj = torch.load(source, map_location=map_location, weights_only=weights_only)
+        return obj
+    except CheckpointError as err:
+        raise type(err)(err.args[0] if str(err).startswith(name) else f"{name}: {err}") from None
+    except pickle.UnpicklingError as err:
+        if pickle_bytes is None:  # a legacy file: its pickle has no checksum to tell damage from refusal
+            raise CorruptCheckpointError(
+                f"{name} cannot be read as a checkpoint (truncated or damaged?): {err}"
+            ) from err
+        raise CheckpointError(
+            f"{name} holds objects that weights_only=True does not load (its pickle is intact: this is not damage). "
+            f"Allow them with torch.serialization.add_safe_globals, or, only for a file you trust, load it with "
+            f"weights_only=False.\n{err}"
+        ) from None
+    except RuntimeError as err:
+        # torch's zip reader (inline_container.cc) parses the directory itself, and fails damage we let through.
+        if any(mark in str(err) for mark in _TORCH_ZIP_ERRORS) or pickle_bytes is None:
+            raise CorruptCheckpointError(f"{name} cannot be loaded ({err}); the file is damaged") from err
+        raise _named(err, name) from err
+    except Exception as err:
+        if pickle_bytes is None and not isinstance(err, (MemoryError, OSError)):
+            raise CorruptCheckpointError(
+                f"{name} cannot be loaded ({type(err).__name__}: {err}); the legacy file may be truncated or damaged"
+            ) from err
+        raise _named(err, name) from err
+    finally:
+        _load.reset(token)
+
+
+def _named(err: BaseException, name: str) -> BaseException:
+    """``err`` with ``name`` in its message (same type), for errors of the machine rather than of the file."""
+    try:
+        named = type(err)(f"{name}: {err}")
+    except Exception:
+        return err
+    return named
+
+
+def _check_structure(f: BinaryIO, name: str, file_nbytes: int) -> bytes | None:
+    """Check the zip's directory, every entry's local header and the CRC-32 of every small entry (the pickle, the
+    byte order...); return the pickle's bytes. A legacy (non-zip) torch file has no checksums: None. ``f`` is left
+    at its start."""
+    try:
+        head = f.read(len(_LEGACY_MAGIC))
+        f.seek(0)
+        if not zipfile.is_zipfile(f):
+            if head == _LEGACY_MAGIC:
+                return None
+            what = "empty" if file_nbytes == 0 else f"{file_nbytes} bytes"
+            raise CorruptCheckpointError(
+                f"{name} is not a checkpoint ({what}, neither a torch.save zip nor a legacy torch file): truncated "
+                "or damaged, or another kind of file"
+            )
+        pickle_bytes = None
+        with zipfile.ZipFile(f) as archive:
+            infos = archive.infolist()
+            top = infos[0].filename.split("/", 1)[0] if infos else ""
+            for info in infos:
+                if info.filename.split("/", 1)[0] != top or not 0 <= info.header_offset < file_nbytes:
+                    raise CorruptCheckpointError(f"{name}: the zip directory entry {info.filename!r} is damaged")
+                f.seek(info.header_offset)
+                header = f.read(30 + len(info.orig_filename.encode()))
+                if header[:4] != b"PK\x03\x04" or header[30:] != info.orig_filename.encode():
+                    raise CorruptCheckpointError(f"{name}: the header of entry {info.filename!r} is damaged")
+                if "/data/" in info.filename and not info.filename.endswith("serialization_id"):
+                    continue  # storages: checked by their records, or after the load (plain torch.save files)
+                data = archive.read(info)  # raises BadZipFile on a CRC mismatch
+                if info.filename.endswith("/data.pkl"):
+                    pickle_bytes = data
+        if pickle_bytes is None:
+            raise CorruptCheckpointError(f"{name}: the checkpoint has no pickle (data.pkl): damaged")
+        return pickle_bytes
+    except CorruptCheckpointError:
+        raise
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        NotImplementedError,
+        EOFError,
+        ValueError,
+        struct.error,
+        UnicodeDecodeError,
+        KeyError,
+        RuntimeError,
+        OSError,
+    ) as err:  # zipfile's ways to fail damage
+        raise CorruptCheckpointError(
+            f"{name}: the checkpoint's structure is damaged ({type(err).__name__}: {err})"
+        ) from None
+    finally:
+        f.seek(0)
+
+
+def _check_data_crcs(f: BinaryIO, name: str) -> None:
+    """Check the zip CRC-32 of every storage entry (a plain ``torch.save`` file's tensors have no other check)."""
+    try:
+        with zipfile.ZipFile(f) as archive:
+            for info in archive.infolist():
+                with archive.open(info) as entry:
+                    while entry.read(16 << 20):
+                        pass
+    except (zipfile.BadZipFile, EOFError, ValueError, struct.error) as err:
+        raise CorruptCheckpointError(
+            f"{name}: a tensor's stored bytes are damaged ({type(err).__name__}: {err})"
+        ) from None
+    finally:
+        f.seek(0)
+
+
+def _foreign_storages(obj: object, produced: set[int]) -> bool:
+    """Whether ``obj`` holds a storage our decoders did not make (one torch.load took from the file as it is)."""
+    contents = find_contents(obj)
+    keys = [t.untyped_storage()._cdata for t in contents.tensors] + list(contents.storages)
+    return any(key not in produced for key in keys)
+
+
+def describe(path: str | os.PathLike) -> Any:
+    """Load ``path``'s structure with a :class:`TensorInfo` in place of each compressed tensor, decoding nothing."""
+    token = _describe.set(lambda info: info)
+    try:
+        return load(path, map_location="cpu", mmap=True)
+    finally:
+        _describe.reset(token)

@@ -1,0 +1,319 @@
+"""Writing a checkpoint file: the records planned from an object's storages, coded into segments (a
+:class:`Snapshot`), and the archive with the pickle that calls the decoders."""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from lightning_nvcomp.codec import record as records
+from lightning_nvcomp.codec.checksum import Crc32
+from lightning_nvcomp.errors import CheckpointError
+from lightning_nvcomp.format.contents import DTYPES, Contents, _storage_of, _tensor_names, find_contents
+from lightning_nvcomp.format.decode import decode_storage, decode_tensor, storage_check, tensor_check
+from lightning_nvcomp.format.zip import ArchiveWriter
+from lightning_nvcomp.resources import shared
+
+#: Storages below this size share records of up to _GROUP_NBYTES: few large records keep nvCOMP calls few.
+_SMALL_NBYTES = 64 << 20
+
+
+_GROUP_NBYTES = 256 << 20
+
+
+_ALIGN = 64
+
+
+@dataclass
+class _Record:
+    device: torch.device
+    dtype: torch.dtype
+    storages: list[torch.UntypedStorage]
+    nbytes: int = 0
+
+
+def _plan(
+    tensors: list[torch.Tensor],
+    names: dict[int, str],
+    group_nbytes: int | None = None,
+    extra: dict[int, tuple[torch.UntypedStorage, str | None]] | None = None,
+) -> tuple[list[_Record], dict[int, tuple[int, int]]]:
+    """Group the storages of ``tensors`` and the ``extra`` storages (see :class:`Contents`) into records. Returns the
+    records and, per storage, (record, index)."""
+    group_limit = group_nbytes or _GROUP_NBYTES
+    small_limit = min(_SMALL_NBYTES, group_limit)
+    dtypes: dict[int, tuple[torch.dtype, str]] = {}
+    unique: dict[int, torch.UntypedStorage] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        name = names.get(id(t), "<unnamed>")
+        seen = dtypes.setdefault(storage._cdata, (t.dtype, name))
+        if seen[0] != t.dtype:
+            raise CheckpointError(
+                f"tensors {seen[1]!r} ({seen[0]}) and {name!r} ({t.dtype}) view the same storage as different types;"
+                " torch.save refuses this too: save a copy of one of them"
+            )
+        unique.setdefault(storage._cdata, storage)
+    for key, (storage, dtype_name) in (extra or {}).items():
+        if storage.device.type not in ("cpu", "cuda"):
+            raise CheckpointError(f"a storage on {storage.device} cannot be saved: move it to the CPU or a GPU first")
+        if key in dtypes:
+            if dtype_name is not None and str(dtypes[key][0]).removeprefix("torch.") != dtype_name:
+                raise CheckpointError(
+                    f"tensor {dtypes[key][1]!r} ({dtypes[key][0]}) and another tensor ({dtype_name}) view the same "
+                    "storage as different types; torch.save refuses this too: save a copy of one of them"
+                )
+            continue
+        dtypes[key] = (DTYPES.get(dtype_name or "uint8", torch.uint8), "<storage>")
+        unique[key] = storage
+    plan: list[_Record] = []
+    where: dict[int, tuple[int, int]] = {}
+    open_groups: dict[tuple, int] = {}
+    for key, storage in unique.items():
+        dtype = dtypes[key][0]
+        nbytes = storage.nbytes()
+        group_key = (storage.device, dtype)
+        if nbytes >= small_limit:
+            plan.append(_Record(storage.device, dtype, [storage], nbytes))
+            where[key] = (len(plan) - 1, 0)
+            continue
+        slot = open_groups.get(group_key)
+        if slot is None or plan[slot].nbytes + nbytes > group_limit:
+            plan.append(_Record(storage.device, dtype, []))
+            slot = open_groups[group_key] = len(plan) - 1
+        group = plan[slot]
+        where[key] = (slot, len(group.storages))
+        group.storages.append(storage)
+        group.nbytes += -(-nbytes // _ALIGN) * _ALIGN
+    return plan, where
+
+
+def _storage_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (storage.nbytes(),), (1,))
+
+
+class _LayoutCache:
+    """The byte layout last chosen for each record, by the memory it was coded from. A training run saves the same
+    parameter and optimizer tensors again and again: choosing a layout (sampling entropy, trying gANS's typed model
+    and checking it round-trips) costs ~4 ms per record on an H200, coding it ~1 ms. Every layout is lossless, so a
+    stale entry (memory reused by other tensors) costs at most some ratio."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._layouts: OrderedDict[tuple, records.Layout] = OrderedDict()
+        self._size, self._lock = size, threading.Lock()
+
+    def get(self, key: tuple) -> records.Layout | None:
+        with self._lock:
+            return self._layouts.get(key)
+
+    def put(self, key: tuple, layout: records.Layout) -> None:
+        with self._lock:
+            self._layouts[key] = layout
+            self._layouts.move_to_end(key)
+            while len(self._layouts) > self._size:
+                self._layouts.popitem(last=False)
+
+
+def _encode_record(
+    rec: _Record, codec: str, segment: int | None, on_blob: Callable[[torch.Tensor, Any], None]
+) -> tuple[list[torch.Tensor], dict]:
+    key = (codec, rec.dtype, segment, tuple((s.device, s.data_ptr(), s.nbytes()) for s in rec.storages))
+    parts, table, pos = [], [], 0
+    for storage in rec.storages:
+        data = _storage_bytes(storage)
+        table.append([pos, data.numel()])
+        parts.append(data)
+        pad = -data.numel() % _ALIGN if len(rec.storages) > 1 else 0
+        if pad:
+            parts.append(torch.zeros(pad, dtype=torch.uint8, device=rec.device))
+        pos += data.numel() + pad
+    data = records.concatenate(parts)
+    coder = "raw" if codec == "none" else codec
+    layouts = shared("layouts", _LayoutCache)
+    blobs, meta = records.encode(
+        data, rec.dtype, coder, segment, on_blob, wait_checksums=False, layout=layouts.get(key)
+    )
+    layouts.put(key, records.Layout.of(meta))
+    meta["storages"] = table
+    meta["device"] = rec.device.type  # where the tensors lived (load(keep_on_gpu=True) puts CUDA ones back there)
+    return blobs, meta
+
+
+class _StorageKey:
+    """A storage already (or soon) written as ``data/<key>``: the archive pickler's persistent id for it."""
+
+    __slots__ = ("key", "nbytes")
+
+    def __init__(self, key: str, nbytes: int) -> None:
+        self.key, self.nbytes = key, nbytes
+
+
+class _StoredBlob:
+    """Pickles as a CPU uint8 tensor whose bytes are the entry ``data/<key>``, without holding them: a compressed
+    segment can be written and freed long before the pickle is."""
+
+    __slots__ = ("storage",)
+
+    def __init__(self, key: str, nbytes: int) -> None:
+        self.storage = _StorageKey(key, nbytes)
+
+    def __reduce__(self) -> tuple:
+        n = self.storage.nbytes
+        return torch._utils._rebuild_tensor_v2, (self.storage, 0, (n,), (1,), False, OrderedDict())
+
+
+class _ArchivePickler(pickle.Pickler):
+    """torch.save's pickling, where every tensor is a call of our decoders: dense tensors of :func:`decode_tensor`
+    (``reductions``, by tensor id), every other storage of :func:`decode_storage` (``storage_reductions``, by
+    ``_cdata``); the blobs are persistent ids of ``data/<key>`` entries, as torch.save stores storages."""
+
+    def __init__(self, file: io.BytesIO, reductions: dict[int, tuple], storage_reductions: dict[int, Callable]) -> None:
+        super().__init__(file, protocol=2)
+        self.reductions, self.storage_reductions = reductions, storage_reductions
+
+    def persistent_id(self, obj: object) -> tuple | None:
+        if isinstance(obj, _StorageKey):
+            return ("storage", torch.ByteStorage, obj.key, "cpu", obj.nbytes)
+        return None
+
+    def reducer_override(self, obj: object) -> Any:
+        reduction = self.reductions.get(id(obj))
+        if reduction is not None:
+            return reduction
+        untyped, dtype = _storage_of(obj)
+        if untyped is None:
+            return NotImplemented
+        make = self.storage_reductions.get(untyped._cdata)
+        if make is None:
+            raise CheckpointError(f"a {type(obj).__name__} appeared in the object after its snapshot was taken")
+        return make(dtype)
+
+
+def _value(crc: Crc32 | int) -> int:
+    return crc.result() if isinstance(crc, Crc32) else crc
+
+
+class _Placement(NamedTuple):
+    """Where one tensor lies in its record: :func:`decode_tensor`'s arguments but the record's own."""
+
+    slot: int
+    storage: int  # the storage's index in the record
+    offset: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    requires_grad: bool
+    parameter: bool
+    name: str
+
+
+class Snapshot:
+    """A checkpoint whose tensors are compressed into host memory (or already written), ready to be written by
+    any thread. Tensors in the saved object are not read again."""
+
+    def __init__(
+        self,
+        obj: object,
+        codec: str,
+        raw_nbytes: int,
+        encode_s: float,
+        placements: dict[int, _Placement],
+        storages: dict[int, tuple[int, int]],
+        encoded: list[tuple[list[_StoredBlob], dict]],
+        pending: list[tuple[str, torch.Tensor, Any]],
+    ) -> None:
+        self.obj, self.codec, self.raw_nbytes, self.encode_s = obj, codec, raw_nbytes, encode_s
+        self._placements, self._storages, self._encoded, self._pending = placements, storages, encoded, pending
+
+    def write_to(self, writer: ArchiveWriter) -> None:
+        """Write the blobs not yet written, the pickle and the rest of the archive."""
+        for key, blob, crc in self._pending:
+            writer.add(f"data/{key}", memoryview(blob.numpy()), _value(crc))
+        self._pending = []
+        for _, meta in self._encoded:
+            records.seal(meta)  # every checksum known: the record's own check covers them
+        reductions: dict[int, tuple] = {}
+        for tensor_id, p in self._placements.items():
+            blobs, meta = self._encoded[p.slot]
+            check = tensor_check(meta, p.storage, p.offset, p.size, p.stride, p.requires_grad, p.parameter, p.name)
+            reductions[tensor_id] = (decode_tensor, (blobs, meta, *p[1:], check))
+
+        def storage_reduction(slot: int, index: int) -> Callable[[str | None], tuple]:
+            blobs, meta = self._encoded[slot]
+            return lambda dtype: (decode_storage, (blobs, meta, index, dtype, storage_check(meta, index, dtype)))
+
+        storage_reductions = {key: storage_reduction(*where) for key, where in self._storages.items()}
+        buffer = io.BytesIO()
+        _ArchivePickler(buffer, reductions, storage_reductions).dump(self.obj)
+        writer.add_torch_metadata()
+        writer.add("data.pkl", buffer.getbuffer())
+        writer.finish("data.pkl")
+
+
+def snapshot(
+    obj: object,
+    codec: str,
+    tensors: list[torch.Tensor] | Contents | None = None,
+    isolate: bool = False,
+    staging_nbytes: int | None = None,
+    on_blob: Callable[[str, torch.Tensor, Any], None] | None = None,
+) -> Snapshot:
+    """Copy every tensor of ``obj`` into host memory, compressed with ``codec`` (``ans``, ``zstd``; ``none``: stored
+    raw, still checksummed).
+
+    Blobs are always fresh copies. ``tensors``: what :func:`find_contents` found in ``obj`` (found here unless
+    given). With ``isolate`` (saves written while training goes
+    on) the rest of ``obj`` is copied too. ``staging_nbytes`` (a multiple of 512) bounds the records and segments
+    coded at once, so a GPU save borrows about three times that much GPU memory (default: 256 MiB). With ``on_blob``,
+    each compressed segment is handed to ``on_blob(key, blob, crc)`` as soon as it is in host memory (to be written
+    as entry ``data/<key>``) instead of being kept in the snapshot.
+    """
+    begin = time.perf_counter()
+    if tensors is None:
+        tensors = find_contents(obj)
+    contents = tensors if isinstance(tensors, Contents) else find_contents(obj)
+    if isolate:
+        # The file is written later: freeze the structure (dicts, counters, callback states) as it is now; the
+        # tensors and storages themselves are copied below, so the copy shares them.
+        obj = copy.deepcopy(obj, memo={id(t): t for t in contents.kept})
+    names = _tensor_names(obj)
+    plan, where = _plan(contents.tensors, names, staging_nbytes, contents.storages)
+    raw = sum(s.nbytes() for rec in plan for s in rec.storages)
+    pending: list[tuple[str, torch.Tensor, Any]] = []
+    refs: list[_StoredBlob] = []
+
+    def take(blob: torch.Tensor, crc: Any) -> None:
+        key = str(len(refs))
+        refs.append(_StoredBlob(key, blob.numel()))
+        if on_blob is None:
+            pending.append((key, blob, crc))
+        else:
+            on_blob(key, blob, crc)
+
+    encoded = []
+    for rec in plan:
+        first = len(refs)
+        _, meta = _encode_record(rec, codec, staging_nbytes, take)
+        encoded.append((refs[first:], meta))
+    placements = {}
+    for t in contents.tensors:
+        slot, index = where[t.untyped_storage()._cdata]
+        placements[id(t)] = _Placement(
+            slot,
+            index,
+            int(t.storage_offset()),
+            tuple(t.shape),
+            tuple(t.stride()),
+            t.requires_grad,
+            type(t) is torch.nn.Parameter,
+            names.get(id(t), "<unnamed>"),
+        )
+    # Every planned storage: other tensors reach them too (the parts of a sparse tensor are made while pickling).
+    return Snapshot(obj, codec, raw, time.perf_counter() - begin, placements, where, encoded, pending)

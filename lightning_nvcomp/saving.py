@@ -1,0 +1,108 @@
+"""The public save: the codec chosen (``auto`` asks the policy), the object coded into the archive while a disk
+thread writes it, atomically and durably (:func:`save`); :func:`write_snapshot` writes a snapshot taken earlier."""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, BinaryIO
+
+import torch
+
+from lightning_nvcomp.format.contents import Contents, find_contents
+from lightning_nvcomp.format.writer import Snapshot, _value, snapshot
+from lightning_nvcomp.format.zip import ArchiveWriter
+from lightning_nvcomp.options import Codec
+from lightning_nvcomp.policy import CodecPolicy, Prediction
+from lightning_nvcomp.resources import shared
+from lightning_nvcomp.stats import SaveStats
+from lightning_nvcomp.storage import Storage, check_local, target_directory
+
+#: Codec names :func:`save` accepts.
+SAVE_CODECS = tuple(c.value for c in Codec)
+
+
+def resolve_codec(
+    codec: str, tensors: list[torch.Tensor], directory: str, policy: CodecPolicy | None = None
+) -> tuple[str, Prediction | None]:
+    """The codec a save uses. ``auto`` asks ``policy`` (default: this process's :func:`default_policy`), which
+    measures the storage and the codecs and predicts the fastest save."""
+    if Codec.parse(codec) is not Codec.AUTO:
+        return Codec.parse(codec).value, None
+    chosen, _ = (policy or default_policy()).decide(tensors, directory)
+    return chosen.codec, chosen
+
+
+def default_policy() -> CodecPolicy:
+    """The policy ``codec="auto"`` uses when none is given: sync mode, measurements cached for the process."""
+    return shared("policy", CodecPolicy)
+
+
+def _stream(
+    f: BinaryIO, obj: object, codec: str, tensors: list[torch.Tensor] | Contents, staging_nbytes: int | None
+) -> Snapshot:
+    """Compress ``obj`` into the archive ``f``, each segment written (on a disk thread) while the next is coded."""
+    writer = ArchiveWriter(f)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-nvcomp-write") as disk:
+        writes = []
+
+        def write(key: str, blob: torch.Tensor, crc: Any) -> None:
+            writes.append(disk.submit(lambda: writer.add(f"data/{key}", memoryview(blob.numpy()), _value(crc))))
+
+        snap = snapshot(obj, codec, tensors, staging_nbytes=staging_nbytes, on_blob=write)
+        for done in writes:
+            done.result()
+    snap.write_to(writer)
+    return snap
+
+
+def save(
+    obj: object,
+    path: str | os.PathLike,
+    codec: str = "auto",
+    *,
+    policy: CodecPolicy | None = None,
+    storage: Storage | None = None,
+    staging_nbytes: int | None = None,
+) -> SaveStats:
+    """Save ``obj`` like ``torch.save``, its tensors compressed losslessly and checksummed, atomically and durably.
+
+    Args:
+        obj: anything ``torch.save`` accepts; plain dense tensors and parameters are compressed, every other
+            storage is stored checksummed too.
+        path: the file to write (a local path; a symlink is written through). It appears complete or not at all; a
+            previous file there survives failures and keeps its permissions.
+        codec: ``"ans"`` (nvCOMP gANS on the GPU: fastest, needs a GPU to load), ``"zstd"`` (GPU or CPU, loads
+            anywhere), ``"none"`` (stored as is, with checksums), or ``"auto"``: the codec with the shortest
+            predicted save, from this directory's measured write bandwidth and the codecs measured on this state
+            (see :mod:`lightning_nvcomp.policy`; the first save to a file system probes it).
+        policy: the :class:`~lightning_nvcomp.policy.CodecPolicy` behind ``"auto"`` (default: one per process).
+        storage: how the file is written (default: durably through the OS).
+        staging_nbytes: how much is coded at once (GPU scratch is about three times this; default 256 MiB).
+
+    Compressed segments are written while the next ones are coded, so coding overlaps the write.
+    """
+    check_local(path)
+    contents = find_contents(obj)
+    directory = target_directory(path)
+    codec, prediction = resolve_codec(codec, contents.tensors, directory, policy)
+    begin = time.perf_counter()
+    snaps: list[Snapshot] = []
+    size = (storage or Storage()).write(path, lambda f: snaps.append(_stream(f, obj, codec, contents, staging_nbytes)))
+    seconds = time.perf_counter() - begin
+    encode_s = snaps[0].encode_s
+    stats = SaveStats(os.fspath(path), codec, snaps[0].raw_nbytes, size, encode_s, seconds - encode_s, prediction)
+    (policy or default_policy()).observe_write(directory, stats.file_nbytes, seconds)
+    return stats
+
+
+def write_snapshot(
+    snap: Snapshot, path: str | os.PathLike, storage: Storage | None = None, prediction: Prediction | None = None
+) -> SaveStats:
+    """Write a snapshot taken earlier (an async save's) to ``path``, atomically and durably; what the save did."""
+    begin = time.perf_counter()
+    size = (storage or Storage()).write(path, lambda f: snap.write_to(ArchiveWriter(f)))
+    return SaveStats(
+        os.fspath(path), snap.codec, snap.raw_nbytes, size, snap.encode_s, time.perf_counter() - begin, prediction
+    )
