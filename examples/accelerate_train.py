@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration
 
-from lightning_nvcomp.integrations.accelerate import attach
+from lightning_nvcomp.accelerate import attach
 
 from gpt import GPT, stdlib_corpus
 

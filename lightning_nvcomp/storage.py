@@ -74,17 +74,17 @@ class Storage:
 
 
 class ThrottledStorage(Storage):
-    """Storage whose writes are held to ``mb_per_s`` (10^6 bytes/s): a stand-in for slow or shared storage, to
-    test and benchmark how the codec choice reacts to bandwidth. Real files, really slowed down.
+    """Storage whose writes are held to ``bytes_per_s``: a stand-in for slow or shared storage, to test and
+    benchmark how the codec choice reacts to bandwidth. Real files, really slowed down.
 
     Args:
-        mb_per_s: the write rate to hold to.
+        bytes_per_s: the write rate to hold to (bytes per second: every size in this package is in bytes).
     """
 
-    def __init__(self, mb_per_s: float) -> None:
-        if mb_per_s <= 0:
-            raise ValueError(f"mb_per_s must be positive, not {mb_per_s}")
-        self.bytes_per_s = mb_per_s * 1e6
+    def __init__(self, bytes_per_s: float) -> None:
+        if bytes_per_s <= 0:
+            raise ValueError(f"bytes_per_s must be positive, not {bytes_per_s}")
+        self.bytes_per_s = bytes_per_s
 
     def wrap(self, f: BinaryIO) -> BinaryIO:
         return cast(BinaryIO, _ThrottledFile(f, self.bytes_per_s))

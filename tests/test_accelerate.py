@@ -229,7 +229,7 @@ def test_total_limit_keeps_the_last_two_complete_checkpoints(tmp_path, async_sav
     attachment = attach(run.accelerator, codec="zstd", async_save=async_save, probe_mb=4)
     # ~0.8 MB a checkpoint at 4 MB/s: each background write outlasts the next training steps by far, so every
     # save_state after the first meets a write still in flight in the directory it is about to prune or beside it
-    attachment.writer.storage = ThrottledStorage(4)
+    attachment.writer.storage = ThrottledStorage(4e6)
     saved, pending_on_return = [], []
     for i in range(5):
         R.train(run, 1)
@@ -283,7 +283,7 @@ def test_background_write_failure_surfaces_and_the_attachment_recovers(tmp_path)
     run = R.build(seed=13)
     R.train(run, 2)
     attachment = attach(run.accelerator, codec="zstd", async_save=True, probe_mb=4)
-    attachment.writer.storage = ThrottledStorage(4)  # the writes are still running when the directory goes
+    attachment.writer.storage = ThrottledStorage(4e6)  # the writes are still running when the directory goes
     run.accelerator.save_state(str(tmp_path / "doomed"))
     shutil.rmtree(tmp_path / "doomed")
     with pytest.raises(RuntimeError, match="background save of .*doomed"):
@@ -307,7 +307,7 @@ def test_background_write_failure_surfaces_and_the_attachment_recovers(tmp_path)
 def test_wait_after_a_failure_still_waits_for_the_rest_of_that_checkpoint(tmp_path):
     run = R.build(seed=14)
     attachment = attach(run.accelerator, codec="zstd", async_save=True, probe_mb=4)
-    attachment.writer.storage = ThrottledStorage(1)  # ~0.2 s for the model file, ~0.45 s for the optimizer's
+    attachment.writer.storage = ThrottledStorage(1e6)  # ~0.2 s for the model file, ~0.45 s for the optimizer's
     ck = tmp_path / "ck"
     run.accelerator.save_state(str(ck))
     shutil.rmtree(ck)  # pytorch_model.bin, being written, fails; the next files go to the re-created directory

@@ -220,7 +220,7 @@ def test_auto_calibrates_gpu_codecs_and_saves_bit_exactly(tmp_path):
     from lightning_nvcomp.storage import ThrottledStorage
 
     state = {"w": _trained_like(4_000_000, torch.bfloat16), "m": _trained_like(2_000_000, torch.float32)}
-    policy = CodecPolicy(probe_nbytes=8 << 20, storage=ThrottledStorage(200))
+    policy = CodecPolicy(probe_nbytes=8 << 20, storage=ThrottledStorage(200e6))
     codecs = {p.codec for p in policy.profiles(list(state.values()))}
     assert codecs == {"ans", "zstd", "none"}
     stats = lightning_nvcomp.save(state, tmp_path / "auto.ckpt", codec="auto", policy=policy)
@@ -239,7 +239,7 @@ def test_auto_on_gpu_state_with_cpu_step_counters(tmp_path):
         "step": torch.tensor(7.0),
         "w": _trained_like(1000, torch.bfloat16),
     }
-    policy = CodecPolicy(probe_nbytes=8 << 20, storage=ThrottledStorage(200))
+    policy = CodecPolicy(probe_nbytes=8 << 20, storage=ThrottledStorage(200e6))
     stats = lightning_nvcomp.save(state, tmp_path / "auto.ckpt", codec="auto", policy=policy)
     assert stats.codec == "ans"
     back = lightning_nvcomp.load(tmp_path / "auto.ckpt")

@@ -70,15 +70,15 @@ def test_probe_measures_a_real_directory(tmp_path):
 
 def test_throttled_storage_really_holds_the_rate(tmp_path):
     begin = time.perf_counter()
-    Storage.write(ThrottledStorage(20), tmp_path / "f", lambda f: f.write(b"x" * 4_000_000))
+    Storage.write(ThrottledStorage(20e6), tmp_path / "f", lambda f: f.write(b"x" * 4_000_000))
     assert time.perf_counter() - begin >= 0.19  # 4 MB at 20 MB/s
     assert (tmp_path / "f").stat().st_size == 4_000_000
-    gbps = probe_bandwidth(str(tmp_path), 4 << 20, ThrottledStorage(20))
+    gbps = probe_bandwidth(str(tmp_path), 4 << 20, ThrottledStorage(20e6))
     assert 0.005 < gbps <= 0.0215
 
 
 def test_policy_caches_the_probe_and_follows_real_writes(tmp_path):
-    policy = CodecPolicy(probe_nbytes=2 << 20, storage=ThrottledStorage(50))
+    policy = CodecPolicy(probe_nbytes=2 << 20, storage=ThrottledStorage(50e6))
     first = policy.write_gbps(str(tmp_path))
     assert policy.write_gbps(str(tmp_path)) == first  # cached: no second probe
     policy.observe_write(str(tmp_path), 10 * GB, 1.0)  # a real save ran at 10 GB/s
@@ -92,7 +92,7 @@ def test_decision_flips_at_the_predicted_crossover(tmp_path, mb_per_s, expected)
     # R/W, so zstd wins exactly when W < 0.02 GB/s (far from both cases, so a loaded machine cannot flip them).
     state = {"w": torch.randn(1 << 16)}
     slow_zstd = CodecProfile("zstd", ratio=1.2, encode_gbps=0.02)
-    policy = CodecPolicy(probe_nbytes=2 << 20, storage=ThrottledStorage(mb_per_s), profiles=[slow_zstd, NONE])
+    policy = CodecPolicy(probe_nbytes=2 << 20, storage=ThrottledStorage(mb_per_s * 1e6), profiles=[slow_zstd, NONE])
     stats = lightning_nvcomp.save(state, tmp_path / "ck.pt", codec="auto", policy=policy, storage=policy.storage)
     assert stats.codec == expected and stats.prediction.codec == expected
     measured = policy.write_gbps(str(tmp_path))  # the probe, refined by the real (throttled) save
@@ -149,7 +149,9 @@ def _probe_worker(rank: int, world: int, directory: str, port: int, results) -> 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        results[rank] = probe_bandwidth(directory, 2 << 20, ThrottledStorage(40 if rank == 0 else 10), collective=True)
+        results[rank] = probe_bandwidth(
+            directory, 2 << 20, ThrottledStorage(40e6 if rank == 0 else 10e6), collective=True
+        )
     finally:
         dist.destroy_process_group()
 

@@ -320,7 +320,7 @@ def write(f):
         f.write(b"\\x00" * 65536)
         f.flush()
 
-ThrottledStorage(1).write(sys.argv[1], write)
+ThrottledStorage(1e6).write(sys.argv[1], write)
 """
 
 

@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.dir):
         raise FileNotFoundError(f"bench directory {args.dir} does not exist")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    storage = ThrottledStorage(args.throttle_mbps) if args.throttle_mbps else Storage()
+    storage = ThrottledStorage(args.throttle_mbps * 1e6) if args.throttle_mbps else Storage()
     if args.state:
         state = fileformat.load(args.state, map_location=device)
     else:
