@@ -24,6 +24,7 @@ import torch.distributed.checkpoint as dcp
 
 from lightning_nvcomp.integrations._lightning_compat import distributed_checkpoint_save_as
 from lightning_nvcomp.integrations._require import MissingExtraError
+from lightning_nvcomp.options import SaveOptions
 
 try:
     import lightning.pytorch.strategies.fsdp as fsdp_strategy
@@ -70,8 +71,10 @@ class CompressedShardedSaves:
 
     def __init__(self, *args: Any, codec: str = "auto", gpu_hour_usd: float | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.codec = codec
-        self.savings = telemetry.Savings(gpu_hour_usd)
+        #: The same options object as the checkpoint IO's (an unknown or unavailable codec fails here, at once).
+        self.options = SaveOptions.of(codec, gpu_hour_usd=gpu_hour_usd)
+        self.codec = self.options.codec.value
+        self.savings = telemetry.Savings(self.options.gpu_hour_usd)
         self.logger_attached = False
         self.last_stats: DcpCheckpointStats | None = None
         self._metrics: list[tuple[int, dict[str, float]]] = []
