@@ -70,7 +70,7 @@ class SaveOptions:
         async_save: write on a background thread; training waits only for the compressed snapshot.
         staging_nbytes: coding granularity; a GPU save borrows about three times this much GPU memory.
         probe_nbytes: largest size of the one-off write-bandwidth probe per file system (the savings baseline and
-            ``auto``; bounded by the checkpoint and the free space, see :mod:`lightning_nvcomp.policy`).
+            ``auto``; bounded by the checkpoint and the free space, see :mod:`lightning_nvcomp.probe`).
         interval_s: seconds between saves, for ``auto`` in async mode.
         gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
 

@@ -94,7 +94,7 @@ class CheckpointWriter:
         A URL (``s3://...``) is refused with a ValueError before anything is created (see
         :func:`lightning_nvcomp.storage.check_local`). The first save to a file system probes its bandwidth (the
         savings baseline), with a probe no larger than this checkpoint and never failing the save (see
-        :func:`lightning_nvcomp.policy.measure_bandwidth`)."""
+        :func:`lightning_nvcomp.probe.measure_bandwidth`)."""
         path = check_local(path)
         self.wait(path)
         directory = os.path.dirname(os.path.abspath(path))

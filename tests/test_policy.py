@@ -18,9 +18,9 @@ from lightning_nvcomp.policy import (
     candidate_codecs,
     choose,
     predict,
-    probe_bandwidth,
     sample_state,
 )
+from lightning_nvcomp.probe import probe_bandwidth
 from lightning_nvcomp.storage import Storage, ThrottledStorage
 
 ZSTD = CodecProfile("zstd", ratio=1.2, encode_gbps=0.5)

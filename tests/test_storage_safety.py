@@ -35,7 +35,8 @@ import lightning_nvcomp
 from lightning_nvcomp import storage
 from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.pipeline import CheckpointWriter, raw_nbytes
-from lightning_nvcomp.policy import FALLBACK_GBPS, MIN_PROBE_NBYTES, CodecPolicy, CodecProfile, measure_bandwidth
+from lightning_nvcomp.policy import CodecPolicy, CodecProfile
+from lightning_nvcomp.probe import FALLBACK_GBPS, MIN_PROBE_NBYTES, measure_bandwidth
 from lightning_nvcomp.storage import HOST_ID, Storage
 
 from conftest import REPO_ROOT
@@ -522,11 +523,11 @@ def test_the_checkpoint_writer_probes_with_the_checkpoint_size(tmp_path):
 def test_a_probe_without_space_is_skipped_with_a_warning_and_the_first_write_replaces_it(tmp_path, monkeypatch, caplog):
     _small_free_space(monkeypatch, 8 * MiB)  # a quarter of it is less than the smallest probe
     policy = CodecPolicy(storage=CountingStorage())
-    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.policy"):
+    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.probe"):
         gbps = policy.write_gbps(str(tmp_path), raw_nbytes=4096)
     assert gbps == FALLBACK_GBPS and policy.bandwidth_assumed(str(tmp_path))
     assert policy.storage.written == [] and os.listdir(tmp_path) == []  # nothing written at all
-    (record,) = [r for r in caplog.records if r.name == "lightning_nvcomp.policy"]
+    (record,) = [r for r in caplog.records if r.name == "lightning_nvcomp.probe"]
     assert record.levelno == logging.WARNING
     assert str(tmp_path) in record.getMessage() and "8.0 MiB" in record.getMessage()
     assert str(FALLBACK_GBPS) in record.getMessage()
@@ -539,7 +540,7 @@ def test_a_probe_without_space_is_skipped_with_a_warning_and_the_first_write_rep
 
 def test_a_failing_probe_write_is_skipped_not_raised(tmp_path, caplog):
     policy = CodecPolicy(storage=CountingStorage(fail=True))
-    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.policy"):
+    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.probe"):
         assert policy.write_gbps(str(tmp_path)) == FALLBACK_GBPS  # today: OSError naming the probe file
     assert policy.bandwidth_assumed(str(tmp_path))
     assert any("No space left" in r.getMessage() and str(tmp_path) in r.getMessage() for r in caplog.records)
@@ -603,10 +604,10 @@ def test_a_full_small_file_system_skips_the_probe_and_saves(small_fs, caplog):
     writer = CheckpointWriter(SaveOptions(codec="zstd"))
     state = {"w": torch.randn(MiB)}  # 4 MiB
     try:
-        with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.policy"):
+        with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.probe"):
             writer.save(state, small_fs / "a.ckpt")
             writer.commit(1, str(small_fs / "a.ckpt"))
-        warnings = [r.getMessage() for r in caplog.records if r.name == "lightning_nvcomp.policy"]
+        warnings = [r.getMessage() for r in caplog.records if r.name == "lightning_nvcomp.probe"]
         assert len(warnings) == 1 and str(small_fs) in warnings[0] and "MiB" in warnings[0], warnings
         assert not writer.policy.bandwidth_assumed(str(small_fs))  # the real write replaced the assumption
         assert writer.policy.write_gbps(str(small_fs)) != FALLBACK_GBPS
