@@ -28,7 +28,7 @@ The file layout and metadata are DCP's own: one ``.metadata`` (written atomicall
 files in which each item is stored at ``(offset, length)`` as a self-contained ``torch.save`` zip. For compressed
 items that zip is the package's container format (:mod:`lightning_nvcomp.format`, docs/FORMAT.md): its blobs are the record's
 compressed segments and its pickle rebuilds the tensor through ``lightning_nvcomp.decode_tensor``, which validates
-every record field (:func:`lightning_nvcomp.codec.record.validate`) and every segment CRC-32 before decoding a byte.
+every record field (:func:`lightning_nvcomp.codec.schema.validate`) and every segment CRC-32 before decoding a byte.
 Each item's ``storage_data`` is a :class:`NvcompStorageInfo` (DCP's ``_StorageInfo`` plus ``codec`` and
 ``raw_nbytes``): readers know how each item was stored, and unpickling ``.metadata`` imports this module, which
 registers the decoder with ``torch.load(weights_only=True)``. So:

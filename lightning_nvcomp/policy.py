@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lightning_nvcomp.codec import record
+from lightning_nvcomp.codec import record, schema
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.probe import FALLBACK_GBPS, PROBE_NBYTES, measure_bandwidth
 from lightning_nvcomp.storage import Storage
@@ -146,10 +146,10 @@ def calibrate(samples: dict[torch.dtype, list[torch.Tensor]], codecs: list[str])
             begin = time.perf_counter()
             # As a run's saves code it: with the layout already chosen (it is kept between saves), and with the
             # checksums left to CPU threads (saves wait for them only when writing, overlapped with coding).
-            blobs, meta = record.encode(data, dtype, codec, layout=record.Layout.of(meta), wait_checksums=False)
+            blobs, meta = record.encode(data, dtype, codec, layout=schema.Layout.of(meta), wait_checksums=False)
             _sync_gpu()  # the compressed bytes are in host memory
             seconds += time.perf_counter() - begin
-            record.resolve_checksums(meta)
+            schema.resolve_checksums(meta)
             stored += sum(b.numel() for b in blobs)
         profiles.append(CodecProfile(codec, raw / stored, raw / seconds / 1e9))
     return profiles

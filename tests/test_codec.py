@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightning_nvcomp.codec import checksum, planes, record
+from lightning_nvcomp.codec import checksum, planes, record, schema
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import (
     CheckpointError,
@@ -50,7 +50,7 @@ def roundtrip(data: torch.Tensor, dtype: torch.dtype, codec: str) -> tuple[list[
     assert isinstance(blobs, list) and len(blobs) == len(meta["crc32"])
     for blob in blobs:
         assert blob.dtype == torch.uint8 and blob.dim() == 1 and blob.device.type == "cpu"
-    record.validate(copy.deepcopy(meta), sizes_of(blobs))  # what encode writes, decode must accept
+    schema.validate(copy.deepcopy(meta), sizes_of(blobs))  # what encode writes, decode must accept
     out = record.decode(blobs, copy.deepcopy(meta), "cpu")
     assert out.dtype == torch.uint8 and out.dim() == 1 and out.device.type == "cpu"
     assert torch.equal(out, data), "decoded bytes differ from the encoded ones"
@@ -301,7 +301,7 @@ def valid_record():
 
 def test_valid_record_validates_and_decodes(valid_record):
     data, blobs, meta = valid_record
-    record.validate(copy.deepcopy(meta), sizes_of(blobs))
+    schema.validate(copy.deepcopy(meta), sizes_of(blobs))
     assert torch.equal(record.decode(blobs, copy.deepcopy(meta)), data)
 
 
@@ -315,7 +315,7 @@ def mutated(meta: dict, **changes) -> dict:
             out[key] = value(out) if callable(value) else value
     if "check" not in changes:
         try:
-            out["check"] = record.record_check(out)
+            out["check"] = schema.record_check(out)
         except CorruptCheckpointError:  # a field no checkpoint holds: validation refuses it either way
             pass
     return out
@@ -380,7 +380,7 @@ def test_validate_rejects(valid_record, case):
     bad = mutated(meta, **BAD_RECORDS[case])
     assert repr(bad) != repr(meta)
     with pytest.raises(CorruptCheckpointError):
-        record.validate(bad, sizes_of(blobs))
+        schema.validate(bad, sizes_of(blobs))
     with pytest.raises(CorruptCheckpointError):
         record.decode(blobs, bad, "cpu")
 
@@ -392,7 +392,7 @@ def test_validate_rejects_blob_size_that_does_not_match_the_sizes(valid_record, 
     sizes = sizes_of(blobs)
     sizes[segment] += delta
     with pytest.raises(CorruptCheckpointError):
-        record.validate(copy.deepcopy(meta), sizes)
+        schema.validate(copy.deepcopy(meta), sizes)
     blob = blobs[segment]
     resized = torch.cat([blob, torch.zeros(max(delta, 0), dtype=torch.uint8)])[: blob.numel() + delta]
     bad_blobs = list(blobs)
@@ -405,7 +405,7 @@ def test_validate_rejects_a_wrong_number_of_blobs(valid_record):
     _, blobs, meta = valid_record
     for bad in (blobs[:-1], blobs + [blobs[-1]], [], [torch.cat(blobs)]):
         with pytest.raises(CorruptCheckpointError):
-            record.validate(copy.deepcopy(meta), sizes_of(bad))
+            schema.validate(copy.deepcopy(meta), sizes_of(bad))
         with pytest.raises(CorruptCheckpointError):
             record.decode(bad, copy.deepcopy(meta), "cpu")
 
@@ -426,20 +426,20 @@ def test_validate_rejects_a_coded_size_that_sums_wrong(valid_record):
     bad = copy.deepcopy(meta)
     bad["sizes"] = _resize(bad, False, 64)  # still within the chunk, but the blob does not hold it
     with pytest.raises(CorruptCheckpointError):
-        record.validate(bad, sizes_of(blobs))
+        schema.validate(bad, sizes_of(blobs))
 
 
 @pytest.mark.parametrize("meta", [None, [], "record", 3, {"format": 1}])
 def test_validate_rejects_non_records(meta):
     with pytest.raises(CorruptCheckpointError):
-        record.validate(meta, 0)
+        schema.validate(meta, 0)
 
 
 def test_newer_format_asks_for_an_upgrade(valid_record):
     _, blobs, meta = valid_record
-    newer = mutated(meta, format=record.FORMAT_VERSION + 1)
+    newer = mutated(meta, format=schema.FORMAT_VERSION + 1)
     with pytest.raises(UnsupportedFormatError, match="(?i)upgrade"):
-        record.validate(newer, sizes_of(blobs))
+        schema.validate(newer, sizes_of(blobs))
     with pytest.raises(UnsupportedFormatError, match="(?i)upgrade"):
         record.decode(blobs, newer, "cpu")
 
@@ -447,9 +447,9 @@ def test_newer_format_asks_for_an_upgrade(valid_record):
 def test_format_version_is_checked_before_fields(valid_record):
     # a future format may change any field: the upgrade hint must win over field errors
     _, blobs, meta = valid_record
-    future = {"format": record.FORMAT_VERSION + 7, "whatever": [1, 2, 3]}
+    future = {"format": schema.FORMAT_VERSION + 7, "whatever": [1, 2, 3]}
     with pytest.raises(UnsupportedFormatError, match="(?i)upgrade"):
-        record.validate(future, sizes_of(blobs))
+        schema.validate(future, sizes_of(blobs))
 
 
 def test_decode_rejects_blobs_that_are_not_1d_uint8_tensors(valid_record):
@@ -492,7 +492,7 @@ def test_wrong_checksum_value_fails(valid_record):
     bad["crc32"][-1] ^= 1
     with pytest.raises(CorruptCheckpointError, match="description is damaged"):
         record.decode(blobs, bad, "cpu")  # the record's own check catches the damaged field
-    bad["check"] = record.record_check(bad)  # forged to match: the blob's CRC-32 still does not
+    bad["check"] = schema.record_check(bad)  # forged to match: the blob's CRC-32 still does not
     with pytest.raises(CorruptCheckpointError, match="checksum"):
         record.decode(blobs, bad, "cpu")
 
@@ -557,7 +557,7 @@ def test_ans_without_gpu_is_unavailable_for_encoding():
 def test_ans_record_without_gpu_is_unavailable_for_decoding(valid_record):
     _, blobs, meta = valid_record
     ans = mutated(meta, codecs=lambda m: ["ans" if c == "zstd" else c for c in m["codecs"]])
-    record.validate(ans, sizes_of(blobs))  # a well-formed record, just not decodable here
+    schema.validate(ans, sizes_of(blobs))  # a well-formed record, just not decodable here
     with pytest.raises(CodecUnavailableError) as info:
         record.decode(blobs, ans, "cpu")
     assert isinstance(info.value, CheckpointError)

@@ -17,7 +17,7 @@ import torch
 import lightning_nvcomp
 from lightning_nvcomp import decode_tensor
 from lightning_nvcomp import format as fileformat
-from lightning_nvcomp.codec import record
+from lightning_nvcomp.codec import record, schema
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import (
     CheckpointError,
@@ -218,7 +218,7 @@ def good_args():
     blobs, meta = record.encode(tensor_bytes(data), torch.float32, "zstd")
     meta["storages"] = [[0, 256]]
     meta["device"] = "cpu"
-    return data, blobs, record.seal(meta)
+    return data, blobs, schema.seal(meta)
 
 
 def forged_check(args: dict) -> int:
@@ -257,7 +257,7 @@ def with_meta(good_args, **changes) -> dict:
     rec = dict(good_args[2])
     rec.update(changes)
     try:
-        rec["check"] = record.record_check(rec)
+        rec["check"] = schema.record_check(rec)
     except Exception:
         pass
     return rec
@@ -352,7 +352,7 @@ def test_decode_tensor_rejects_hostile_arguments(good_args, case):
 
 def test_newer_record_format_asks_for_an_upgrade(good_args):
     with pytest.raises(UnsupportedFormatError, match="(?i)upgrade"):
-        call(good_args, rec=with_meta(good_args, format=record.FORMAT_VERSION + 1))
+        call(good_args, rec=with_meta(good_args, format=schema.FORMAT_VERSION + 1))
 
 
 class Reduce:
@@ -420,7 +420,7 @@ def test_hand_built_hostile_file_gives_a_clear_error(good_args, tmp_path, case):
 
 
 def test_hand_built_newer_format_asks_for_an_upgrade(good_args, tmp_path):
-    path = hand_built(tmp_path / "future.pt", good_args, rec=with_meta(good_args, format=record.FORMAT_VERSION + 1))
+    path = hand_built(tmp_path / "future.pt", good_args, rec=with_meta(good_args, format=schema.FORMAT_VERSION + 1))
     with pytest.raises(UnsupportedFormatError, match="(?i)upgrade") as info:
         lightning_nvcomp.load(path)
     assert "future.pt" in str(info.value)
@@ -432,7 +432,7 @@ def test_ans_record_on_a_machine_without_gpu(good_args, tmp_path):
     data, blobs, meta = good_args
     rec = with_meta(good_args, codecs=["ans" if c == "zstd" else c for c in meta["codecs"]], nvcomp="5.0.0")
     assert "ans" in rec["codecs"]
-    record.validate(rec, [b.numel() for b in blobs])  # well-formed: only the codec is missing
+    schema.validate(rec, [b.numel() for b in blobs])  # well-formed: only the codec is missing
     path = hand_built(tmp_path / "ans.pt", good_args, rec=rec)
     for load in (lambda: lightning_nvcomp.load(path), lambda: torch.load(path, weights_only=True)):
         with pytest.raises(CodecUnavailableError) as info:

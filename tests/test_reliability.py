@@ -14,7 +14,7 @@ import torch
 import lightning_nvcomp
 from lightning_nvcomp import cli
 from lightning_nvcomp import format as fileformat
-from lightning_nvcomp.codec import record
+from lightning_nvcomp.codec import record, schema
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, DecodeLimitError
 
 from conftest import REPO_ROOT, assert_bit_exact, python_child, tensor_bytes, trained_like
@@ -104,7 +104,7 @@ def _bomb(path: Path, records: int, nbytes: int) -> None:
     """A small file whose ``records`` records each decode to ``nbytes`` of zeros (distinct blobs, so no dedup)."""
     blobs, meta = record.encode(torch.zeros(nbytes, dtype=torch.uint8), torch.uint8, "zstd")
     meta.update(storages=[[0, nbytes]], device="cpu")
-    record.seal(meta)
+    schema.seal(meta)
     calls = {}
     for i in range(records):
         own = [b.clone() for b in blobs]
@@ -135,7 +135,7 @@ def test_decompression_bomb_is_refused_with_a_way_out(tmp_path, monkeypatch):
 def test_a_record_with_a_start_offset_places_its_storage_there(good_args, tmp_path):
     data, blobs, meta = good_args
     rec = dict(meta, storages=[[64, 192]])
-    rec["check"] = record.record_check(rec)
+    rec["check"] = schema.record_check(rec)
     from test_damage import decode_args
 
     path = tmp_path / "offset.pt"

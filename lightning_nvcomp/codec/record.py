@@ -1,29 +1,10 @@
-"""Records: a buffer of numbers compressed into blobs, plus the small dict that says how to decode them.
-
-The layout, whole:
-
-* The record's ``nbytes`` raw bytes are cut into segments of ``segment`` bytes (the last may be shorter).
-* Each segment is split into ``planes`` byte planes (see :mod:`.planes`; 1 plane = the bytes as they are).
-* Each plane is cut into chunks of ``chunk`` bytes (the last may be shorter).
-* Each chunk is stored coded with its plane's codec ``codecs[k]`` (``"ans"``, ``"zstd"`` or ``"raw"``), or raw
-  when coding would not make it smaller. ``data_type`` is the type nvCOMP's gANS modelled (``"|u1"``: bytes).
-* ``sizes`` lists the stored size of every chunk: segment by segment, plane by plane, chunk by chunk. A stored
-  size equal to the chunk's raw size means the chunk is stored raw. Segment ``s`` is stored as blob ``s``: its
-  stored chunks in order, each followed by zero bytes up to a multiple of 16 (nvCOMP reads 16-byte aligned chunks).
-* ``crc32[s]`` is the CRC-32 of blob ``s``, checked before anything is decoded.
-* ``check`` (format 2) is the CRC-32 of every other field, in the canonical form :func:`record_check` gives: a
-  damaged field is caught before it is used, by any loader. Format 1 records (v0.1) have none.
-
-Every field is validated against the blobs before a byte is decoded: the dict may come from a hostile file.
-"""
+"""Records: a buffer of numbers compressed into blobs (:func:`encode`) and decoded back (:func:`decode`); the dict
+that describes them, its fields and its validation are in :mod:`.schema`."""
 
 from __future__ import annotations
 
-import json
-import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import Callable
 
 import numpy as np
 import torch
@@ -33,16 +14,20 @@ from lightning_nvcomp.codec.checksum import Crc32, crc32
 from lightning_nvcomp.codec.cpu import CpuZstdEngine, cpu_threads
 from lightning_nvcomp.codec.engine import ChunkEngine
 from lightning_nvcomp.codec.gpu import NvcompEngine, gpu_available, nvcomp_version
-from lightning_nvcomp.errors import CodecUnavailableError, CorruptCheckpointError, UnsupportedFormatError
+from lightning_nvcomp.codec.schema import (
+    _CHUNK_ALIGN,
+    CODECS,
+    FORMAT_VERSION,
+    Layout,
+    _chunk_lengths,
+    _padded,
+    _segments,
+    seal,
+    validate,
+)
+from lightning_nvcomp.errors import CodecUnavailableError, CorruptCheckpointError
 from lightning_nvcomp.resources import shared
 
-T = TypeVar("T")
-
-FORMAT_VERSION = 2
-#: Record formats this version reads: 1 (v0.1, no ``check``) and 2.
-READ_FORMATS = (1, 2)
-#: Codecs a save can ask for. ``"raw"`` stores bytes as they are (still checksummed).
-CODECS = ("ans", "zstd", "raw")
 #: Default segment size: the bytes coded by one engine call (nvCOMP calls have a fixed cost, up to ~20 ms for Zstd)
 #: and the GPU scratch a save borrows (planes + compressed output, about 2x this).
 SEGMENT_NBYTES = 256 << 20
@@ -54,14 +39,7 @@ CHUNK_NBYTES = {("ans", "cuda"): 1 << 20, ("zstd", "cuda"): 64 << 10, ("zstd", "
 TYPED_ANS_CHUNK_NBYTES = 4 << 20
 #: gANS data types worth trying on whole numbers instead of byte planes (``<f2`` is never used: lossy on bf16).
 _TYPED_ANS = {torch.float32: "<f4", torch.float8_e4m3fn: "|f1"}
-_DATA_TYPES = ("|u1", "<f4", "|f1")
 _TYPED_SAMPLE_NBYTES = 8 << 20
-_MAX_NBYTES = 1 << 48
-_CHUNK_ALIGN = 16
-
-
-def _padded(n: int) -> int:
-    return -(-n // _CHUNK_ALIGN) * _CHUNK_ALIGN
 
 
 def _pack(pieces: list[torch.Tensor]) -> torch.Tensor:
@@ -80,21 +58,6 @@ def concatenate(parts: list[torch.Tensor]) -> torch.Tensor:
     if parts[0].device.type == "cpu":
         return torch.from_numpy(np.concatenate([part.numpy() for part in parts]))
     return torch.cat(parts)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How a record is coded: byte planes, each plane's codec, gANS's data type and the chunk size."""
-
-    planes: int
-    codecs: tuple[str, ...]
-    data_type: str
-    chunk: int
-
-    @classmethod
-    def of(cls, meta: dict) -> Layout:
-        """The layout a record dict (from :func:`encode`) was coded with."""
-        return cls(meta["planes"], tuple(meta["codecs"]), meta["data_type"], meta["chunk"])
 
 
 def engine_for(codec: str, device: torch.device) -> ChunkEngine | None:
@@ -121,10 +84,6 @@ def _cpu_engine() -> ChunkEngine:
 
 def _nvcomp_engine() -> ChunkEngine:
     return shared("nvcomp-engine", NvcompEngine)
-
-
-def _segments(nbytes: int, segment: int) -> list[tuple[int, int]]:
-    return [(start, min(segment, nbytes - start)) for start in range(0, nbytes, segment)]
 
 
 def _plane_spans(width: int, n: int, pitch: int, chunk: int) -> list[list[tuple[int, int]]]:
@@ -170,44 +129,6 @@ def _choose_layout(engine: ChunkEngine | None, data: torch.Tensor, dtype: torch.
     packed = _pack(typed_pieces)
     _decode_segment(engine, packed, [p.numel() for p in typed_pieces], check, typed_layout)
     return typed_layout if torch.equal(check, sample) else layout
-
-
-def canonical_crc(value: object) -> int:
-    """CRC-32 of the canonical JSON form of ``value`` (ints, strings, bools, None, lists): what checks cover.
-
-    Raises CorruptCheckpointError for values that have none (a hostile record may hold anything)."""
-    try:
-        return zlib.crc32(json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode())
-    except (TypeError, ValueError, RecursionError) as err:
-        raise CorruptCheckpointError(f"a record field holds a value no checkpoint holds ({err})") from None
-
-
-#: Record fields that ``check`` covers as packed integers rather than as JSON (they hold one entry per chunk).
-_PACKED_FIELDS = ("sizes", "crc32")
-
-
-def record_check(meta: dict) -> int:
-    """The ``check`` of a record dict: the CRC-32 of the canonical JSON of every string-keyed field but ``check``,
-    ``sizes`` and ``crc32``, continued over ``sizes`` then ``crc32`` as little-endian 64-bit integers.
-
-    Raises CorruptCheckpointError for fields no record holds."""
-    fields = {k: v for k, v in meta.items() if isinstance(k, str) and k != "check" and k not in _PACKED_FIELDS}
-    crc = canonical_crc(fields)
-    for name in _PACKED_FIELDS:
-        values = meta.get(name)
-        try:
-            packed = np.asarray(values if isinstance(values, list) else [], dtype="<i8").tobytes()
-        except (TypeError, ValueError, OverflowError) as err:
-            raise CorruptCheckpointError(f"record field {name!r} is not a list of integers ({err})") from None
-        crc = zlib.crc32(packed, crc)
-    return crc
-
-
-def seal(meta: dict) -> dict:
-    """Resolve the checksums :func:`encode` may leave pending and set ``check``: the record is final after this."""
-    resolve_checksums(meta)
-    meta["check"] = record_check(meta)
-    return meta
 
 
 def _to_host(packed: torch.Tensor) -> torch.Tensor:
@@ -322,18 +243,6 @@ def _encode_cpu_segment(
     return blob, sizes, crc32(blob)
 
 
-def resolve_checksums(meta: dict) -> dict:
-    """Replace the checksum futures :func:`encode` may leave in ``meta`` by their values (waiting for them)."""
-    meta["crc32"] = [crc.result() if isinstance(crc, Crc32) else crc for crc in meta["crc32"]]
-    return meta
-
-
-def _chunk_lengths(length: int, layout: Layout) -> list[int]:
-    per_plane = length // layout.planes
-    full, rest = divmod(per_plane, layout.chunk)
-    return [layout.chunk] * full + ([rest] if rest else [])
-
-
 def _decode_segment(
     engine: ChunkEngine | None, stored: torch.Tensor, sizes: list[int], out: torch.Tensor, layout: Layout
 ) -> None:
@@ -365,73 +274,6 @@ def _decode_segment(
         engine.decode(stored, src_spans, flat, out_spans, codec, layout.data_type)
     if layout.planes > 1:
         byte_planes.join(plane_out, out)
-
-
-def _field(meta: dict, name: str, kind: type[T]) -> T:
-    value = meta.get(name)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise CorruptCheckpointError(f"record field {name!r} is {value!r}, expected a {kind.__name__}")
-    return value
-
-
-def validate(meta: object, blob_sizes: list[int]) -> Layout:
-    """Check every field of a record dict against its blobs' sizes; raise CorruptCheckpointError if any is off."""
-    if not isinstance(meta, dict):
-        raise CorruptCheckpointError(f"record description is a {type(meta).__name__}, not a dict")
-    version = meta.get("format")
-    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
-        raise UnsupportedFormatError(
-            f"record format {version} is newer than this lightning_nvcomp reads ({FORMAT_VERSION}): upgrade it"
-        )
-    if version not in READ_FORMATS or isinstance(version, bool):
-        raise CorruptCheckpointError(f"unknown record format {version!r}")
-    if version >= 2 and meta.get("check") != record_check(meta):
-        raise CorruptCheckpointError("the record's description is damaged (its check does not match its fields)")
-
-    nbytes, planes, chunk, segment = (_field(meta, n, int) for n in ("nbytes", "planes", "chunk", "segment"))
-    codecs, sizes, crcs = (_field(meta, n, list) for n in ("codecs", "sizes", "crc32"))
-    data_type = _field(meta, "data_type", str)
-    if not 0 <= nbytes < _MAX_NBYTES:
-        raise CorruptCheckpointError(f"record size {nbytes} is out of range")
-    if planes not in (1, 2, 4, 8) or nbytes % planes:
-        raise CorruptCheckpointError(f"record has {planes} planes for {nbytes} bytes")
-    if not (0 < chunk <= 1 << 30 and chunk % 64 == 0 and 0 < segment <= 1 << 31 and segment % (64 * planes) == 0):
-        raise CorruptCheckpointError(f"record chunk {chunk} / segment {segment} sizes are invalid")
-    if len(codecs) != planes or any(c not in CODECS for c in codecs):
-        raise CorruptCheckpointError(f"record codecs {codecs!r} do not fit {planes} planes")
-    if data_type not in _DATA_TYPES or (data_type != "|u1" and (planes != 1 or codecs != ["ans"])):
-        raise CorruptCheckpointError(f"record data type {data_type!r} is invalid here")
-    layout = Layout(planes, tuple(codecs), data_type, chunk)
-    segments = _segments(nbytes, segment)
-    per_segment = [len(_chunk_lengths(length, layout)) * planes for _, length in segments]
-    if len(sizes) != sum(per_segment) or len(crcs) != len(segments) or len(blob_sizes) != len(segments):
-        raise CorruptCheckpointError(
-            f"record lists {len(sizes)} chunks, {len(crcs)} checksums and {len(blob_sizes)} blobs; its sizes imply "
-            f"{sum(per_segment)} chunks in {len(segments)} segments"
-        )
-    pos = 0
-    for s, (_, length) in enumerate(segments):
-        lengths = _chunk_lengths(length, layout)
-        stored = 0
-        for k in range(planes):
-            for raw in lengths:
-                size = sizes[pos]
-                pos += 1
-                if (
-                    not isinstance(size, int)
-                    or isinstance(size, bool)
-                    or not 0 < size <= raw
-                    or (codecs[k] == "raw" and size != raw)
-                ):
-                    raise CorruptCheckpointError(f"record chunk {pos - 1} has stored size {size!r} for {raw} bytes")
-                stored += _padded(size)
-        if stored != blob_sizes[s]:
-            raise CorruptCheckpointError(
-                f"segment {s}'s chunks add up to {stored} bytes but its blob holds {blob_sizes[s]}"
-            )
-    if any(not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < 1 << 32 for c in crcs):
-        raise CorruptCheckpointError("record checksums are not 32-bit integers")
-    return layout
 
 
 def decode(

@@ -17,6 +17,7 @@ import torch
 
 from lightning_nvcomp import _torch_compat
 from lightning_nvcomp.codec import record as records
+from lightning_nvcomp.codec import schema
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, DecodeLimitError
 from lightning_nvcomp.format.contents import DTYPES
 
@@ -191,7 +192,7 @@ def _check_record(rec: object, blobs: list[torch.Tensor], name: object, state: L
     if not isinstance(rec, dict):
         raise _fail(name, "its record description is not a dict")
     try:
-        layout = records.validate(rec, [b.numel() for b in blobs])
+        layout = schema.validate(rec, [b.numel() for b in blobs])
     except CheckpointError as err:  # damage, or a newer format: the same kind of error, the tensor named
         raise type(err)(f"tensor {name!r}: {err}") from None
     storages = rec.get("storages")
@@ -247,14 +248,12 @@ def tensor_check(
     rec: dict, index: int, offset: int, size: tuple, stride: tuple, requires_grad: bool, parameter: bool, name: str
 ) -> int:
     """The ``check`` argument of :func:`decode_tensor`: a CRC-32 over the tensor's record and placement."""
-    return records.canonical_crc(
-        [rec["check"], index, offset, list(size), list(stride), requires_grad, parameter, name]
-    )
+    return schema.canonical_crc([rec["check"], index, offset, list(size), list(stride), requires_grad, parameter, name])
 
 
 def storage_check(rec: dict, index: int, dtype: str | None) -> int:
     """The ``check`` argument of :func:`decode_storage`."""
-    return records.canonical_crc([rec["check"], index, dtype])
+    return schema.canonical_crc([rec["check"], index, dtype])
 
 
 def decode_tensor(
@@ -291,7 +290,7 @@ def decode_tensor(
     storages = rec["storages"]
     if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(storages):
         raise _fail(name, f"storage index {index!r} is out of range")
-    if newer and rec["format"] <= records.FORMAT_VERSION:
+    if newer and rec["format"] <= schema.FORMAT_VERSION:
         raise _fail(name, f"{len(newer)} arguments more than format {rec['format']} has")
     if rec["format"] >= 2:
         if check != tensor_check(rec, index, offset, size, stride, requires_grad, parameter, name):
@@ -342,7 +341,7 @@ def decode_storage(
     storages = rec["storages"]
     if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(storages):
         raise _fail(where, f"storage index {index!r} is out of range")
-    if newer and rec["format"] <= records.FORMAT_VERSION:
+    if newer and rec["format"] <= schema.FORMAT_VERSION:
         raise _fail(where, f"{len(newer)} arguments more than format {rec['format']} has")
     if rec["format"] < 2 or check != storage_check(rec, index, dtype):
         raise _fail(where, "its description is damaged: check mismatch")

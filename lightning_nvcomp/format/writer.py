@@ -15,6 +15,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from lightning_nvcomp.codec import record as records
+from lightning_nvcomp.codec import schema
 from lightning_nvcomp.codec.checksum import Crc32
 from lightning_nvcomp.errors import CheckpointError
 from lightning_nvcomp.format.contents import DTYPES, Contents, _storage_of, _tensor_names, find_contents
@@ -107,14 +108,14 @@ class _LayoutCache:
     stale entry (memory reused by other tensors) costs at most some ratio."""
 
     def __init__(self, size: int = 4096) -> None:
-        self._layouts: OrderedDict[tuple, records.Layout] = OrderedDict()
+        self._layouts: OrderedDict[tuple, schema.Layout] = OrderedDict()
         self._size, self._lock = size, threading.Lock()
 
-    def get(self, key: tuple) -> records.Layout | None:
+    def get(self, key: tuple) -> schema.Layout | None:
         with self._lock:
             return self._layouts.get(key)
 
-    def put(self, key: tuple, layout: records.Layout) -> None:
+    def put(self, key: tuple, layout: schema.Layout) -> None:
         with self._lock:
             self._layouts[key] = layout
             self._layouts.move_to_end(key)
@@ -141,7 +142,7 @@ def _encode_record(
     blobs, meta = records.encode(
         data, rec.dtype, coder, segment, on_blob, wait_checksums=False, layout=layouts.get(key)
     )
-    layouts.put(key, records.Layout.of(meta))
+    layouts.put(key, schema.Layout.of(meta))
     meta["storages"] = table
     meta["device"] = rec.device.type  # where the tensors lived (load(keep_on_gpu=True) puts CUDA ones back there)
     return blobs, meta
@@ -238,7 +239,7 @@ class Snapshot:
             writer.add(f"data/{key}", memoryview(blob.numpy()), _value(crc))
         self._pending = []
         for _, meta in self._encoded:
-            records.seal(meta)  # every checksum known: the record's own check covers them
+            schema.seal(meta)  # every checksum known: the record's own check covers them
         reductions: dict[int, tuple] = {}
         for tensor_id, p in self._placements.items():
             blobs, meta = self._encoded[p.slot]

@@ -1,0 +1,192 @@
+"""The record dict: the small dict that says how a record's blobs decode, its check and its validation.
+
+The layout, whole:
+
+* The record's ``nbytes`` raw bytes are cut into segments of ``segment`` bytes (the last may be shorter).
+* Each segment is split into ``planes`` byte planes (see :mod:`.planes`; 1 plane = the bytes as they are).
+* Each plane is cut into chunks of ``chunk`` bytes (the last may be shorter).
+* Each chunk is stored coded with its plane's codec ``codecs[k]`` (``"ans"``, ``"zstd"`` or ``"raw"``), or raw
+  when coding would not make it smaller. ``data_type`` is the type nvCOMP's gANS modelled (``"|u1"``: bytes).
+* ``sizes`` lists the stored size of every chunk: segment by segment, plane by plane, chunk by chunk. A stored
+  size equal to the chunk's raw size means the chunk is stored raw. Segment ``s`` is stored as blob ``s``: its
+  stored chunks in order, each followed by zero bytes up to a multiple of 16 (nvCOMP reads 16-byte aligned chunks).
+* ``crc32[s]`` is the CRC-32 of blob ``s``, checked before anything is decoded.
+* ``check`` (format 2) is the CRC-32 of every other field, in the canonical form :func:`record_check` gives: a
+  damaged field is caught before it is used, by any loader. Format 1 records (v0.1) have none.
+
+Every field is validated against the blobs before a byte is decoded: the dict may come from a hostile file.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from lightning_nvcomp.codec.checksum import Crc32
+from lightning_nvcomp.errors import CorruptCheckpointError, UnsupportedFormatError
+
+T = TypeVar("T")
+
+
+FORMAT_VERSION = 2
+
+
+#: Record formats this version reads: 1 (v0.1, no ``check``) and 2.
+READ_FORMATS = (1, 2)
+
+
+#: Codecs a save can ask for. ``"raw"`` stores bytes as they are (still checksummed).
+CODECS = ("ans", "zstd", "raw")
+
+
+_DATA_TYPES = ("|u1", "<f4", "|f1")
+
+
+_MAX_NBYTES = 1 << 48
+
+
+_CHUNK_ALIGN = 16
+
+
+def _padded(n: int) -> int:
+    return -(-n // _CHUNK_ALIGN) * _CHUNK_ALIGN
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a record is coded: byte planes, each plane's codec, gANS's data type and the chunk size."""
+
+    planes: int
+    codecs: tuple[str, ...]
+    data_type: str
+    chunk: int
+
+    @classmethod
+    def of(cls, meta: dict) -> Layout:
+        """The layout a record dict (from :func:`encode`) was coded with."""
+        return cls(meta["planes"], tuple(meta["codecs"]), meta["data_type"], meta["chunk"])
+
+
+def _segments(nbytes: int, segment: int) -> list[tuple[int, int]]:
+    return [(start, min(segment, nbytes - start)) for start in range(0, nbytes, segment)]
+
+
+def canonical_crc(value: object) -> int:
+    """CRC-32 of the canonical JSON form of ``value`` (ints, strings, bools, None, lists): what checks cover.
+
+    Raises CorruptCheckpointError for values that have none (a hostile record may hold anything)."""
+    try:
+        return zlib.crc32(json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode())
+    except (TypeError, ValueError, RecursionError) as err:
+        raise CorruptCheckpointError(f"a record field holds a value no checkpoint holds ({err})") from None
+
+
+#: Record fields that ``check`` covers as packed integers rather than as JSON (they hold one entry per chunk).
+_PACKED_FIELDS = ("sizes", "crc32")
+
+
+def record_check(meta: dict) -> int:
+    """The ``check`` of a record dict: the CRC-32 of the canonical JSON of every string-keyed field but ``check``,
+    ``sizes`` and ``crc32``, continued over ``sizes`` then ``crc32`` as little-endian 64-bit integers.
+
+    Raises CorruptCheckpointError for fields no record holds."""
+    fields = {k: v for k, v in meta.items() if isinstance(k, str) and k != "check" and k not in _PACKED_FIELDS}
+    crc = canonical_crc(fields)
+    for name in _PACKED_FIELDS:
+        values = meta.get(name)
+        try:
+            packed = np.asarray(values if isinstance(values, list) else [], dtype="<i8").tobytes()
+        except (TypeError, ValueError, OverflowError) as err:
+            raise CorruptCheckpointError(f"record field {name!r} is not a list of integers ({err})") from None
+        crc = zlib.crc32(packed, crc)
+    return crc
+
+
+def seal(meta: dict) -> dict:
+    """Resolve the checksums :func:`encode` may leave pending and set ``check``: the record is final after this."""
+    resolve_checksums(meta)
+    meta["check"] = record_check(meta)
+    return meta
+
+
+def resolve_checksums(meta: dict) -> dict:
+    """Replace the checksum futures :func:`encode` may leave in ``meta`` by their values (waiting for them)."""
+    meta["crc32"] = [crc.result() if isinstance(crc, Crc32) else crc for crc in meta["crc32"]]
+    return meta
+
+
+def _chunk_lengths(length: int, layout: Layout) -> list[int]:
+    per_plane = length // layout.planes
+    full, rest = divmod(per_plane, layout.chunk)
+    return [layout.chunk] * full + ([rest] if rest else [])
+
+
+def _field(meta: dict, name: str, kind: type[T]) -> T:
+    value = meta.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise CorruptCheckpointError(f"record field {name!r} is {value!r}, expected a {kind.__name__}")
+    return value
+
+
+def validate(meta: object, blob_sizes: list[int]) -> Layout:
+    """Check every field of a record dict against its blobs' sizes; raise CorruptCheckpointError if any is off."""
+    if not isinstance(meta, dict):
+        raise CorruptCheckpointError(f"record description is a {type(meta).__name__}, not a dict")
+    version = meta.get("format")
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        raise UnsupportedFormatError(
+            f"record format {version} is newer than this lightning_nvcomp reads ({FORMAT_VERSION}): upgrade it"
+        )
+    if version not in READ_FORMATS or isinstance(version, bool):
+        raise CorruptCheckpointError(f"unknown record format {version!r}")
+    if version >= 2 and meta.get("check") != record_check(meta):
+        raise CorruptCheckpointError("the record's description is damaged (its check does not match its fields)")
+
+    nbytes, planes, chunk, segment = (_field(meta, n, int) for n in ("nbytes", "planes", "chunk", "segment"))
+    codecs, sizes, crcs = (_field(meta, n, list) for n in ("codecs", "sizes", "crc32"))
+    data_type = _field(meta, "data_type", str)
+    if not 0 <= nbytes < _MAX_NBYTES:
+        raise CorruptCheckpointError(f"record size {nbytes} is out of range")
+    if planes not in (1, 2, 4, 8) or nbytes % planes:
+        raise CorruptCheckpointError(f"record has {planes} planes for {nbytes} bytes")
+    if not (0 < chunk <= 1 << 30 and chunk % 64 == 0 and 0 < segment <= 1 << 31 and segment % (64 * planes) == 0):
+        raise CorruptCheckpointError(f"record chunk {chunk} / segment {segment} sizes are invalid")
+    if len(codecs) != planes or any(c not in CODECS for c in codecs):
+        raise CorruptCheckpointError(f"record codecs {codecs!r} do not fit {planes} planes")
+    if data_type not in _DATA_TYPES or (data_type != "|u1" and (planes != 1 or codecs != ["ans"])):
+        raise CorruptCheckpointError(f"record data type {data_type!r} is invalid here")
+    layout = Layout(planes, tuple(codecs), data_type, chunk)
+    segments = _segments(nbytes, segment)
+    per_segment = [len(_chunk_lengths(length, layout)) * planes for _, length in segments]
+    if len(sizes) != sum(per_segment) or len(crcs) != len(segments) or len(blob_sizes) != len(segments):
+        raise CorruptCheckpointError(
+            f"record lists {len(sizes)} chunks, {len(crcs)} checksums and {len(blob_sizes)} blobs; its sizes imply "
+            f"{sum(per_segment)} chunks in {len(segments)} segments"
+        )
+    pos = 0
+    for s, (_, length) in enumerate(segments):
+        lengths = _chunk_lengths(length, layout)
+        stored = 0
+        for k in range(planes):
+            for raw in lengths:
+                size = sizes[pos]
+                pos += 1
+                if (
+                    not isinstance(size, int)
+                    or isinstance(size, bool)
+                    or not 0 < size <= raw
+                    or (codecs[k] == "raw" and size != raw)
+                ):
+                    raise CorruptCheckpointError(f"record chunk {pos - 1} has stored size {size!r} for {raw} bytes")
+                stored += _padded(size)
+        if stored != blob_sizes[s]:
+            raise CorruptCheckpointError(
+                f"segment {s}'s chunks add up to {stored} bytes but its blob holds {blob_sizes[s]}"
+            )
+    if any(not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < 1 << 32 for c in crcs):
+        raise CorruptCheckpointError("record checksums are not 32-bit integers")
+    return layout
