@@ -834,36 +834,27 @@ class NvcompFileSystemReader(FileSystemReader):
         view = self._slice_file(stream, info)
         if isinstance(info, NvcompStorageInfo) and info.codec is not None:
             target = planner.resolve_tensor(req).detach()
-            tensor = _read_item(view, info, target.device, where, budget)
-            self._check_tensor(req, tensor, where)
-            tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
-            if target.size() != tensor.size():
-                raise CorruptCheckpointError(
-                    f"{where} has shape {tuple(tensor.shape)} where the plan expects {tuple(target.shape)}"
-                )
-            target.copy_(tensor)
-            planner.commit_tensor(req, target)
+            self._commit(req, _read_item(view, info, target.device, where, budget), target, planner, where)
             return
         source = self.transforms.transform_load_stream(req, info.transform_descriptors or (), view)
         data = source.read(-1) if info.transform_descriptors else _read_exactly(view, info.length, where)
-        _check_zip_crcs(data, where)
         if req.type == LoadItemType.BYTE_IO:
+            if data[:4] == b"PK\x03\x04" or zipfile.is_zipfile(io.BytesIO(data)):  # else a custom planner's bytes
+                fileformat.check_zip(io.BytesIO(data), where)
             _check_torch_zip(data, where)  # the planner's torch.load would fail it with a bare RuntimeError
-            buffer = io.BytesIO(data)
-            buffer.seek(0)
-            planner.load_bytes(req, buffer)
+            planner.load_bytes(req, io.BytesIO(data))
             return
-        try:
-            tensor = cast(torch.Tensor, torch.load(io.BytesIO(data), map_location="cpu", weights_only=True))
-        except (MemoryError, CheckpointError):
-            raise
-        except Exception as err:
-            raise CorruptCheckpointError(f"{where} cannot be loaded ({type(err).__name__}: {err})") from err
+        tensor = fileformat.read(io.BytesIO(data), where, map_location="cpu", state=budget)  # every CRC checked
         if not isinstance(tensor, torch.Tensor):
             raise CorruptCheckpointError(f"{where}: holds a {type(tensor).__name__}, not a tensor")
+        self._commit(req, tensor, planner.resolve_tensor(req).detach(), planner, where)
+
+    def _commit(
+        self, req: ReadItem, tensor: torch.Tensor, target: torch.Tensor, planner: LoadPlanner, where: str
+    ) -> None:
+        """Check the stored chunk against the metadata and the plan, copy the requested part into ``target``."""
         self._check_tensor(req, tensor, where)
         tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
-        target = planner.resolve_tensor(req).detach()
         if target.size() != tensor.size():
             raise CorruptCheckpointError(
                 f"{where} has shape {tuple(tensor.shape)} where the plan expects {tuple(target.shape)}"
@@ -953,22 +944,6 @@ def _read_exactly(view: IO[bytes], length: int, where: str) -> bytes:
     if len(data) != length:
         raise CorruptCheckpointError(f"{where}: the file ends {length - len(data)} bytes early")
     return data
-
-
-def _check_zip_crcs(data: bytes, where: str) -> None:
-    """Check every CRC-32 of a ``torch.save`` zip (torch.load checks none). Bytes that are not a zip at all (a
-    legacy ``torch.save`` or a custom planner's bytes) have nothing to check."""
-    if not (data[:4] == b"PK\x03\x04" or zipfile.is_zipfile(io.BytesIO(data))):
-        return
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            bad = archive.testzip()
-    except (MemoryError, RecursionError):
-        raise
-    except Exception as err:  # zipfile fails a damaged directory in many ways
-        raise CorruptCheckpointError(f"{where}: the stored bytes are damaged ({type(err).__name__}: {err})") from None
-    if bad is not None:
-        raise CorruptCheckpointError(f"{where}: entry {bad!r} fails its CRC-32 check; the item is damaged")
 
 
 def _read_item(

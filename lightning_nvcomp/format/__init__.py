@@ -18,7 +18,7 @@ from lightning_nvcomp.format.decode import (
     storage_check,
     tensor_check,
 )
-from lightning_nvcomp.format.reader import describe, load, read
+from lightning_nvcomp.format.reader import check_zip, describe, load, read
 from lightning_nvcomp.format.writer import Snapshot, snapshot
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "Contents",
     "LoadState",
     "Snapshot",
+    "check_zip",
     "TensorInfo",
     "decode_progress",
     "decode_storage",

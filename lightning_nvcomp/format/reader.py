@@ -210,6 +210,17 @@ def _check_structure(f: BinaryIO, name: str, file_nbytes: int) -> bytes | None:
         f.seek(0)
 
 
+def check_zip(f: BinaryIO, name: str) -> None:
+    """Check a ``torch.save`` zip whole without loading it: its structure and every entry's CRC-32 (``torch.load``
+    checks none); :class:`CorruptCheckpointError` naming ``name`` if any fails. A legacy (non-zip) torch file has
+    nothing to check."""
+    f.seek(0, os.SEEK_END)
+    nbytes = f.tell()
+    f.seek(0)
+    if _check_structure(f, name, nbytes) is not None:
+        _check_data_crcs(f, name)
+
+
 def _check_data_crcs(f: BinaryIO, name: str) -> None:
     """Check the zip CRC-32 of every storage entry (a plain ``torch.save`` file's tensors have no other check)."""
     try:
