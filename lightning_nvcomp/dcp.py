@@ -126,6 +126,7 @@ from lightning_nvcomp.format.zip import ArchiveWriter
 from lightning_nvcomp.options import CONCRETE_CODECS, Codec
 from lightning_nvcomp.policy import CodecPolicy
 from lightning_nvcomp.resources import shared
+from lightning_nvcomp.stats import ratio
 from lightning_nvcomp.storage import atomic_write
 
 __all__ = [
@@ -295,7 +296,7 @@ class DcpSaveStats:
 
     @property
     def ratio(self) -> float:
-        return self.raw_nbytes / self.stored_nbytes if self.stored_nbytes else 1.0
+        return ratio(self.raw_nbytes, self.stored_nbytes)
 
 
 @dataclass(frozen=True)
@@ -318,7 +319,7 @@ class DcpCheckpointStats:
 
     @property
     def ratio(self) -> float:
-        return self.raw_nbytes / self.stored_nbytes if self.stored_nbytes else 1.0
+        return ratio(self.raw_nbytes, self.stored_nbytes)
 
     @property
     def seconds(self) -> float:

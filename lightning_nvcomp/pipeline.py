@@ -16,7 +16,7 @@ from lightning_nvcomp import format as fileformat
 from lightning_nvcomp import saving, telemetry
 from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.policy import CodecPolicy, Prediction
-from lightning_nvcomp.stats import SaveStats
+from lightning_nvcomp.stats import SaveStats, ratio
 from lightning_nvcomp.storage import Storage, check_local, wait_for_discards
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def _combined(stats: list[SaveStats], label: str) -> SaveStats:
         raw, stored = sum(s.raw_nbytes for s in stats), sum(s.raw_nbytes / p.ratio for s, p in zip(stats, predictions))
         prediction = Prediction(
             codec,
-            raw / stored if stored else 1.0,
+            ratio(raw, stored),
             sum(p.encode_s for p in predictions),
             sum(p.write_s for p in predictions),
             sum(p.blocked_s for p in predictions),

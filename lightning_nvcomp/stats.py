@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from lightning_nvcomp.policy import Prediction
 
 
+def ratio(raw_nbytes: float, stored_nbytes: float) -> float:
+    """Compression ratio, raw bytes / stored bytes (1.0 when nothing is stored)."""
+    return raw_nbytes / stored_nbytes if stored_nbytes else 1.0
+
+
 @dataclass(frozen=True)
 class SaveStats:
     """What one save did. ``prediction`` is the policy's forecast when the codec was chosen automatically."""
@@ -25,4 +30,4 @@ class SaveStats:
 
     @property
     def ratio(self) -> float:
-        return self.raw_nbytes / self.file_nbytes if self.file_nbytes else 1.0
+        return ratio(self.raw_nbytes, self.file_nbytes)

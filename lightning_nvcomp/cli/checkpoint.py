@@ -13,11 +13,7 @@ from tqdm import tqdm
 
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.format import DTYPES, TensorInfo
-
-
-def ratio(raw_nbytes: float, stored_nbytes: float) -> float:
-    """Compression ratio, raw bytes / stored bytes (1.0 when nothing is stored)."""
-    return raw_nbytes / stored_nbytes if stored_nbytes else 1.0
+from lightning_nvcomp.stats import ratio
 
 
 @dataclass(frozen=True)

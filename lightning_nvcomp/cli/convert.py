@@ -9,11 +9,12 @@ import time
 import torch
 
 from lightning_nvcomp import saving
-from lightning_nvcomp.cli.checkpoint import Survey, load, ratio, survey
+from lightning_nvcomp.cli.checkpoint import Survey, load, survey
 from lightning_nvcomp.cli.common import EXIT_BAD_FILE, EXIT_UNAVAILABLE, add_command, fail
 from lightning_nvcomp.cli.table import size
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import CodecUnavailableError
+from lightning_nvcomp.stats import ratio
 from lightning_nvcomp.storage import atomic_write
 
 #: What ``--codec`` accepts: every codec ``save`` writes by name, and ``torch`` for a plain torch.save file.

@@ -6,9 +6,10 @@ import argparse
 import os
 from collections import Counter
 
-from lightning_nvcomp.cli.checkpoint import Survey, ratio, survey
+from lightning_nvcomp.cli.checkpoint import Survey, survey
 from lightning_nvcomp.cli.common import add_command
 from lightning_nvcomp.cli.table import size, table
+from lightning_nvcomp.stats import ratio
 
 #: Rows shown without ``--all``.
 DEFAULT_ROWS = 40
