@@ -91,7 +91,7 @@ import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path, PurePath, PureWindowsPath
+from pathlib import Path, PureWindowsPath
 from typing import IO, Any, BinaryIO, cast
 
 import torch
@@ -127,7 +127,7 @@ from lightning_nvcomp.options import CONCRETE_CODECS, Codec
 from lightning_nvcomp.policy import CodecPolicy
 from lightning_nvcomp.resources import shared
 from lightning_nvcomp.stats import ratio
-from lightning_nvcomp.storage import atomic_write
+from lightning_nvcomp.storage import atomic_write, check_local
 
 __all__ = [
     "DcpCheckpointStats",
@@ -148,10 +148,6 @@ _ENCODE_LOCK = threading.Lock()
 _DATA_FILE = re.compile(r"^__\d+_\d+(\.[0-9a-f]+)?" + re.escape(DEFAULT_SUFFIX) + "$")
 #: The version of the checked ``.metadata`` format (see :func:`_checked_metadata`).
 _METADATA_FORMAT = 1
-#: A path with a URL scheme: storage this module cannot write or read where it names (yet).
-_REMOTE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-#: ``Path("s3://bucket/x")`` is ``s3:/bucket/x``: the same URL once pathlib has collapsed its slashes.
-_REMOTE_COLLAPSED = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
 #: Codecs an item's storage info may name (``None``: a plain ``torch.save`` item).
 _ITEM_CODECS = tuple(c.value for c in CONCRETE_CODECS)
 #: Offsets and lengths beyond this are refused before any arithmetic or allocation (no file is that large).
@@ -161,19 +157,13 @@ _metadata_name: contextvars.ContextVar[str] = contextvars.ContextVar("lnv_dcp_me
 
 
 def _refuse_remote(path: Any, what: str) -> None:
-    """Raise ``ValueError`` for a URL (``s3://...``): DCP's ``FileSystem`` would write it into a local directory."""
-    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else path
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    if not isinstance(text, str):
-        return
-    match = _REMOTE.match(text) or (isinstance(path, PurePath) and _REMOTE_COLLAPSED.match(text))
-    if match:
-        raise ValueError(
-            f"{what}: {text!r} is a remote URL ({match.group(1)}://); lightning_nvcomp.dcp reads and writes local "
-            f"directories only (remote storage is not supported yet), and a local write would silently create a "
-            f"directory named {match.group(1) + ':'!r}. Use a local path"
-        )
+    """Raise ``ValueError`` naming ``what`` for a URL (``s3://...``): DCP's ``FileSystem`` would write it into a local
+    directory (see :func:`lightning_nvcomp.storage.check_local`)."""
+    if isinstance(path, (str, os.PathLike)):
+        try:
+            check_local(path)
+        except ValueError as err:
+            raise ValueError(f"{what}: {err}") from None
 
 
 # -- checked .metadata ------------------------------------------------------------------------------------------

@@ -52,8 +52,8 @@ def check_local(path: str | os.PathLike) -> str:
     if _URL.match(text) or (isinstance(path, pathlib.PurePath) and _COLLAPSED_URL.match(text)):
         scheme = text.split(":", 1)[0]
         raise ValueError(
-            f"lightning_nvcomp cannot use {text}: remote storage ({scheme}://) is not supported yet, so nothing was "
-            f"written (not even locally); give a local path, or one where the storage is mounted"
+            f"lightning_nvcomp cannot use {text}: it is a remote URL, and remote storage ({scheme}://) is not supported "
+            f"yet, so nothing was written (not even locally); give a local path, or one where the storage is mounted"
         )
     return text
 
