@@ -137,8 +137,6 @@ __all__ = [
     "NvcompStorageInfo",
 ]
 
-#: Codecs the writer accepts (as :func:`lightning_nvcomp.save`).
-CODECS = tuple(c.value for c in Codec)
 #: What ``stage_compress`` may be: which shards ``dcp.async_save``'s staging compresses (the rest are copied).
 STAGE_COMPRESS = ("gpu", "all", "none")
 _METADATA = ".metadata"

@@ -19,9 +19,6 @@ from lightning_nvcomp.resources import shared
 from lightning_nvcomp.stats import SaveStats
 from lightning_nvcomp.storage import Storage, check_local, target_directory
 
-#: Codec names :func:`save` accepts.
-SAVE_CODECS = tuple(c.value for c in Codec)
-
 
 def resolve_codec(
     codec: str, tensors: list[torch.Tensor], directory: str, policy: CodecPolicy | None = None

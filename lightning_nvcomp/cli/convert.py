@@ -14,11 +14,12 @@ from lightning_nvcomp.cli.common import EXIT_BAD_FILE, EXIT_UNAVAILABLE, add_com
 from lightning_nvcomp.cli.table import size
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import CodecUnavailableError
+from lightning_nvcomp.options import CONCRETE_CODECS
 from lightning_nvcomp.stats import ratio
 from lightning_nvcomp.storage import atomic_write
 
 #: What ``--codec`` accepts: every codec ``save`` writes by name, and ``torch`` for a plain torch.save file.
-CODECS = [c for c in saving.SAVE_CODECS if c != "auto"] + ["torch"]
+CODECS = [c.value for c in CONCRETE_CODECS] + ["torch"]
 
 
 #: The command's line in the top-level help, and its own help's description.
