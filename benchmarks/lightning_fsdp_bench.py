@@ -13,6 +13,7 @@ equal Lightning's bit for bit.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import pathlib
@@ -117,7 +118,7 @@ class SaveAndLoad(L.Callback):
             if codec is None:
                 self.own.save_checkpoint(strategy, checkpoint, path)  # Lightning's own sharded save
             else:
-                strategy.codec = codec
+                strategy.options = dataclasses.replace(strategy.options, codec=codec)
                 strategy.save_checkpoint(checkpoint, path)
             strategy.barrier()
             blocked = time.perf_counter() - begin

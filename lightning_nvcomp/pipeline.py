@@ -75,8 +75,6 @@ class CheckpointWriter:
 
     def __init__(self, options: SaveOptions | None = None, report: Callable[[str], None] | None = None) -> None:
         self.options = options = options or SaveOptions()
-        self.codec, self.async_save = options.codec.value, options.async_save
-        self.staging_nbytes = options.staging_nbytes
         self.policy = CodecPolicy("async" if options.async_save else "sync", options.interval_s, options.probe_nbytes)
         self.storage = Storage()
         self.savings = telemetry.Savings(options.gpu_hour_usd)
@@ -102,17 +100,22 @@ class CheckpointWriter:
         if not self.policy.knows_bandwidth(directory):  # the one-off probe of this file system, before the timing
             self.policy.write_gbps(directory, raw_nbytes(fileformat.find_contents(obj).tensors))
         begin = time.perf_counter()
-        if not self.async_save:
+        if not self.options.async_save:
             self._group.append(
                 saving.save(
-                    obj, path, self.codec, policy=self.policy, storage=self.storage, staging_nbytes=self.staging_nbytes
+                    obj,
+                    path,
+                    self.options.codec.value,
+                    policy=self.policy,
+                    storage=self.storage,
+                    staging_nbytes=self.options.staging_nbytes,
                 )
             )
             self._blocked += time.perf_counter() - begin
             return
         contents = fileformat.find_contents(obj)
-        codec, prediction = saving.resolve_codec(self.codec, contents.tensors, directory, self.policy)
-        snap = fileformat.snapshot(obj, codec, contents, isolate=True, staging_nbytes=self.staging_nbytes)
+        codec, prediction = saving.resolve_codec(self.options.codec.value, contents.tensors, directory, self.policy)
+        snap = fileformat.snapshot(obj, codec, contents, isolate=True, staging_nbytes=self.options.staging_nbytes)
         future = self._background(self._write, snap, path, prediction)
         self._inflight.append((path, future))
         self._group.append(future)
@@ -124,7 +127,7 @@ class CheckpointWriter:
         self._group, self._blocked = [], 0.0
         if not group:
             return
-        if self.async_save:  # the single writer thread runs this after the group's writes
+        if self.options.async_save:  # the single writer thread runs this after the group's writes
             self._inflight.append((label, self._background(self._record, group, blocked, step, label)))
         else:
             self._record(group, blocked, step, label)

@@ -60,7 +60,7 @@ class Attachment:
             finally:
                 accelerate_checkpointing.save = original
         self.writer.commit(iteration, str(location))
-        if not self.writer.async_save:
+        if not self.writer.options.async_save:
             self.flush()
         return location
 

@@ -73,7 +73,6 @@ class CompressedShardedSaves:
         super().__init__(*args, **kwargs)
         #: The same options object as the checkpoint IO's (an unknown or unavailable codec fails here, at once).
         self.options = SaveOptions.of(codec, gpu_hour_usd=gpu_hour_usd)
-        self.codec = self.options.codec.value
         self.savings = telemetry.Savings(self.options.gpu_hour_usd)
         self.logger_attached = False
         self.last_stats: DcpCheckpointStats | None = None
@@ -83,7 +82,7 @@ class CompressedShardedSaves:
         writers: list[NvcompFileSystemWriter] = []
 
         def compressed_save(converted_state: dict[str, Any], path: Path) -> None:
-            writers.append(NvcompFileSystemWriter(path, codec=self.codec))
+            writers.append(NvcompFileSystemWriter(path, codec=self.options.codec.value))
             dcp.save(converted_state, storage_writer=writers[-1])
 
         step = int(checkpoint.get("global_step", 0))
