@@ -22,18 +22,6 @@ from lightning_nvcomp.storage import Storage, check_local, wait_for_discards
 log = logging.getLogger(__name__)
 
 
-def raw_nbytes(tensors: list[Any]) -> int:
-    """The bytes of the storages behind ``tensors`` (each storage once, however many tensors view it)."""
-    storages: dict[object, int] = {}
-    for t in tensors:
-        try:
-            storage = t.untyped_storage()
-            storages[storage._cdata] = storage.nbytes()
-        except (RuntimeError, NotImplementedError, TypeError):  # no plain storage (sparse, some subclasses)
-            storages[id(t)] = t.numel() * t.element_size()
-    return sum(storages.values())
-
-
 def _combined(stats: list[SaveStats], label: str) -> SaveStats:
     """One save's figures for several files written together (e.g. Accelerate's model, optimizer, scheduler)."""
     if len(stats) == 1:
@@ -98,7 +86,7 @@ class CheckpointWriter:
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
         if not self.policy.knows_bandwidth(directory):  # the one-off probe of this file system, before the timing
-            self.policy.write_gbps(directory, raw_nbytes(fileformat.find_contents(obj).tensors))
+            self.policy.write_gbps(directory, fileformat.find_contents(obj).nbytes)
         begin = time.perf_counter()
         if not self.options.async_save:
             self._group.append(

@@ -33,8 +33,9 @@ import torch.multiprocessing as mp
 
 import lightning_nvcomp
 from lightning_nvcomp import storage
+from lightning_nvcomp.format import find_contents
 from lightning_nvcomp.options import SaveOptions
-from lightning_nvcomp.pipeline import CheckpointWriter, raw_nbytes
+from lightning_nvcomp.pipeline import CheckpointWriter
 from lightning_nvcomp.policy import CodecPolicy, CodecProfile
 from lightning_nvcomp.probe import FALLBACK_GBPS, MIN_PROBE_NBYTES, measure_bandwidth
 from lightning_nvcomp.storage import HOST_ID, Storage
@@ -517,7 +518,7 @@ def test_the_checkpoint_writer_probes_with_the_checkpoint_size(tmp_path):
     finally:
         writer.close()
     assert counting.written == [MIN_PROBE_NBYTES]
-    assert raw_nbytes([w, w[10:], torch.zeros(4)]) == 3 * MiB + 16  # each storage once
+    assert find_contents([w, w[10:], torch.zeros(4)]).nbytes == 3 * MiB + 16  # each storage once
 
 
 def test_a_probe_without_space_is_skipped_with_a_warning_and_the_first_write_replaces_it(tmp_path, monkeypatch, caplog):

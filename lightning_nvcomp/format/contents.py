@@ -53,6 +53,13 @@ class Contents:
     storages: dict[int, tuple[torch.UntypedStorage, str | None]]
     kept: list[object]
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of every storage held, each once however many tensors view it: what a save stores raw."""
+        held = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in self.tensors}
+        held.update((key, storage.nbytes()) for key, (storage, _) in self.storages.items())
+        return sum(held.values())
+
 
 def _storage_of(obj: object) -> tuple[torch.UntypedStorage | None, str | None]:
     """A storage object's untyped storage and dtype name (None for an untyped one); (None, None) for anything else."""

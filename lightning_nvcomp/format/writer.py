@@ -286,7 +286,7 @@ def snapshot(
         obj = copy.deepcopy(obj, memo={id(t): t for t in contents.kept})
     names = _tensor_names(obj)
     plan, where = _plan(contents.tensors, names, staging_nbytes, contents.storages)
-    raw = sum(s.nbytes() for rec in plan for s in rec.storages)
+    raw = contents.nbytes
     pending: list[tuple[str, torch.Tensor, Any]] = []
     refs: list[_StoredBlob] = []
 
