@@ -83,6 +83,20 @@ def assert_tree_bit_exact(a: object, b: object, path: str = "<root>", *, check_t
         assert type(a) is type(b) and a == b, f"{path}: {b!r} != {a!r}"
 
 
+def zeros_like_state(state: dict) -> dict:
+    """A flat state of the same tensors, zeroed (a load target), and 0 for every plain value."""
+    return {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in state.items()}
+
+
+def assert_state_equal(loaded: dict, state: dict) -> None:
+    """Every tensor of a flat ``state`` bit-exactly in ``loaded``, every plain value equal."""
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            assert_bit_exact(loaded[key], value)
+        else:
+            assert loaded[key] == value
+
+
 def random_tensor(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
     """A contiguous tensor of ``dtype`` filled with uniformly random bytes (bool: 0/1 only).
 

@@ -21,7 +21,7 @@ from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter, NvcompStorageInfo
 
 import dcp_workers as W
-from conftest import assert_bit_exact, python_child, trained_like
+from conftest import assert_bit_exact, assert_state_equal, python_child, trained_like, zeros_like_state
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -51,18 +51,6 @@ def _state(seed: int = 0) -> dict:
         "idx": torch.arange(100),
         "step": 12,
     }
-
-
-def _zeros_like_state(state: dict) -> dict:
-    return {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in state.items()}
-
-
-def _check(loaded: dict, state: dict) -> None:
-    for key, value in state.items():
-        if isinstance(value, torch.Tensor):
-            assert_bit_exact(loaded[key], value)
-        else:
-            assert loaded[key] == value
 
 
 # -- multi-process ----------------------------------------------------------------------------------------------
@@ -135,9 +123,9 @@ def test_smaller_than_plain_filesystem_writer(tmp_path):
     assert gathered.ranks == (stats,) and gathered.metrics()["nvcomp/dcp_ratio"] == stats.ratio
     assert writer.totals == {"raw_nbytes": stats.raw_nbytes, "stored_nbytes": stats.stored_nbytes, "items": 4}
     for reader in (NvcompFileSystemReader, dcp.FileSystemReader):
-        loaded = _zeros_like_state(state)
+        loaded = zeros_like_state(state)
         dcp.load(loaded, storage_reader=reader(tmp_path / "ours"))
-        _check(loaded, state)
+        assert_state_equal(loaded, state)
 
 
 def test_codec_none_roundtrip_one_process(tmp_path):
@@ -148,9 +136,9 @@ def test_codec_none_roundtrip_one_process(tmp_path):
     with open(tmp_path / ".metadata", "rb") as f:
         infos = [i for i in pickle.load(f).storage_data.values() if isinstance(i, NvcompStorageInfo)]
     assert len(infos) == 4 and {i.codec for i in infos} == {"none"}
-    loaded = _zeros_like_state(state)
+    loaded = zeros_like_state(state)
     dcp.load(loaded, storage_reader=NvcompFileSystemReader(tmp_path))
-    _check(loaded, state)
+    assert_state_equal(loaded, state)
 
 
 def test_default_reader_decodes_in_a_fresh_interpreter(tmp_path):
@@ -227,10 +215,10 @@ def test_damaged_item_is_detected(tmp_path):
     info = next(i for k, i in meta.storage_data.items() if k.fqn == "w")
     _flip(tmp_path / info.relative_path, info.offset + info.length // 2)  # inside the compressed blob
     with pytest.raises(BaseException, match="checksum mismatch") as caught:
-        dcp.load(_zeros_like_state(state), storage_reader=NvcompFileSystemReader(tmp_path))
+        dcp.load(zeros_like_state(state), storage_reader=NvcompFileSystemReader(tmp_path))
     assert "__0_0.distcp: item 'w'" in str(caught.value)
     with pytest.raises(BaseException, match="checksum mismatch"):
-        dcp.load(_zeros_like_state(state), storage_reader=dcp.FileSystemReader(tmp_path))
+        dcp.load(zeros_like_state(state), storage_reader=dcp.FileSystemReader(tmp_path))
 
 
 def test_damaged_pickle_is_detected(tmp_path):
@@ -247,7 +235,7 @@ def test_damaged_pickle_is_detected(tmp_path):
     start = header + 30 + name_len + extra_len  # the pickle's bytes (shapes, strides, record dicts)
     _flip(tmp_path / info.relative_path, info.offset + start + entry.file_size // 2)
     with pytest.raises(BaseException, match="damaged") as caught:
-        dcp.load(_zeros_like_state(state), storage_reader=NvcompFileSystemReader(tmp_path))
+        dcp.load(zeros_like_state(state), storage_reader=NvcompFileSystemReader(tmp_path))
     assert "item 'idx'" in str(caught.value)
 
 
@@ -280,7 +268,7 @@ def test_unknown_codec_in_metadata_is_refused(tmp_path):
     with open(tmp_path / ".metadata", "wb") as f:
         pickle.dump(meta, f)
     with pytest.raises(BaseException, match="unknown codec 'lz77'"):
-        dcp.load(_zeros_like_state(state), storage_reader=NvcompFileSystemReader(tmp_path))
+        dcp.load(zeros_like_state(state), storage_reader=NvcompFileSystemReader(tmp_path))
 
 
 @pytest.mark.parametrize("codec", ["zstd", "none"])
@@ -296,9 +284,9 @@ def test_async_save_one_process_compresses_while_staging(tmp_path, codec):
             value.zero_()
     future.result()
     assert writer.stats.stage_s > 0 and writer.stats.items == 4 and (codec == "none" or writer.stats.ratio > 1.1)
-    loaded = _zeros_like_state(expected)
+    loaded = zeros_like_state(expected)
     dcp.load(loaded, storage_reader=NvcompFileSystemReader(tmp_path))
-    _check(loaded, expected)
+    assert_state_equal(loaded, expected)
 
 
 # -- GPU --------------------------------------------------------------------------------------------------------

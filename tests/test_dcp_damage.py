@@ -37,7 +37,7 @@ from lightning_nvcomp.dcp import (
 from lightning_nvcomp.errors import CorruptCheckpointError
 
 import dcp_damage_workers as D
-from conftest import assert_bit_exact, trained_like
+from conftest import assert_state_equal, trained_like, zeros_like_state
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
 
@@ -157,18 +157,6 @@ def _state(seed: int = 0) -> dict:
     }
 
 
-def _zeros(state: dict) -> dict:
-    return {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in state.items()}
-
-
-def _check(loaded: dict, state: dict) -> None:
-    for key, value in state.items():
-        if isinstance(value, torch.Tensor):
-            assert_bit_exact(loaded[key], value)
-        else:
-            assert loaded[key] == value
-
-
 def _readers(path: Path):
     yield "ours", lambda target: dcp.load(target, storage_reader=NvcompFileSystemReader(path))
     yield "default", lambda target: dcp.load(target, checkpoint_id=path)
@@ -186,9 +174,9 @@ def test_metadata_is_checked_and_read_by_every_reader(tmp_path):
     assert isinstance(meta, Metadata)
     assert all(isinstance(i, NvcompStorageInfo) for k, i in meta.storage_data.items() if k.fqn != "step")
     for _, load in _readers(tmp_path):
-        target = _zeros(state)
+        target = zeros_like_state(state)
         load(target)
-        _check(target, state)
+        assert_state_equal(target, state)
     payload = next(
         arg for op, arg, _ in pickletools.genops(raw) if op.name.endswith("BINBYTES8") or op.name.endswith("BINBYTES")
     )  # DCP's own pickle of the Metadata
@@ -201,7 +189,7 @@ def test_metadata_is_checked_and_read_by_every_reader(tmp_path):
         pickle.loads(bytes(damaged))
     for name, load in _readers(tmp_path):
         with pytest.raises(BaseException, match="metadata is damaged") as caught:  # DCP: CheckpointException
-            load(_zeros(state))
+            load(zeros_like_state(state))
         assert ".metadata" in str(caught.value), (name, caught.value)
     with pytest.raises(CorruptCheckpointError, match="damaged"):
         _checked_metadata(b"x" + payload[1:], _CheckedMetadata(meta).crc)
@@ -217,12 +205,12 @@ def test_plain_pickled_metadata_of_earlier_versions_still_loads(tmp_path):
     legacy = pickle.dumps(meta)
     (tmp_path / ".metadata").write_bytes(legacy)
     for _, load in _readers(tmp_path):
-        target = _zeros(state)
+        target = zeros_like_state(state)
         load(target)
-        _check(target, state)
+        assert_state_equal(target, state)
     (tmp_path / ".metadata").write_bytes(legacy[: len(legacy) // 2])
     with pytest.raises(BaseException, match=r"\.metadata: the checkpoint metadata is damaged or truncated"):
-        dcp.load(_zeros(state), storage_reader=NvcompFileSystemReader(tmp_path))
+        dcp.load(zeros_like_state(state), storage_reader=NvcompFileSystemReader(tmp_path))
 
 
 # -- hostile storage infos --------------------------------------------------------------------------------------
@@ -293,7 +281,7 @@ def test_hostile_storage_info_is_refused(tmp_path, case, legacy):
     reader = NvcompFileSystemReader(ckpt)
     reader.fs = spy = _SpyFileSystem()
     with pytest.raises(BaseException) as caught:  # DCP wraps it in a CheckpointException
-        dcp.load(_zeros(state), storage_reader=reader)
+        dcp.load(zeros_like_state(state), storage_reader=reader)
     inner = [e for e, _ in getattr(caught.value, "failures", {}).values()] or [caught.value]
     assert isinstance(inner[0], CorruptCheckpointError), repr(inner[0])
     message = str(inner[0])
@@ -346,6 +334,8 @@ def test_remote_paths_are_refused(tmp_path, monkeypatch, url):
     with pytest.raises(ValueError, match="remote URL"):
         dcp.save(_state(), storage_writer=NvcompFileSystemWriter(tmp_path / "local", codec="none"), checkpoint_id=url)
     with pytest.raises(ValueError, match="remote URL"):
-        dcp.load(_zeros(_state()), storage_reader=NvcompFileSystemReader(tmp_path / "local"), checkpoint_id=url)
+        dcp.load(
+            zeros_like_state(_state()), storage_reader=NvcompFileSystemReader(tmp_path / "local"), checkpoint_id=url
+        )
     assert os.listdir(tmp_path) == [], os.listdir(tmp_path)
     NvcompFileSystemWriter("C:/not/a/url", codec="none")  # a Windows drive letter is not a scheme
