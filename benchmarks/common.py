@@ -8,6 +8,8 @@ import pathlib
 import torch
 from torch.distributed.tensor import DTensor
 
+from lightning_nvcomp.tree import leaves
+
 
 def sync() -> None:
     """Wait for all GPU work (timings must include it)."""
@@ -16,16 +18,9 @@ def sync() -> None:
 
 
 def local_tensors(tree: object) -> list[torch.Tensor]:
-    """The tensors of a state (a DTensor's local shard), in a fixed order."""
-    if isinstance(tree, DTensor):
-        return [tree.to_local()]
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    if isinstance(tree, dict):
-        return [t for k in sorted(tree, key=str) for t in local_tensors(tree[k])]
-    if isinstance(tree, (list, tuple)):
-        return [t for v in tree for t in local_tensors(v)]
-    return []
+    """The tensors of a state (a DTensor's local shard), in a fixed order: sorted keys, every path."""
+    found = leaves(tree, lambda item: isinstance(item, torch.Tensor), sort_keys=True, once=False)
+    return [t.to_local() if isinstance(t, DTensor) else t for _, t in found]
 
 
 def same_bytes(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:

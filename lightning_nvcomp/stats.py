@@ -14,7 +14,19 @@ def ratio(raw_nbytes: float, stored_nbytes: float) -> float:
 
 @dataclass(frozen=True)
 class SaveStats:
-    """What one save did. ``prediction`` is the policy's forecast when the codec was chosen automatically."""
+    """What one save did: one file, or one rank's part of a sharded (DCP) checkpoint.
+
+    Args:
+        path: the file written (a DCP checkpoint's directory).
+        codec: the codec used (``ans``, ``zstd`` or ``none``).
+        raw_nbytes: the bytes of the tensors saved.
+        file_nbytes: the bytes stored.
+        encode_s: time spent coding (it overlaps the write: compressed segments are written as they are ready).
+        write_s: the rest of the save's wall time (the writes not hidden behind coding, fsync and rename).
+        prediction: the policy's forecast when the codec was chosen automatically.
+        stage_s: time ``dcp.async_save``'s staging blocked training before the write (0 for other saves).
+        items: how many items the save stored (DCP write items; 0 where not counted).
+    """
 
     path: str
     codec: str
@@ -23,10 +35,13 @@ class SaveStats:
     encode_s: float
     write_s: float
     prediction: Prediction | None = None
+    stage_s: float = 0.0
+    items: int = 0
 
     @property
     def seconds(self) -> float:
-        return self.encode_s + self.write_s
+        """The save's wall time: staging, coding and writing."""
+        return self.stage_s + self.encode_s + self.write_s
 
     @property
     def ratio(self) -> float:

@@ -4,7 +4,7 @@ progress."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +14,7 @@ from tqdm import tqdm
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.format import DTYPES, TensorInfo
 from lightning_nvcomp.stats import ratio
+from lightning_nvcomp.tree import leaves
 
 
 @dataclass(frozen=True)
@@ -57,20 +58,11 @@ class Survey:
 
 
 def _walk(obj: object) -> Iterator[tuple[str, TensorInfo | torch.Tensor]]:
-    """Each TensorInfo and dense tensor reachable through dicts, lists and tuples, once, with its dotted path."""
-    seen: set[int] = set()
-    stack: list[tuple[object, str]] = [(obj, "")]
-    while stack:
-        item, path = stack.pop()
-        if id(item) in seen:
-            continue
-        if isinstance(item, TensorInfo) or (isinstance(item, torch.Tensor) and item.layout == torch.strided):
-            seen.add(id(item))
-            yield path or "<root>", item
-        elif isinstance(item, (Mapping, list, tuple)):
-            seen.add(id(item))
-            pairs = item.items() if isinstance(item, Mapping) else enumerate(item)
-            stack.extend(reversed([(value, f"{path}.{key}" if path else str(key)) for key, value in pairs]))
+    """Each TensorInfo and dense tensor of a described file, once, with its dotted path."""
+    return leaves(
+        obj,
+        lambda item: isinstance(item, TensorInfo) or (isinstance(item, torch.Tensor) and item.layout == torch.strided),
+    )
 
 
 def _codec_label(rec: dict) -> str:

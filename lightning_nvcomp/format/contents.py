@@ -4,13 +4,13 @@ storages of everything else, found by a dry-run pickle (:func:`find_contents`)."
 from __future__ import annotations
 
 import pickle
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 import torch
 
 from lightning_nvcomp.errors import CheckpointError
+from lightning_nvcomp.tree import leaves
 
 _DTYPE_NAMES = (
     "float64 float32 float16 bfloat16 float8_e4m3fn float8_e5m2 float8_e4m3fnuz float8_e5m2fnuz float8_e8m0fnu "
@@ -113,15 +113,4 @@ def find_contents(obj: object) -> Contents:
 
 def _tensor_names(obj: object) -> dict[int, str]:
     """Dotted key paths of the tensors reachable through dicts, lists and tuples (for messages and inspect)."""
-    names: dict[int, str] = {}
-    seen: set[int] = set()
-    stack: list[tuple[object, str]] = [(obj, "")]
-    while stack:
-        item, path = stack.pop()
-        if isinstance(item, torch.Tensor):
-            names.setdefault(id(item), path or "<root>")
-        elif isinstance(item, (Mapping, list, tuple)) and id(item) not in seen:
-            seen.add(id(item))
-            pairs = item.items() if isinstance(item, Mapping) else enumerate(item)
-            stack.extend((value, f"{path}.{key}" if path else str(key)) for key, value in pairs)
-    return names
+    return {id(t): path for path, t in leaves(obj, lambda item: isinstance(item, torch.Tensor))}
