@@ -146,11 +146,12 @@ def calibrate(samples: dict[torch.dtype, list[torch.Tensor]], codecs: list[str])
             begin = time.perf_counter()
             # As a run's saves code it: with the layout already chosen (it is kept between saves), and with the
             # checksums left to CPU threads (saves wait for them only when writing, overlapped with coding).
-            blobs, meta = record.encode(data, dtype, codec, layout=schema.Layout.of(meta), wait_checksums=False)
+            segments = list(record.Encoder(data, dtype, codec, layout=schema.Layout.of(meta)))
             _sync_gpu()  # the compressed bytes are in host memory
             seconds += time.perf_counter() - begin
-            schema.resolve_checksums(meta)
-            stored += sum(b.numel() for b in blobs)
+            stored += sum(seg.blob.numel() for seg in segments)
+            for seg in segments:
+                seg.checksum()  # the pool is free for the next sample
         profiles.append(CodecProfile(codec, raw / stored, raw / seconds / 1e9))
     return profiles
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import torch
 
 from lightning_nvcomp.format.contents import Contents, find_contents
-from lightning_nvcomp.format.writer import Snapshot, _value, snapshot
+from lightning_nvcomp.format.sink import ArchiveSink
+from lightning_nvcomp.format.writer import Snapshot, snapshot
 from lightning_nvcomp.format.zip import ArchiveWriter
 from lightning_nvcomp.options import Codec
 from lightning_nvcomp.policy import CodecPolicy, Prediction
@@ -36,20 +36,11 @@ def default_policy() -> CodecPolicy:
     return shared("policy", CodecPolicy)
 
 
-def _stream(
-    f: BinaryIO, obj: object, codec: str, tensors: list[torch.Tensor] | Contents, staging_nbytes: int | None
-) -> Snapshot:
-    """Compress ``obj`` into the archive ``f``, each segment written (on a disk thread) while the next is coded."""
+def _stream(f: BinaryIO, obj: object, codec: str, contents: Contents, staging_nbytes: int | None) -> Snapshot:
+    """Code ``obj`` into the archive ``f``, each segment written (on a disk thread) while the next is coded."""
     writer = ArchiveWriter(f)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-nvcomp-write") as disk:
-        writes = []
-
-        def write(key: str, blob: torch.Tensor, crc: Any) -> None:
-            writes.append(disk.submit(lambda: writer.add(f"data/{key}", memoryview(blob.numpy()), _value(crc))))
-
-        snap = snapshot(obj, codec, tensors, staging_nbytes=staging_nbytes, on_blob=write)
-        for done in writes:
-            done.result()
+    with ArchiveSink(writer) as sink:
+        snap = snapshot(obj, codec, contents, staging_nbytes=staging_nbytes, sink=sink)
     snap.write_to(writer)
     return snap
 

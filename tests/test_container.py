@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
+import io
 import os
 import subprocess
 import sys
 import tempfile
+import weakref
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,8 @@ from lightning_nvcomp.codec import record
 from lightning_nvcomp.errors import CheckpointError
 from lightning_nvcomp.format import DTYPES, TensorInfo, describe
 from lightning_nvcomp.format import writer as format_writer
+from lightning_nvcomp.format.sink import ArchiveSink
+from lightning_nvcomp.format.zip import ArchiveWriter
 from lightning_nvcomp.stats import SaveStats
 
 from conftest import (
@@ -285,6 +290,55 @@ def test_layouts_are_chosen_once_per_record_across_saves(tmp_path, monkeypatch):
     state["w"] = random_tensor((300_001,), torch.float32, 3)  # new memory: a new choice
     lightning_nvcomp.save(state, tmp_path / "c.ckpt", codec="zstd")
     assert len(chosen) == first + 1
+
+
+class _RecordingSink:
+    """A sink that hands each segment to an archive sink and notes its key and a weak reference to its blob."""
+
+    def __init__(self, inner):
+        self.inner, self.keys, self.blobs = inner, [], []
+
+    def put(self, key, segment):
+        self.keys.append(key)
+        self.blobs.append(weakref.ref(segment.blob))
+        self.inner.put(key, segment)
+
+
+def test_segments_go_to_the_sink_in_order_and_are_not_kept(tmp_path):
+    """The save is one loop: each coded segment goes into the sink as it is ready (keys in order), the snapshot keeps
+    none of their bytes (a sync save never holds the whole compressed checkpoint), and the file equals the one a
+    snapshot kept in memory writes."""
+    state = {"w": trained_like(300_000, torch.float32), "b": random_tensor((70_000,), torch.bfloat16, 2), "n": 3}
+    streamed, kept = tmp_path / "streamed.pt", tmp_path / "kept.pt"
+    with open(streamed, "wb") as f:
+        writer = ArchiveWriter(f)
+        with ArchiveSink(writer) as archive:
+            recording = _RecordingSink(archive)
+            snap = format_writer.snapshot(state, "zstd", staging_nbytes=64 << 10, sink=recording)
+        snap.write_to(writer)
+    assert len(recording.keys) > 4 and recording.keys == [str(i) for i in range(len(recording.keys))]
+    gc.collect()
+    assert all(ref() is None for ref in recording.blobs), "a written segment is still held"
+    with open(kept, "wb") as f:
+        format_writer.snapshot(state, "zstd", staging_nbytes=64 << 10).write_to(ArchiveWriter(f))
+    for path in (streamed, kept):
+        assert_tree_bit_exact(state, lightning_nvcomp.load(path))
+    assert tensor_data_entries(streamed) == tensor_data_entries(kept)
+
+
+class _FailingFile(io.BytesIO):
+    def write(self, data):
+        if self.tell() > 100_000:
+            raise OSError(28, "No space left on device")
+        return super().write(data)
+
+
+def test_a_failed_segment_write_is_raised_by_the_sink():
+    state = {"w": trained_like(300_000, torch.float32)}
+    writer = ArchiveWriter(_FailingFile())
+    with pytest.raises(OSError, match="No space left"):
+        with ArchiveSink(writer) as sink:
+            format_writer.snapshot(state, "none", staging_nbytes=64 << 10, sink=sink)
 
 
 def test_saved_file_permissions_match_torch_save(tmp_path):

@@ -83,6 +83,11 @@ class Crc32:
         return crc
 
 
+def value(crc: Crc32 | int) -> int:
+    """A CRC-32 that may still be computing, as a number (waits for it)."""
+    return crc.result() if isinstance(crc, Crc32) else crc
+
+
 def crc32(data: torch.Tensor) -> int:
     """The CRC-32 of a 1-D uint8 CPU tensor, its pieces computed in parallel."""
     return Crc32(data).result()

@@ -3,12 +3,14 @@ that describes them, its fields and its validation are in :mod:`.schema`."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from lightning_nvcomp.codec import checksum as checksums
 from lightning_nvcomp.codec import planes as byte_planes
 from lightning_nvcomp.codec.checksum import Crc32, crc32
 from lightning_nvcomp.codec.cpu import CpuZstdEngine, cpu_threads
@@ -146,76 +148,125 @@ def _segment_pool() -> ThreadPoolExecutor:
     )
 
 
-def encode(
-    data: torch.Tensor,
-    dtype: torch.dtype,
-    codec: str,
-    segment: int | None = None,
-    on_blob: Callable[[torch.Tensor, Crc32 | int], None] | None = None,
-    wait_checksums: bool = True,
-    layout: Layout | None = None,
-) -> tuple[list[torch.Tensor], dict]:
-    """Compress ``data`` (1-D contiguous uint8: the bytes of numbers of ``dtype``) with ``codec``.
+@dataclass
+class Segment:
+    """One coded segment of a record: its blob (fresh host memory, pinned when coded on a GPU), the stored size of
+    each of its chunks, and its CRC-32 (computed on CPU threads while the next segment is coded)."""
 
-    ``segment`` (a multiple of 512; default :data:`SEGMENT_NBYTES` on the GPU, at most :data:`CPU_SEGMENT_NBYTES`
-    on the CPU) bounds the bytes coded per engine call and so the scratch memory. Returns one CPU uint8 blob per
-    segment (pinned when coded on the GPU) and the record dict. With ``on_blob``, each blob is handed over as soon
-    as it is in host memory, with its CRC-32 (a :class:`Crc32` still being computed), and not returned: so it can be
-    written while the next segments are coded. The record is sealed (:func:`seal`); with ``wait_checksums=False``,
-    ``meta["crc32"]`` may hold such pending checksums instead (so training need not wait for them): :func:`seal`
-    it before storing it, also after adding fields.
-    ``layout`` skips choosing one (sampling the data): any layout codes any data of this size losslessly.
+    blob: torch.Tensor
+    sizes: list[int]
+    crc: Crc32 | int
+
+    def checksum(self) -> int:
+        """The blob's CRC-32 (waits for it)."""
+        return checksums.value(self.crc)
+
+
+class Encoder:
+    """Codes one buffer, segment by segment: iterate it for the :class:`Segment` s as each lands in host memory
+    (to be written while the next is coded); :func:`describe` then makes their record dict from :attr:`coding`.
+
+    Args:
+        data: 1-D contiguous uint8, the bytes of numbers of ``dtype``, on the CPU or a GPU.
+        dtype: what the bytes are (it picks the byte planes).
+        codec: ``"ans"``, ``"zstd"`` or ``"raw"`` (stored as is, still checksummed).
+        segment: the bytes coded per engine call, a multiple of 512, and so the scratch memory (default
+            :data:`SEGMENT_NBYTES` on the GPU, at most :data:`CPU_SEGMENT_NBYTES` on the CPU).
+        layout: the layout to use instead of choosing one (by sampling the data): any layout codes any data of
+            this size losslessly.
+
+    Raises CodecUnavailableError for gANS without a GPU and nvCOMP.
     """
-    engine = engine_for(codec, data.device)
-    on_gpu = engine.device_type == "cuda" if engine is not None else data.device.type == "cuda"
-    segment = segment or (SEGMENT_NBYTES if on_gpu else min(SEGMENT_NBYTES, CPU_SEGMENT_NBYTES))
-    if segment <= 0 or segment % 512:
-        raise ValueError(f"segment size {segment} must be a positive multiple of 512 bytes")
-    data = data.to("cuda" if on_gpu else "cpu")
-    layout = layout or _choose_layout(engine, data, dtype, codec)
-    if on_gpu:
-        results: list[tuple[torch.Tensor | None, list[int], Crc32 | int]] = []
-        for start, length in _segments(data.numel(), segment):
-            if engine is None:  # stored raw: one copy to pinned host memory, no coding
-                blob, pieces = _raw_blob(data[start : start + length]), _raw_chunks(length, layout.chunk)
+
+    def __init__(
+        self,
+        data: torch.Tensor,
+        dtype: torch.dtype,
+        codec: str,
+        segment: int | None = None,
+        layout: Layout | None = None,
+    ) -> None:
+        self.engine = engine_for(codec, data.device)
+        on_gpu = self.engine.device_type == "cuda" if self.engine is not None else data.device.type == "cuda"
+        segment = segment or (SEGMENT_NBYTES if on_gpu else min(SEGMENT_NBYTES, CPU_SEGMENT_NBYTES))
+        if segment <= 0 or segment % 512:
+            raise ValueError(f"segment size {segment} must be a positive multiple of 512 bytes")
+        self.data = data.to("cuda" if on_gpu else "cpu")
+        layout = layout or _choose_layout(self.engine, self.data, dtype, codec)
+        self.coding = Coding(dtype, self.data.numel(), layout, segment)
+
+    def __iter__(self) -> Iterator[Segment]:
+        spans = _segments(self.coding.nbytes, self.coding.segment)
+        if self.data.device.type == "cpu":  # segments in parallel on CPU threads, in order
+            yield from _segment_pool().map(self._cpu_segment, spans)
+            return
+        for start, length in spans:
+            seg = self.data[start : start + length]
+            if self.engine is None:  # stored raw: one copy to pinned host memory, no coding
+                blob, sizes = _raw_blob(seg), _raw_sizes(length, self.coding.layout.chunk)
             else:
-                pieces = _encode_segment(engine, data[start : start + length], layout)
-                blob = _to_host(_pack(pieces))
+                pieces = _encode_segment(self.engine, seg, self.coding.layout)
+                blob, sizes = _to_host(_pack(pieces)), [p.numel() for p in pieces]
             ready = torch.cuda.Event()
             ready.record()
-            crc = Crc32(blob, ready)  # on CPU threads, while the GPU codes the next segment
-            if on_blob is not None:
-                on_blob(blob, crc)
-            results.append((None if on_blob else blob, [p.numel() for p in pieces], crc))
-    else:
-        results = []
-        for blob, sizes, cpu_crc in _segment_pool().map(
-            lambda span: _encode_cpu_segment(engine, data, span, layout), _segments(data.numel(), segment)
-        ):
-            if on_blob is not None:
-                on_blob(blob, cpu_crc)
-            results.append((None if on_blob else blob, sizes, cpu_crc))
+            yield Segment(blob, sizes, Crc32(blob, ready))  # the CRC on CPU threads, once the copy has landed
+
+    def _cpu_segment(self, span: tuple[int, int]) -> Segment:
+        seg = self.data[span[0] : span[0] + span[1]]
+        if self.engine is None:
+            blob, sizes = _raw_blob(seg), _raw_sizes(seg.numel(), self.coding.layout.chunk)
+        else:
+            pieces = _encode_segment(self.engine, seg, self.coding.layout)
+            blob, sizes = _pack(pieces), [p.numel() for p in pieces]
+        return Segment(blob, sizes, crc32(blob))
+
+
+@dataclass(frozen=True)
+class Coding:
+    """How a buffer was coded (:attr:`Encoder.coding`): with its segments, all :func:`describe` needs."""
+
+    dtype: torch.dtype
+    nbytes: int
+    layout: Layout
+    segment: int
+
+
+def describe(coding: Coding, sizes: list[int], crcs: list[Crc32 | int], **fields: object) -> dict:
+    """The sealed record dict of a buffer coded as ``coding``: its segments' chunk ``sizes`` (all, in order) and
+    CRC-32s (waited for), with ``fields`` added before it is sealed (the writer adds where its storages lie)."""
+    layout = coding.layout
     meta = {
         "format": FORMAT_VERSION,
-        "dtype": str(dtype).removeprefix("torch."),
-        "nbytes": data.numel(),
+        "dtype": str(coding.dtype).removeprefix("torch."),
+        "nbytes": coding.nbytes,
         "planes": layout.planes,
         "data_type": layout.data_type,
         "codecs": list(layout.codecs),
         "chunk": layout.chunk,
-        "segment": segment,
-        "sizes": [n for _, sizes, _ in results for n in sizes],
-        "crc32": [crc for _, _, crc in results],
+        "segment": coding.segment,
+        "sizes": sizes,
+        "crc32": [checksums.value(crc) for crc in crcs],
         "nvcomp": nvcomp_version() if "ans" in layout.codecs else None,
+        **fields,
     }
-    if wait_checksums:
-        seal(meta)
-    return [blob for blob, _, _ in results if blob is not None], meta
+    return seal(meta)
 
 
-def _raw_chunks(length: int, chunk: int) -> list[torch.Tensor]:
-    """Stand-ins with the sizes of a raw segment's chunks (only their sizes are used)."""
-    return [torch.empty(min(chunk, length - j), dtype=torch.uint8, device="meta") for j in range(0, length, chunk)]
+def encode(
+    data: torch.Tensor, dtype: torch.dtype, codec: str, segment: int | None = None, layout: Layout | None = None
+) -> tuple[list[torch.Tensor], dict]:
+    """Compress ``data`` whole (see :class:`Encoder` for the arguments): one CPU uint8 blob per segment (pinned
+    when coded on the GPU) and the sealed record dict."""
+    encoder = Encoder(data, dtype, codec, segment, layout)
+    segments = list(encoder)
+    return [seg.blob for seg in segments], describe(
+        encoder.coding, [n for seg in segments for n in seg.sizes], [seg.crc for seg in segments]
+    )
+
+
+def _raw_sizes(length: int, chunk: int) -> list[int]:
+    """The chunk sizes of a segment stored raw."""
+    return [min(chunk, length - j) for j in range(0, length, chunk)]
 
 
 def _raw_blob(seg: torch.Tensor) -> torch.Tensor:
@@ -229,18 +280,6 @@ def _raw_blob(seg: torch.Tensor) -> torch.Tensor:
     else:
         blob[:n].copy_(seg, non_blocking=True)
     return blob
-
-
-def _encode_cpu_segment(
-    engine: ChunkEngine | None, data: torch.Tensor, span: tuple[int, int], layout: Layout
-) -> tuple[torch.Tensor, list[int], int]:
-    seg = data[span[0] : span[0] + span[1]]
-    if engine is None:
-        blob, sizes = _raw_blob(seg), [p.numel() for p in _raw_chunks(seg.numel(), layout.chunk)]
-    else:
-        pieces = _encode_segment(engine, seg, layout)
-        blob, sizes = _pack(pieces), [p.numel() for p in pieces]
-    return blob, sizes, crc32(blob)
 
 
 def _decode_segment(

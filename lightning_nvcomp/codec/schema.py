@@ -26,7 +26,6 @@ from typing import TypeVar
 
 import numpy as np
 
-from lightning_nvcomp.codec.checksum import Crc32
 from lightning_nvcomp.errors import CorruptCheckpointError, UnsupportedFormatError
 
 T = TypeVar("T")
@@ -107,15 +106,8 @@ def record_check(meta: dict) -> int:
 
 
 def seal(meta: dict) -> dict:
-    """Resolve the checksums :func:`encode` may leave pending and set ``check``: the record is final after this."""
-    resolve_checksums(meta)
+    """Set the record's ``check`` over its fields: the record is final after this (a change to it must be sealed)."""
     meta["check"] = record_check(meta)
-    return meta
-
-
-def resolve_checksums(meta: dict) -> dict:
-    """Replace the checksum futures :func:`encode` may leave in ``meta`` by their values (waiting for them)."""
-    meta["crc32"] = [crc.result() if isinstance(crc, Crc32) else crc for crc in meta["crc32"]]
     return meta
 
 

@@ -20,6 +20,7 @@ from lightning_nvcomp.codec.checksum import Crc32
 from lightning_nvcomp.errors import CheckpointError
 from lightning_nvcomp.format.contents import DTYPES, Contents, _storage_of, _tensor_names, find_contents
 from lightning_nvcomp.format.decode import decode_storage, decode_tensor, storage_check, tensor_check
+from lightning_nvcomp.format.sink import MemorySink, SegmentSink
 from lightning_nvcomp.format.zip import ArchiveWriter
 from lightning_nvcomp.resources import shared
 
@@ -123,10 +124,8 @@ class _LayoutCache:
                 self._layouts.popitem(last=False)
 
 
-def _encode_record(
-    rec: _Record, codec: str, segment: int | None, on_blob: Callable[[torch.Tensor, Any], None]
-) -> tuple[list[torch.Tensor], dict]:
-    key = (codec, rec.dtype, segment, tuple((s.device, s.data_ptr(), s.nbytes()) for s in rec.storages))
+def _encoder(rec: _Record, codec: str, segment: int | None) -> tuple[records.Encoder, list[list[int]]]:
+    """The coder of one record (its storages concatenated, each aligned), and where each storage lies in it."""
     parts, table, pos = [], [], 0
     for storage in rec.storages:
         data = _storage_bytes(storage)
@@ -136,16 +135,26 @@ def _encode_record(
         if pad:
             parts.append(torch.zeros(pad, dtype=torch.uint8, device=rec.device))
         pos += data.numel() + pad
-    data = records.concatenate(parts)
-    coder = "raw" if codec == "none" else codec
+    key = (codec, rec.dtype, segment, tuple((s.device, s.data_ptr(), s.nbytes()) for s in rec.storages))
     layouts = shared("layouts", _LayoutCache)
-    blobs, meta = records.encode(
-        data, rec.dtype, coder, segment, on_blob, wait_checksums=False, layout=layouts.get(key)
-    )
-    layouts.put(key, schema.Layout.of(meta))
-    meta["storages"] = table
-    meta["device"] = rec.device.type  # where the tensors lived (load(keep_on_gpu=True) puts CUDA ones back there)
-    return blobs, meta
+    coder = "raw" if codec == "none" else codec
+    encoder = records.Encoder(records.concatenate(parts), rec.dtype, coder, segment, layouts.get(key))
+    layouts.put(key, encoder.coding.layout)
+    return encoder, table
+
+
+class _CodedRecord(NamedTuple):
+    """One record as coded: what its dict is made from once every checksum is in (:meth:`Snapshot.write_to`)."""
+
+    coding: records.Coding
+    sizes: list[int]  # every chunk's stored size
+    crcs: list[Crc32 | int]  # every segment's CRC-32 (computing on CPU threads while the next segments are coded)
+    blobs: list[_StoredBlob]
+    storages: list[list[int]]  # (offset, nbytes) of each storage in the record
+    device: str  # where the tensors lived (load(keep_on_gpu=True) puts CUDA ones back there)
+
+    def record(self) -> dict:
+        return records.describe(self.coding, self.sizes, self.crcs, storages=self.storages, device=self.device)
 
 
 class _StorageKey:
@@ -198,10 +207,6 @@ class _ArchivePickler(pickle.Pickler):
         return make(dtype)
 
 
-def _value(crc: Crc32 | int) -> int:
-    return crc.result() if isinstance(crc, Crc32) else crc
-
-
 class _Placement(NamedTuple):
     """Where one tensor lies in its record: :func:`decode_tensor`'s arguments but the record's own."""
 
@@ -216,8 +221,8 @@ class _Placement(NamedTuple):
 
 
 class Snapshot:
-    """A checkpoint whose tensors are compressed into host memory (or already written), ready to be written by
-    any thread. Tensors in the saved object are not read again."""
+    """A checkpoint whose tensors are coded (their segments in host memory, or already written), ready to be
+    written by any thread: :meth:`write_to`. Tensors in the saved object are not read again."""
 
     def __init__(
         self,
@@ -227,27 +232,25 @@ class Snapshot:
         encode_s: float,
         placements: dict[int, _Placement],
         storages: dict[int, tuple[int, int]],
-        encoded: list[tuple[list[_StoredBlob], dict]],
-        pending: list[tuple[str, torch.Tensor, Any]],
+        coded: list[_CodedRecord],
+        kept: MemorySink | None,
     ) -> None:
         self.obj, self.codec, self.raw_nbytes, self.encode_s = obj, codec, raw_nbytes, encode_s
-        self._placements, self._storages, self._encoded, self._pending = placements, storages, encoded, pending
+        self._placements, self._storages, self._coded, self._kept = placements, storages, coded, kept
 
     def write_to(self, writer: ArchiveWriter) -> None:
-        """Write the blobs not yet written, the pickle and the rest of the archive."""
-        for key, blob, crc in self._pending:
-            writer.add(f"data/{key}", memoryview(blob.numpy()), _value(crc))
-        self._pending = []
-        for _, meta in self._encoded:
-            schema.seal(meta)  # every checksum known: the record's own check covers them
+        """Write the segments kept in memory (if any), the pickle and the rest of the archive."""
+        if self._kept is not None:
+            self._kept.write_to(writer)
+        encoded = [(c.blobs, c.record()) for c in self._coded]  # every checksum is in: each record is sealed
         reductions: dict[int, tuple] = {}
         for tensor_id, p in self._placements.items():
-            blobs, meta = self._encoded[p.slot]
+            blobs, meta = encoded[p.slot]
             check = tensor_check(meta, p.storage, p.offset, p.size, p.stride, p.requires_grad, p.parameter, p.name)
             reductions[tensor_id] = (decode_tensor, (blobs, meta, *p[1:], check))
 
         def storage_reduction(slot: int, index: int) -> Callable[[str | None], tuple]:
-            blobs, meta = self._encoded[slot]
+            blobs, meta = encoded[slot]
             return lambda dtype: (decode_storage, (blobs, meta, index, dtype, storage_check(meta, index, dtype)))
 
         storage_reductions = {key: storage_reduction(*where) for key, where in self._storages.items()}
@@ -264,17 +267,20 @@ def snapshot(
     tensors: list[torch.Tensor] | Contents | None = None,
     isolate: bool = False,
     staging_nbytes: int | None = None,
-    on_blob: Callable[[str, torch.Tensor, Any], None] | None = None,
+    sink: SegmentSink | None = None,
 ) -> Snapshot:
-    """Copy every tensor of ``obj`` into host memory, compressed with ``codec`` (``ans``, ``zstd``; ``none``: stored
-    raw, still checksummed).
+    """Code every tensor of ``obj`` with ``codec`` (``ans``, ``zstd``; ``none``: stored raw, still checksummed),
+    each coded segment put into ``sink`` as soon as it is in host memory.
 
-    Blobs are always fresh copies. ``tensors``: what :func:`find_contents` found in ``obj`` (found here unless
-    given). With ``isolate`` (saves written while training goes
-    on) the rest of ``obj`` is copied too. ``staging_nbytes`` (a multiple of 512) bounds the records and segments
-    coded at once, so a GPU save borrows about three times that much GPU memory (default: 256 MiB). With ``on_blob``,
-    each compressed segment is handed to ``on_blob(key, blob, crc)`` as soon as it is in host memory (to be written
-    as entry ``data/<key>``) instead of being kept in the snapshot.
+    Args:
+        obj: what to save.
+        codec: the codec of every record.
+        tensors: what :func:`find_contents` found in ``obj`` (found here unless given).
+        isolate: copy the rest of ``obj`` too (saves written while training goes on).
+        staging_nbytes: a multiple of 512 bounding the records and segments coded at once, so a GPU save borrows
+            about three times that much GPU memory (default: 256 MiB).
+        sink: where the segments go (:mod:`.sink`); by default the snapshot keeps them in host memory (fresh copies)
+            and writes them with the rest.
     """
     begin = time.perf_counter()
     if tensors is None:
@@ -286,23 +292,21 @@ def snapshot(
         obj = copy.deepcopy(obj, memo={id(t): t for t in contents.kept})
     names = _tensor_names(obj)
     plan, where = _plan(contents.tensors, names, staging_nbytes, contents.storages)
-    raw = contents.nbytes
-    pending: list[tuple[str, torch.Tensor, Any]] = []
-    refs: list[_StoredBlob] = []
-
-    def take(blob: torch.Tensor, crc: Any) -> None:
-        key = str(len(refs))
-        refs.append(_StoredBlob(key, blob.numel()))
-        if on_blob is None:
-            pending.append((key, blob, crc))
-        else:
-            on_blob(key, blob, crc)
-
-    encoded = []
+    kept = MemorySink() if sink is None else None
+    into = sink or kept
+    assert into is not None
+    coded, count = [], 0
     for rec in plan:
-        first = len(refs)
-        _, meta = _encode_record(rec, codec, staging_nbytes, take)
-        encoded.append((refs[first:], meta))
+        encoder, table = _encoder(rec, codec, staging_nbytes)
+        coded_record = _CodedRecord(encoder.coding, [], [], [], table, rec.device.type)
+        for segment in encoder:  # the record keeps the segment's description; its bytes go to the sink
+            key = str(count)
+            count += 1
+            into.put(key, segment)
+            coded_record.sizes.extend(segment.sizes)
+            coded_record.crcs.append(segment.crc)
+            coded_record.blobs.append(_StoredBlob(key, segment.blob.numel()))
+        coded.append(coded_record)
     placements = {}
     for t in contents.tensors:
         slot, index = where[t.untyped_storage()._cdata]
@@ -317,4 +321,4 @@ def snapshot(
             names.get(id(t), "<unnamed>"),
         )
     # Every planned storage: other tensors reach them too (the parts of a sparse tensor are made while pickling).
-    return Snapshot(obj, codec, raw, time.perf_counter() - begin, placements, where, encoded, pending)
+    return Snapshot(obj, codec, contents.nbytes, time.perf_counter() - begin, placements, where, coded, kept)

@@ -3,8 +3,8 @@ registered objects compressed; ``load_state`` reads them back (the files are ``t
 
 Why it hooks where it does: Accelerate's save-state pre-hooks see only the model weights, and the optimizer - the
 largest part - never passes through a hook. Every file ``save_state`` writes with ``torch.save``, though, goes
-through one function, ``accelerate.checkpointing.save``. While an attached Accelerator runs ``save_state``, that
-name points to the shared :class:`~lightning_nvcomp.pipeline.CheckpointWriter`; everything else (file names that
+through one function, ``accelerate.checkpointing.save`` (see ``_accelerate_compat``). While an attached Accelerator
+runs ``save_state``, that name points to the shared :class:`~lightning_nvcomp.pipeline.CheckpointWriter`; everything else (file names that
 ``load_state`` parses, automatic checkpoint naming, ``total_limit`` pruning, RNG states) stays Accelerate's own.
 ``load_state`` reads through ``accelerate.checkpointing.load`` likewise, with ``mmap=True``.
 The model is written as ``pytorch_model.bin`` (``safe_serialization=False``), the name ``load_state`` falls back to.
@@ -15,23 +15,21 @@ argument or as the project directory automatic checkpoint naming uses) before Ac
 from __future__ import annotations
 
 import functools
-import threading
 from typing import Any
 
 from lightning_nvcomp.integrations._require import MissingExtraError
 
 try:
-    import accelerate.checkpointing as accelerate_checkpointing
     from accelerate import Accelerator
     from accelerate.state import PartialState
+
+    from lightning_nvcomp.integrations._accelerate_compat import checkpoint_io_as
 except ImportError as err:
     raise MissingExtraError("accelerate", "lightning_nvcomp.integrations.accelerate (attach)", err) from err
 
 from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.pipeline import CheckpointWriter
 from lightning_nvcomp.storage import check_local
-
-_SWAP = threading.Lock()
 
 
 class Attachment:
@@ -52,13 +50,8 @@ class Attachment:
         self._check_local(output_dir)
         self.wait()  # Accelerate may prune older checkpoints now: their background writes must be done
         iteration = self.accelerator.save_iteration  # grows by one per save_state: the step metrics are logged at
-        with _SWAP:
-            original = accelerate_checkpointing.save
-            accelerate_checkpointing.save = self._save
-            try:
-                location = self._save_state(output_dir, safe_serialization=False, **kwargs)
-            finally:
-                accelerate_checkpointing.save = original
+        with checkpoint_io_as(save=self._save):
+            location = self._save_state(output_dir, safe_serialization=False, **kwargs)
         self.writer.commit(iteration, str(location))
         if not self.writer.options.async_save:
             self.flush()
@@ -70,13 +63,8 @@ class Attachment:
         naming the directory when it is a URL (``s3://...``)."""
         self._check_local(input_dir)
         self.wait()
-        with _SWAP:
-            original = accelerate_checkpointing.load
-            accelerate_checkpointing.load = functools.partial(original, mmap=True)
-            try:
-                return self._load_state(input_dir, **kwargs)
-            finally:
-                accelerate_checkpointing.load = original
+        with checkpoint_io_as(load=lambda original: functools.partial(original, mmap=True)):
+            return self._load_state(input_dir, **kwargs)
 
     def _check_local(self, directory: Any) -> None:
         """Refuse a URL as ``directory`` or, where Accelerate uses it instead (no directory given, or automatic
