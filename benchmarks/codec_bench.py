@@ -21,6 +21,7 @@ import torch
 import zstandard
 
 import lightning_nvcomp
+from lightning_nvcomp import resources
 from lightning_nvcomp.codec import planes, record
 from lightning_nvcomp.codec.gpu import gpu_available, nvcomp_version
 
@@ -56,12 +57,12 @@ def plane_bound(data: torch.Tensor, width: int) -> float:
 def gpu_codec_rows(data: torch.Tensor, dtype: torch.dtype, codec: str) -> dict:
     """Ratio and kernel-level GB/s (planes + nvCOMP, one batch over the whole buffer) for our GPU path."""
     engine = record.engine_for(codec, data.device)
-    layout = record._choose_layout(engine, data, dtype, codec)
-    enc_s, pieces = timed(lambda: record._encode_segment(engine, data, layout))
-    stored = record._pack(pieces)
+    layout = record.choose_layout(engine, data, dtype, codec)
+    enc_s, pieces = timed(lambda: record.encode_segment(engine, data, layout))
+    stored = record.pack(pieces)
     sizes = [p.numel() for p in pieces]
     out = torch.empty_like(data)
-    dec_s, _ = timed(lambda: record._decode_segment(engine, stored, sizes, out, layout))
+    dec_s, _ = timed(lambda: record.decode_segment(engine, stored, sizes, out, layout))
     assert torch.equal(out, data), f"{codec} round trip is not bit-exact"
     return {
         "ratio": data.numel() / stored.numel(),
@@ -93,10 +94,10 @@ def ans_raw_bytes(data: torch.Tensor) -> tuple[float, float]:
 
 def cpu_rows(data_cpu: torch.Tensor, dtype: torch.dtype, threads: int) -> dict:
     os.environ["LIGHTNING_NVCOMP_THREADS"] = str(threads)
-    record._cpu_engine.cache_clear()
+    resources.reset()  # a CPU engine with the new thread count
     row = end_to_end(data_cpu, dtype, "zstd", repeat=5)  # small buffers: take the median of five
     del os.environ["LIGHTNING_NVCOMP_THREADS"]
-    record._cpu_engine.cache_clear()
+    resources.reset()  # a CPU engine with the new thread count
     return row
 
 

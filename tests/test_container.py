@@ -277,8 +277,8 @@ def test_replaced_and_discarded_files_are_freed_and_stale_names_swept(tmp_path):
 def test_layouts_are_chosen_once_per_record_across_saves(tmp_path, monkeypatch):
     """A run saves the same tensors again and again: the byte layout of each record is chosen (sampled) once."""
     chosen = []
-    choose = record._choose_layout
-    monkeypatch.setattr(record, "_choose_layout", lambda *args: chosen.append(args[2]) or choose(*args))
+    choose = record.choose_layout
+    monkeypatch.setattr(record, "choose_layout", lambda *args: chosen.append(args[2]) or choose(*args))
     state = {"w": random_tensor((300_000,), torch.float32, 1), "b": random_tensor((1000,), torch.bfloat16, 2)}
     lightning_nvcomp.save(state, tmp_path / "a.ckpt", codec="zstd")
     first = len(chosen)

@@ -44,7 +44,7 @@ _TYPED_ANS = {torch.float32: "<f4", torch.float8_e4m3fn: "|f1"}
 _TYPED_SAMPLE_NBYTES = 8 << 20
 
 
-def _pack(pieces: list[torch.Tensor]) -> torch.Tensor:
+def pack(pieces: list[torch.Tensor]) -> torch.Tensor:
     """Concatenate stored chunks, each padded with zeros to a multiple of 16 bytes (on their device)."""
     if not pieces:
         return torch.empty(0, dtype=torch.uint8)
@@ -93,7 +93,9 @@ def _plane_spans(width: int, n: int, pitch: int, chunk: int) -> list[list[tuple[
     return [[(k * pitch + j, min(chunk, n - j)) for j in range(0, n, chunk)] for k in range(width)]
 
 
-def _encode_segment(engine: ChunkEngine | None, seg: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
+def encode_segment(engine: ChunkEngine | None, seg: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
+    """Code one segment with ``layout``: its stored chunks (on its device), plane by plane, each coded or raw
+    where coding would not make it smaller (what a blob holds, :func:`pack` ed)."""
     plane_data = byte_planes.split(seg, layout.planes)
     flat, pitch = byte_planes.flatten(plane_data)
     spans = _plane_spans(layout.planes, plane_data.shape[1], pitch, layout.chunk)
@@ -107,7 +109,9 @@ def _encode_segment(engine: ChunkEngine | None, seg: torch.Tensor, layout: Layou
     return [piece for plane in stored for piece in plane]
 
 
-def _choose_layout(engine: ChunkEngine | None, data: torch.Tensor, dtype: torch.dtype, codec: str) -> Layout:
+def choose_layout(engine: ChunkEngine | None, data: torch.Tensor, dtype: torch.dtype, codec: str) -> Layout:
+    """The layout that codes ``data`` smallest: byte planes by ``dtype``, each plane coded or raw by its sampled
+    entropy, gANS's typed model where it is smaller on a sample and round-trips."""
     if engine is None:
         return Layout(1, ("raw",), "|u1", CHUNK_NBYTES[("raw", "cpu")])
     chunk = CHUNK_NBYTES[(codec, engine.device_type)]
@@ -123,13 +127,13 @@ def _choose_layout(engine: ChunkEngine | None, data: torch.Tensor, dtype: torch.
     start = (data.numel() // 2 - _TYPED_SAMPLE_NBYTES // 2) // 64 * 64
     sample = data[max(0, start) : max(0, start) + _TYPED_SAMPLE_NBYTES]
     typed_layout = Layout(1, ("ans",), typed, TYPED_ANS_CHUNK_NBYTES)
-    typed_pieces = _encode_segment(engine, sample, typed_layout)
-    planes_size = sum(p.numel() for p in _encode_segment(engine, sample, layout))
+    typed_pieces = encode_segment(engine, sample, typed_layout)
+    planes_size = sum(p.numel() for p in encode_segment(engine, sample, layout))
     if sum(p.numel() for p in typed_pieces) >= planes_size:
         return layout
     check = torch.empty_like(sample)
-    packed = _pack(typed_pieces)
-    _decode_segment(engine, packed, [p.numel() for p in typed_pieces], check, typed_layout)
+    packed = pack(typed_pieces)
+    decode_segment(engine, packed, [p.numel() for p in typed_pieces], check, typed_layout)
     return typed_layout if torch.equal(check, sample) else layout
 
 
@@ -192,7 +196,7 @@ class Encoder:
         if segment <= 0 or segment % 512:
             raise ValueError(f"segment size {segment} must be a positive multiple of 512 bytes")
         self.data = data.to("cuda" if on_gpu else "cpu")
-        layout = layout or _choose_layout(self.engine, self.data, dtype, codec)
+        layout = layout or choose_layout(self.engine, self.data, dtype, codec)
         self.coding = Coding(dtype, self.data.numel(), layout, segment)
 
     def __iter__(self) -> Iterator[Segment]:
@@ -205,8 +209,8 @@ class Encoder:
             if self.engine is None:  # stored raw: one copy to pinned host memory, no coding
                 blob, sizes = _raw_blob(seg), _raw_sizes(length, self.coding.layout.chunk)
             else:
-                pieces = _encode_segment(self.engine, seg, self.coding.layout)
-                blob, sizes = _to_host(_pack(pieces)), [p.numel() for p in pieces]
+                pieces = encode_segment(self.engine, seg, self.coding.layout)
+                blob, sizes = _to_host(pack(pieces)), [p.numel() for p in pieces]
             ready = torch.cuda.Event()
             ready.record()
             yield Segment(blob, sizes, Crc32(blob, ready))  # the CRC on CPU threads, once the copy has landed
@@ -216,8 +220,8 @@ class Encoder:
         if self.engine is None:
             blob, sizes = _raw_blob(seg), _raw_sizes(seg.numel(), self.coding.layout.chunk)
         else:
-            pieces = _encode_segment(self.engine, seg, self.coding.layout)
-            blob, sizes = _pack(pieces), [p.numel() for p in pieces]
+            pieces = encode_segment(self.engine, seg, self.coding.layout)
+            blob, sizes = pack(pieces), [p.numel() for p in pieces]
         return Segment(blob, sizes, crc32(blob))
 
 
@@ -282,9 +286,10 @@ def _raw_blob(seg: torch.Tensor) -> torch.Tensor:
     return blob
 
 
-def _decode_segment(
+def decode_segment(
     engine: ChunkEngine | None, stored: torch.Tensor, sizes: list[int], out: torch.Tensor, layout: Layout
 ) -> None:
+    """Decode one segment's blob ``stored`` (its chunks' stored ``sizes``, validated) into ``out``."""
     n = out.numel() // layout.planes
     plane_out = out.view(1, -1) if layout.planes == 1 else byte_planes.empty(layout.planes, n, out.device)
     flat, pitch = byte_planes.flatten(plane_out)
@@ -369,7 +374,7 @@ def decode(
     def run(job: tuple) -> None:
         s, stored, sizes, target = job
         try:
-            _decode_segment(engine, stored.to(work), sizes, target, layout)
+            decode_segment(engine, stored.to(work), sizes, target, layout)
         except ValueError as err:
             raise CorruptCheckpointError(f"segment {s} of the record does not decode: {err}") from None
 
