@@ -1,0 +1,125 @@
+"""Many small items through torch.distributed.checkpoint: a deep, narrow GPT (most tensors are LayerNorm- and
+bias-sized) trained on the standard library's sources, model + AdamW state saved and loaded by one process through
+DCP's ``FileSystemWriter``/``Reader`` and ours, next to our single-file save of the same state. Per-item costs show
+here: the bytes are few, the items many. Median of ``--repeat`` runs after a warm-up; files fsynced.
+
+    python benchmarks/dcp_items_bench.py --out benchmarks/results/dcp_items_cpu.md        # CPU: zstd
+    python benchmarks/dcp_items_bench.py --device cuda --codec ans --out ...               # on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import pathlib
+import platform
+import shutil
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+import lightning_nvcomp
+from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
+from common import local_tensors, publish, same_bytes, sync  # noqa: E402
+from gpt import GPT, stdlib_corpus, train  # noqa: E402
+
+warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+warnings.filterwarnings("ignore", message=".*Detected an existing checkpoint.*")
+
+
+def timed(fn, repeat: int) -> float:
+    """Median seconds of ``fn()`` over ``repeat`` runs, after one warm-up run."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        sync()
+        begin = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - begin)
+    return statistics.median(times)
+
+
+def fresh_dir(path: str) -> str:
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
+def zeroed(state: dict) -> dict:
+    return {
+        k: {n: torch.zeros_like(t) if isinstance(t, torch.Tensor) else t for n, t in v.items()}
+        for k, v in state.items()
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--codec", default="zstd")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--dir", default="/tmp/dcp-items-bench")
+    parser.add_argument("--out", help="write the Markdown table here too")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    model = GPT(dim=args.dim, layers=args.layers, heads=max(1, args.dim // 64), context=64).to(args.device)
+    opt = train(model, stdlib_corpus(4 << 20), args.steps, 4, args.device, log_every=args.steps)
+    model_state, optim_state = get_state_dict(model, opt)
+    state = {"model": model_state, "optim": optim_state}
+    tensors = local_tensors(state)
+    raw = sum(t.numel() * t.element_size() for t in tensors)
+    small = sum(t.numel() * t.element_size() < 64 << 10 for t in tensors)
+    os.makedirs(args.dir, exist_ok=True)
+    single = os.path.join(args.dir, "single.ckpt")
+    plain_dir, ours_dir = os.path.join(args.dir, "plain"), os.path.join(args.dir, "ours")
+
+    rows = []
+    save_s = timed(lambda: lightning_nvcomp.save(state, single, codec=args.codec), args.repeat)
+    load_s = timed(lambda: lightning_nvcomp.load(single, map_location=args.device), args.repeat)
+    rows.append(("lightning_nvcomp.save / load (one file)", save_s, load_s, os.path.getsize(single)))
+
+    for name, directory, writer, reader in (
+        ("dcp FileSystemWriter / Reader", plain_dir, dcp.FileSystemWriter, dcp.FileSystemReader),
+        (
+            f"dcp NvcompFileSystemWriter({args.codec!r}) / Reader",
+            ours_dir,
+            lambda p: NvcompFileSystemWriter(p, codec=args.codec),
+            NvcompFileSystemReader,
+        ),
+    ):
+        save_s = timed(lambda w=writer, d=directory: dcp.save(state, storage_writer=w(fresh_dir(d))), args.repeat)
+        target = zeroed(state)
+        load_s = timed(lambda r=reader, d=directory, t=target: dcp.load(t, storage_reader=r(d)), args.repeat)
+        assert same_bytes(local_tensors(target), tensors), f"{name}: the load is not bit-exact"
+        stored = sum(p.stat().st_size for p in pathlib.Path(directory).glob("*.distcp"))
+        rows.append((name, save_s, load_s, stored))
+
+    lines = [
+        f"<!-- {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; {platform.node()}, "
+        f"{os.cpu_count()} cores; torch {torch.__version__}; device {args.device} -->",
+        "# Many small items through DCP",
+        "",
+        f"GPT dim {args.dim}, {args.layers} layers, trained {args.steps} AdamW steps on the standard library's sources: "
+        f"{len(tensors)} tensors ({small} under 64 KiB), {raw / 1e6:.0f} MB; codec {args.codec}; "
+        f"median of {args.repeat} after a warm-up; files fsynced.",
+        "",
+        "| path | save s | load s | stored MB |",
+        "|---|---|---|---|",
+        *(f"| {name} | {s:.2f} | {ld:.2f} | {n / 1e6:.1f} |" for name, s, ld, n in rows),
+    ]
+    publish(lines, args.out)
+
+
+if __name__ == "__main__":
+    main()
