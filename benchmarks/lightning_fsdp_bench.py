@@ -126,7 +126,8 @@ class SaveAndLoad(L.Callback):
             stored = sum(p.stat().st_size for p in pathlib.Path(path).glob(f"__{rank}_*.distcp"))
             mine = {"raw": raw, "stored": stored, "blocked": blocked, "extra_gb": extra, "codec": "-", "write_s": None}
             if codec is not None:
-                mine.update(codec=strategy.last_stats.codec, write_s=strategy.last_stats.ranks[rank].write_s)
+                rank_stats = strategy.last_stats.ranks[rank]  # write_data's wall time: coding and writing
+                mine.update(codec=rank_stats.codec, write_s=rank_stats.encode_s + rank_stats.write_s)
             if codec == "auto" and default_policy("sync").last_decision:
                 self.predictions = default_policy("sync").last_decision[1]  # rank 0 decides: its predictions
             gathered: list = [None] * trainer.world_size

@@ -72,7 +72,9 @@ def save(state: dict, path: str, codec: str | None, asynchronous: bool) -> dict:
         "write_s": done,
     }
     if isinstance(writer, NvcompFileSystemWriter):
-        out.update(codec=writer.stats.codec, write_s=writer.stats.write_s, gbps=writer.write_gbps())
+        out.update(
+            codec=writer.stats.codec, write_s=writer.stats.encode_s + writer.stats.write_s, gbps=writer.write_gbps()
+        )
     return out
 
 

@@ -198,6 +198,7 @@ def job_roundtrip(results: dict, root: str) -> None:
         stats = writer.gather_stats()
         assert len(stats.ranks) == dist.get_world_size()
         assert all(r.codec == "zstd" for r in stats.ranks)
+        assert stats.ranks[dist.get_rank()] == writer.stats, (stats, writer.stats)  # index = rank
         assert stats.raw_nbytes > 0 and stats.stored_nbytes > 0, stats  # tiny shards: zip headers dominate
         if dist.get_rank() == 0:
             assert writer.totals["raw_nbytes"] == stats.raw_nbytes, (writer.totals, stats)
@@ -244,7 +245,11 @@ def job_auto(results: dict, root: str) -> None:
         )
         policy = CodecPolicy(probe_nbytes=1 << 20, profiles=profiles, collective=True)
         writer = _save_load(f"{root}/auto", {"codec": "auto", "policy": policy})
-        assert [r.codec for r in writer.gather_stats().ranks] == ["zstd"] * dist.get_world_size()
+        gathered = writer.gather_stats().ranks
+        assert [r.codec for r in gathered] == ["zstd"] * dist.get_world_size()
+        # rank 0's prediction, broadcast with the choice, is every rank's; it survives the gather as a Prediction
+        assert all(r.prediction == gathered[0].prediction and r.prediction.codec == "zstd" for r in gathered), gathered
+        assert gathered[rank] == writer.stats, (gathered, writer.stats)
         assert len(policy._bandwidth) == 1  # probed (together) once
 
     scenario(results, "auto", auto)

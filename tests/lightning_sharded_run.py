@@ -79,7 +79,9 @@ def main() -> None:
     stats = getattr(strategy, "last_stats", None)
     result = {
         "global_step": trainer.global_step,
-        "ranks": [[r.rank, r.codec, r.raw_nbytes, r.stored_nbytes] for r in stats.ranks] if stats else None,
+        "ranks": [[rank, r.codec, r.raw_nbytes, r.file_nbytes] for rank, r in enumerate(stats.ranks)]
+        if stats
+        else None,
     }
     with open(f"{root}/result-{trainer.global_rank}.json", "w") as f:
         json.dump(result, f)

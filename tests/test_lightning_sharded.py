@@ -7,6 +7,8 @@ from __future__ import annotations
 import csv
 import json
 import os
+import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from lightning_nvcomp.codec.gpu import gpu_available
+from lightning_nvcomp.dcp import NvcompStorageInfo
 
 from conftest import REPO_ROOT, assert_tree_bit_exact
 
@@ -53,6 +56,13 @@ def _check(tmp_path: Path, kind: str, codec: str, gpus: int = 1) -> None:
     ranks = results[0]["ranks"]
     assert results[0]["global_step"] == 8 and [r[0] for r in ranks] == list(range(len(results)))
     assert all(r[1] == codec for r in ranks) and sum(r[3] for r in ranks) < sum(r[2] for r in ranks), ranks
+    # ranks[r] is rank r's: the bytes the metadata records in rank r's data files (__<r>_<n>.distcp)
+    with open(ours / "checkpoints" / names[1] / ".metadata", "rb") as f:
+        infos = [i for i in pickle.load(f).storage_data.values() if isinstance(i, NvcompStorageInfo)]
+    per_rank = [0] * len(results)
+    for info in infos:
+        per_rank[int(re.match(r"__(\d+)_", info.relative_path)[1])] += info.length
+    assert per_rank == [r[3] for r in ranks], (per_rank, ranks)
 
     with open(ours / "csv" / "version_0" / "metrics.csv") as f:
         rows = [row for row in csv.DictReader(f) if row.get("nvcomp/raw_gb")]

@@ -42,14 +42,14 @@ _SWAP = threading.Lock()
 
 
 def rank_metrics(stats: DcpCheckpointStats) -> dict[str, float]:
-    """Each rank's share of a distributed checkpoint, under ``nvcomp/rank<r>/``."""
+    """Each rank's share of a distributed checkpoint, under ``nvcomp/rank<r>/`` (``stats.ranks[r]`` is rank r's)."""
     metrics = {}
-    for r in stats.ranks:
-        prefix = f"{telemetry.PREFIX}rank{r.rank}/"
+    for rank, r in enumerate(stats.ranks):
+        prefix = f"{telemetry.PREFIX}rank{rank}/"
         metrics.update(
             {
                 prefix + "raw_gb": r.raw_nbytes / 1e9,
-                prefix + "stored_gb": r.stored_nbytes / 1e9,
+                prefix + "stored_gb": r.file_nbytes / 1e9,
                 prefix + "ratio": r.ratio,
                 prefix + "encode_s": r.encode_s,
                 prefix + "write_s": r.write_s,

@@ -1,0 +1,188 @@
+"""What a DCP checkpoint of this package records: the checked ``.metadata`` (:class:`_CheckedMetadata`, read back
+through :func:`_checked_metadata` and :func:`_load_metadata`), each item's :class:`NvcompStorageInfo`, and the checks
+an item's storage info must pass before its file is opened (:func:`check_storage_info`).
+
+``_checked_metadata`` and ``NvcompStorageInfo`` are pickled into every ``.metadata`` under the names
+``lightning_nvcomp.dcp._checked_metadata`` and ``lightning_nvcomp.dcp.NvcompStorageInfo``: those names are part of the
+file format (docs/FORMAT.md §7), so they are pinned here whichever module defines them, and ``lightning_nvcomp.dcp``
+must keep exposing both.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import pickle
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import PureWindowsPath
+from typing import Any
+
+from torch.distributed.checkpoint.metadata import Metadata
+
+from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
+from lightning_nvcomp.integrations.dcp._compat import StorageInfo, transform_descriptors
+from lightning_nvcomp.options import CONCRETE_CODECS
+from lightning_nvcomp.storage import check_local
+
+#: The module whose names ``.metadata`` pickles (part of the file format: files of every version name it).
+PICKLED_MODULE = "lightning_nvcomp.dcp"
+METADATA = ".metadata"
+#: The version of the checked ``.metadata`` format (see :func:`_checked_metadata`).
+METADATA_FORMAT = 1
+#: Codecs an item's storage info may name (``None``: a plain ``torch.save`` item).
+ITEM_CODECS = tuple(c.value for c in CONCRETE_CODECS)
+#: Offsets and lengths beyond this are refused before any arithmetic or allocation (no file is that large).
+MAX_FILE_OFFSET = 1 << 62
+#: The name ``_checked_metadata`` reports: the path while our reader reads it, else ``.metadata``.
+_metadata_name: contextvars.ContextVar[str] = contextvars.ContextVar("lnv_dcp_metadata", default=METADATA)
+
+
+def refuse_remote(path: Any, what: str) -> None:
+    """Raise ``ValueError`` naming ``what`` for a URL (``s3://...``): DCP's ``FileSystem`` would write it into a local
+    directory (see :func:`lightning_nvcomp.storage.check_local`)."""
+    if isinstance(path, (str, os.PathLike)):
+        try:
+            check_local(path)
+        except ValueError as err:
+            raise ValueError(f"{what}: {err}") from None
+
+
+# -- checked .metadata ------------------------------------------------------------------------------------------
+
+
+class _CheckedMetadata:
+    """What ``.metadata`` holds: DCP's pickle of the ``Metadata`` and its CRC-32. Unpickling it (any reader's
+    ``pickle.load``) calls :func:`_checked_metadata`, which returns the verified ``Metadata`` itself."""
+
+    __slots__ = ("crc", "payload")
+
+    def __init__(self, metadata: Metadata) -> None:
+        self.payload = pickle.dumps(metadata)
+        self.crc = zlib.crc32(self.payload)
+
+    def __reduce__(self) -> tuple:
+        return (_checked_metadata, (self.payload, self.crc, METADATA_FORMAT))
+
+
+def _checked_metadata(payload: bytes, crc: int, version: int = METADATA_FORMAT) -> Metadata:
+    """Unpickle a checkpoint's ``Metadata`` after checking its CRC-32 (called by ``pickle.load`` of ``.metadata``).
+
+    Raises:
+        CorruptCheckpointError: the CRC does not match (the checkpoint metadata is damaged), or the fields are not
+            what the writer stores.
+        CheckpointError: a format version this code does not know, or an intact payload that cannot be unpickled
+            here (a module missing, say).
+    """
+    where = _metadata_name.get()
+    if type(version) is not int or version != METADATA_FORMAT:
+        raise CheckpointError(
+            f"{where}: the checkpoint metadata has format version {version!r}, unknown to this lightning_nvcomp "
+            f"(it reads version {METADATA_FORMAT}): written by a newer version, or damaged"
+        )
+    if not isinstance(payload, bytes) or type(crc) is not int:
+        raise CorruptCheckpointError(f"{where}: the checkpoint metadata is damaged (its checked record is malformed)")
+    actual = zlib.crc32(payload)
+    if actual != crc:
+        raise CorruptCheckpointError(
+            f"{where}: the checkpoint metadata is damaged (CRC-32 {actual:#010x}, recorded {crc:#010x}); the "
+            "checkpoint cannot be loaded safely"
+        )
+    try:
+        metadata = pickle.loads(payload)
+    except (MemoryError, CheckpointError):
+        raise
+    except Exception as err:  # intact bytes (the CRC matched): not damage
+        raise CheckpointError(
+            f"{where}: the checkpoint metadata is intact but cannot be unpickled here ({type(err).__name__}: {err})"
+        ) from err
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(f"{where}: holds a {type(metadata).__name__}, not DCP Metadata")
+    return metadata
+
+
+def _load_metadata(data: bytes, name: str) -> Metadata:
+    """The ``Metadata`` of a ``.metadata`` file's bytes: the checked format (CRC verified) or a plain pickle (files
+    of earlier versions, DCP's own). Errors name ``name``; damage raises :class:`CorruptCheckpointError`."""
+    # The checked wrapper names lightning_nvcomp.dcp._checked_metadata in its first bytes (DCP's pickle names
+    # torch.distributed.checkpoint.metadata.Metadata there); damage may have changed one of the two names.
+    checked = b"_checked_metadata" in data[:64] or PICKLED_MODULE.encode() in data[:64]
+    token = _metadata_name.set(name)
+    try:
+        metadata = pickle.loads(data)
+    except (MemoryError, CheckpointError):
+        raise
+    except (ImportError, AttributeError) as err:
+        if checked:  # the checked wrapper names nothing but _checked_metadata: a different name is damage
+            raise CorruptCheckpointError(
+                f"{name}: the checkpoint metadata is damaged ({type(err).__name__}: {err})"
+            ) from err
+        raise CheckpointError(
+            f"{name}: the checkpoint metadata needs something this environment lacks ({type(err).__name__}: {err}); "
+            "a module is missing, or the file is damaged"
+        ) from err
+    except Exception as err:  # a truncated or damaged pickle fails in many ways
+        raise CorruptCheckpointError(
+            f"{name}: the checkpoint metadata is damaged or truncated ({type(err).__name__}: {err})"
+        ) from err
+    finally:
+        _metadata_name.reset(token)
+    if not isinstance(metadata, Metadata):
+        raise CorruptCheckpointError(f"{name}: holds a {type(metadata).__name__}, not DCP checkpoint metadata")
+    if not isinstance(getattr(metadata, "storage_data", None), dict) or not isinstance(
+        getattr(metadata, "state_dict_metadata", None), dict
+    ):
+        raise CorruptCheckpointError(f"{name}: the checkpoint metadata is damaged (no storage or state dict records)")
+    return metadata
+
+
+# -- the items' storage info ------------------------------------------------------------------------------------
+
+
+@dataclass
+class NvcompStorageInfo(StorageInfo):
+    """DCP's per-item storage record plus how the item was stored: ``codec`` (``ans``, ``zstd`` or ``none``) and
+    the shard's raw size. The item's bytes are a ``torch.save`` zip (the container format when compressed)."""
+
+    codec: str | None = None
+    raw_nbytes: int | None = None
+
+
+# The names every .metadata pickles (part of the file format, docs/FORMAT.md §7): pinned to lightning_nvcomp.dcp,
+# which re-exports both, so files written now load wherever files of earlier versions do, and vice versa.
+_checked_metadata.__module__ = PICKLED_MODULE
+NvcompStorageInfo.__module__ = PICKLED_MODULE
+
+
+def check_storage_info(info: StorageInfo, where: str) -> None:
+    """Refuse an item whose storage info cannot be honest: a data file outside the checkpoint directory, offsets or
+    lengths that are not non-negative ints of a plausible size, an unknown codec (before any file is opened)."""
+    rel = info.relative_path
+    if not isinstance(rel, str) or not rel or "\x00" in rel:
+        raise CorruptCheckpointError(f"{where}: its data file name {rel!r} is not a file name (damaged metadata)")
+    parts = re.split(r"[\\/]", rel)
+    if os.path.isabs(rel) or rel[0] in "/\\" or ".." in parts or PureWindowsPath(rel).drive:
+        raise CorruptCheckpointError(
+            f"{where}: its data file {rel!r} lies outside the checkpoint directory; refused (damaged or hostile "
+            "metadata)"
+        )
+    for field in ("offset", "length"):
+        value = getattr(info, field, None)
+        if type(value) is not int or not 0 <= value < MAX_FILE_OFFSET:
+            raise CorruptCheckpointError(f"{rel}: {where} has {field} {value!r}; the checkpoint metadata is damaged")
+    if isinstance(info, NvcompStorageInfo):
+        _check_codec_fields(info, rel, where)
+
+
+def _check_codec_fields(info: NvcompStorageInfo, rel: str, where: str) -> None:
+    if info.codec is not None and info.codec not in ITEM_CODECS:
+        raise CorruptCheckpointError(f"{rel}: {where}: unknown codec {info.codec!r} in the checkpoint metadata")
+    if info.codec is not None and transform_descriptors(info):
+        raise CorruptCheckpointError(
+            f"{rel}: {where}: stream transforms {info.transform_descriptors!r} on a compressed item "
+            "(the writer never applies any); the checkpoint metadata is damaged"
+        )
+    raw = info.raw_nbytes
+    if raw is not None and (type(raw) is not int or not 0 <= raw < MAX_FILE_OFFSET):
+        raise CorruptCheckpointError(f"{rel}: {where} has raw size {raw!r}; the checkpoint metadata is damaged")

@@ -1,0 +1,221 @@
+"""The storage reader, :class:`NvcompFileSystemReader`: DCP's ``FileSystemReader`` that checks ``.metadata``'s CRC,
+every item's storage info before opening its file and every decoded tensor against the metadata, and decodes
+compressed items on the target shard's device."""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+from typing import IO, Any
+
+import torch
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.futures import Future
+
+from lightning_nvcomp import format as fileformat
+from lightning_nvcomp.codec.gpu import gpu_available
+from lightning_nvcomp.errors import CodecUnavailableError, CorruptCheckpointError
+from lightning_nvcomp.integrations.dcp import _compat
+from lightning_nvcomp.integrations.dcp._compat import StorageInfo
+from lightning_nvcomp.integrations.dcp.metadata import (
+    ITEM_CODECS,
+    METADATA,
+    NvcompStorageInfo,
+    _load_metadata,
+    check_storage_info,
+    refuse_remote,
+)
+
+
+class NvcompFileSystemReader(FileSystemReader):
+    """DCP ``FileSystemReader`` for checkpoints of :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter` (and plain
+    DCP ones).
+
+    Compressed items are decoded on the target shard's device (nvCOMP on a GPU, CPU zstd otherwise) after their
+    record fields, segment CRCs and pickle CRC are checked; ``.metadata``'s CRC is checked (files of earlier
+    versions, without one, still load); every item's storage info is validated before its file is opened (a file
+    inside the checkpoint directory, an ``(offset, length)`` within it, a known codec) and every decoded tensor's
+    dtype and shape against the metadata; plain ``torch.save`` items have their zip CRCs checked. Errors name the
+    file and the item; damage raises :class:`~lightning_nvcomp.errors.CorruptCheckpointError`. DCP's default
+    ``FileSystemReader`` reads these checkpoints too (on the CPU), see :mod:`lightning_nvcomp.integrations.dcp`.
+    """
+
+    def __init__(self, path: str | os.PathLike, _extension_registry: Any = None) -> None:
+        refuse_remote(path, "NvcompFileSystemReader")
+        super().__init__(*_compat.reader_init_args(path, _extension_registry))
+        self._metadata: Metadata | None = None
+
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        if checkpoint_id:
+            refuse_remote(checkpoint_id, "NvcompFileSystemReader")
+        super().reset(checkpoint_id)
+        self._metadata = None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = _compat.metadata_path(self, kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as f:
+            data = f.read()
+        metadata = _load_metadata(data, str(path))
+        if metadata.storage_meta is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        self._metadata = metadata
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        per_file: dict[str, list[tuple[ReadItem, StorageInfo]]] = {}
+        for req in plan.items:
+            info = self.storage_data.get(req.storage_index)
+            if not isinstance(info, StorageInfo):
+                raise CorruptCheckpointError(
+                    f"{METADATA}: item {req.storage_index.fqn!r} has no valid storage record "
+                    f"({type(info).__name__}); the checkpoint metadata is damaged"
+                )
+            check_storage_info(info, f"item {req.storage_index.fqn!r}")
+            per_file.setdefault(info.relative_path, []).append((req, info))
+        # One decode bound for the whole load, as for one file: 16 x the bytes read + 256 MiB (fileformat.LoadState).
+        budget = fileformat.LoadState(
+            str(self.path), file_nbytes=sum(i.length for rs in per_file.values() for _, i in rs)
+        )
+        for relative_path, reqs in per_file.items():
+            path = self.fs.concat_path(self.path, relative_path)
+            with self.fs.create_stream(path, "rb") as stream:
+                size = _stream_size(stream)
+                for req, info in reqs:
+                    where = f"{relative_path}: item {req.storage_index.fqn!r}"
+                    if info.offset + info.length > size:
+                        raise CorruptCheckpointError(
+                            f"{where} lies at bytes {info.offset}..{info.offset + info.length} but the file has "
+                            f"{size} bytes: the data file is truncated or the metadata is damaged"
+                        )
+                    self._read_one(stream, req, info, planner, where, budget)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_one(
+        self,
+        stream: Any,
+        req: ReadItem,
+        info: StorageInfo,
+        planner: LoadPlanner,
+        where: str,
+        budget: fileformat.LoadState,
+    ) -> None:
+        view = _compat.slice_file(self, stream, info)
+        if isinstance(info, NvcompStorageInfo) and info.codec is not None:
+            target = planner.resolve_tensor(req).detach()
+            self._commit(req, _read_item(view, info, target.device, where, budget), target, planner, where)
+            return
+        descriptors = _compat.transform_descriptors(info)
+        if descriptors:
+            data = _compat.load_transformed(self, req, descriptors, view).read(-1)
+        else:
+            data = _read_exactly(view, info.length, where)
+        if req.type == LoadItemType.BYTE_IO:
+            if data[:4] == b"PK\x03\x04" or zipfile.is_zipfile(io.BytesIO(data)):  # else a custom planner's bytes
+                fileformat.check_zip(io.BytesIO(data), where)
+            _check_torch_zip(data, where)  # the planner's torch.load would fail it with a bare RuntimeError
+            planner.load_bytes(req, io.BytesIO(data))
+            return
+        tensor = fileformat.read(io.BytesIO(data), where, map_location="cpu", state=budget)  # every CRC checked
+        if not isinstance(tensor, torch.Tensor):
+            raise CorruptCheckpointError(f"{where}: holds a {type(tensor).__name__}, not a tensor")
+        self._commit(req, tensor, planner.resolve_tensor(req).detach(), planner, where)
+
+    def _commit(
+        self, req: ReadItem, tensor: torch.Tensor, target: torch.Tensor, planner: LoadPlanner, where: str
+    ) -> None:
+        """Check the stored chunk against the metadata and the plan, copy the requested part into ``target``."""
+        self._check_tensor(req, tensor, where)
+        tensor = _compat.narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+        if target.size() != tensor.size():
+            raise CorruptCheckpointError(
+                f"{where} has shape {tuple(tensor.shape)} where the plan expects {tuple(target.shape)}"
+            )
+        target.copy_(tensor)
+        planner.commit_tensor(req, target)
+
+    def _check_tensor(self, req: ReadItem, tensor: torch.Tensor, where: str) -> None:
+        """The stored tensor is the chunk the metadata describes: its dtype and its shape (``copy_`` into the target
+        would otherwise convert a wrong dtype silently)."""
+        md = self._metadata.state_dict_metadata.get(req.storage_index.fqn) if self._metadata is not None else None
+        if not isinstance(md, TensorStorageMetadata):
+            return
+        chunk = _find_chunk(md, req.storage_index)
+        expected_dtype = md.properties.dtype
+        if tensor.dtype != expected_dtype or (chunk is not None and tuple(tensor.shape) != tuple(chunk.sizes)):
+            shape = tuple(chunk.sizes) if chunk is not None else "?"
+            raise CorruptCheckpointError(
+                f"{where} holds {tensor.dtype} {tuple(tensor.shape)} where the checkpoint metadata records "
+                f"{expected_dtype} {shape}: the item is damaged"
+            )
+
+
+def _find_chunk(md: TensorStorageMetadata, index: Any) -> Any:
+    chunks = md.chunks
+    hint = index.index
+    if type(hint) is int and 0 <= hint < len(chunks) and chunks[hint].offsets == index.offset:
+        return chunks[hint]
+    return next((c for c in chunks if c.offsets == index.offset), None)
+
+
+def _check_torch_zip(data: bytes, where: str) -> None:
+    """Open a ``torch.save`` zip with torch's own reader (miniz), which refuses some damage ``zipfile`` ignores (the
+    end record's disk numbers, say): a damaged byte item fails here as damage, naming it."""
+    if data[:4] != b"PK\x03\x04":
+        return
+    reader = _compat.torch_zip_reader()
+    if reader is None:
+        return
+    try:
+        reader(io.BytesIO(data))
+    except RuntimeError as err:
+        raise CorruptCheckpointError(f"{where}: the stored bytes are damaged ({str(err).split('. ')[0]})") from None
+
+
+def _stream_size(stream: Any) -> int:
+    try:
+        return os.fstat(stream.fileno()).st_size
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        here = stream.tell()
+        size = stream.seek(0, os.SEEK_END)
+        stream.seek(here)
+        return size
+
+
+def _read_exactly(view: IO[bytes], length: int, where: str) -> bytes:
+    data = view.read(length)
+    if len(data) != length:
+        raise CorruptCheckpointError(f"{where}: the file ends {length - len(data)} bytes early")
+    return data
+
+
+def _read_item(
+    view: IO[bytes], info: NvcompStorageInfo, device: torch.device, where: str, budget: fileformat.LoadState
+) -> torch.Tensor:
+    """Decode one stored item (a torch.save zip, compressed records inside) onto ``device`` (GPU if it is one)."""
+    if info.codec not in ITEM_CODECS:
+        raise CorruptCheckpointError(f"{where}: unknown codec {info.codec!r} in the checkpoint metadata")
+    if info.codec == "ans" and not gpu_available():
+        raise CodecUnavailableError(
+            f"{where} was compressed with gANS, which needs a CUDA GPU and nvCOMP to decode (no CPU decoder); load "
+            "it on a GPU machine, or save with codec='zstd' to load anywhere"
+        )
+    data = io.BytesIO(_read_exactly(view, info.length, where))
+    location = device if device.type == "cuda" and gpu_available() else torch.device("cpu")
+    tensor = fileformat.read(data, where, map_location=location, state=budget)
+    if not isinstance(tensor, torch.Tensor):
+        raise CorruptCheckpointError(f"{where}: holds a {type(tensor).__name__}, not a tensor")
+    if info.raw_nbytes is not None and tensor.numel() * tensor.element_size() != info.raw_nbytes:
+        raise CorruptCheckpointError(
+            f"{where} decodes to {tensor.numel() * tensor.element_size()} bytes where the checkpoint metadata records "
+            f"{info.raw_nbytes}: the item is damaged"
+        )
+    return tensor

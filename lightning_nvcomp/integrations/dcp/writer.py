@@ -1,0 +1,387 @@
+"""The storage writer, :class:`NvcompFileSystemWriter`: DCP's ``FileSystemWriter`` with each local shard stored
+compressed (``write_data``), compressed already while ``dcp.async_save`` stages (``stage``, see
+:mod:`~lightning_nvcomp.integrations.dcp.staging`), and a checked ``.metadata`` written atomically (``finish``)."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+import pickle
+import queue
+import re
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, BinaryIO, cast
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, DEFAULT_SUFFIX, FileSystemWriter
+from torch.distributed.checkpoint.metadata import STATE_DICT_TYPE, Metadata
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from lightning_nvcomp import format as fileformat
+from lightning_nvcomp.errors import CheckpointError
+from lightning_nvcomp.format.zip import ArchiveWriter
+from lightning_nvcomp.integrations.dcp import _compat
+from lightning_nvcomp.integrations.dcp.metadata import METADATA, NvcompStorageInfo, _CheckedMetadata, refuse_remote
+from lightning_nvcomp.integrations.dcp.staging import (
+    ENCODE_LOCK,
+    STAGE_DEVICES,
+    StagedShard,
+    Stager,
+    compact,
+    local_tensors,
+)
+from lightning_nvcomp.integrations.dcp.stats import DcpCheckpointStats, gather
+from lightning_nvcomp.options import Codec
+from lightning_nvcomp.policy import CodecPolicy, Prediction
+from lightning_nvcomp.resources import shared
+from lightning_nvcomp.stats import SaveStats
+from lightning_nvcomp.storage import atomic_write
+
+#: What ``stage_compress`` may be: which shards ``dcp.async_save``'s staging compresses (the rest are copied).
+STAGE_COMPRESS = tuple(STAGE_DEVICES)
+#: Data files this writer (or DCP's) may have left in a checkpoint directory.
+_DATA_FILE = re.compile(r"^__\d+_\d+(\.[0-9a-f]+)?" + re.escape(DEFAULT_SUFFIX) + "$")
+#: A file's write results and the seconds spent coding its items.
+_Outcome = tuple[list[WriteResult], float]
+
+
+def default_policy(mode: str) -> CodecPolicy:
+    """The policy behind ``codec="auto"`` when none is given: one per process and mode, so the storage is probed
+    once per run (Lightning and Accelerate create a new writer for every save). Both modes share one set of
+    measurements: the storage is probed and the codecs calibrated once, whichever save comes first."""
+    if mode == "sync":  # write_data codes item by item
+        return shared("dcp-policy-sync", lambda: CodecPolicy(mode="sync", collective=True, per_tensor=True))
+    return shared(f"dcp-policy-{mode}", lambda: default_policy("sync").in_mode(mode))
+
+
+def _existing_dir(path: Path) -> str:
+    for p in (path, *path.parents):
+        if p.is_dir():
+            return str(p)
+    return "."
+
+
+def _tally(infos: Sequence[Any]) -> tuple[int, int, int]:
+    """``(items, raw bytes, stored bytes)`` of the items this writer stored (those with a :class:`NvcompStorageInfo`)."""
+    ours = [i for i in infos if isinstance(i, NvcompStorageInfo)]
+    return len(ours), sum(i.raw_nbytes or 0 for i in ours), sum(i.length for i in ours)
+
+
+class NvcompFileSystemWriter(FileSystemWriter):
+    """DCP ``FileSystemWriter`` that stores every local shard compressed (see :mod:`lightning_nvcomp.integrations.dcp`).
+
+    Args:
+        path: the checkpoint directory (as ``FileSystemWriter``).
+        codec: ``"ans"`` (nvCOMP gANS; GPU only, needs a GPU to load), ``"zstd"`` (nvCOMP Zstd on CUDA shards, CPU
+            zstd otherwise; loads anywhere), ``"none"`` (stored as is, still our metadata and stats), or
+            ``"auto"`` (the codec with the shortest predicted save: all ranks probe the storage together, rank 0
+            decides, the choice is broadcast).
+        policy: the :class:`CodecPolicy` behind ``"auto"`` (default: one per process and mode, with
+            ``collective=True``).
+        stage_compress: what ``dcp.async_save``'s staging compresses: ``"gpu"`` (CUDA shards, on the GPU; CPU shards
+            are copied and compressed in the background), ``"all"`` (every shard at staging: least host memory,
+            training waits for CPU compression), ``"none"`` (DCP's staging copies everything; compression runs in
+            the background on the CPU).
+        staging_nbytes: GPU scratch bound per shard coding (see :func:`lightning_nvcomp.format.snapshot`).
+        process_group: the group ``"auto"`` broadcasts its decision in and :meth:`gather_stats` gathers over
+            (default: the default group; must be the group DCP saves with).
+        Other arguments are ``FileSystemWriter``'s; ``_extensions`` is refused (stream transforms would
+        re-encode compressed bytes).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        codec: str = "auto",
+        *,
+        policy: CodecPolicy | None = None,
+        stage_compress: str = "gpu",
+        staging_nbytes: int | None = None,
+        process_group: dist.ProcessGroup | None = None,
+        single_file_per_rank: bool = True,
+        sync_files: bool = True,
+        thread_count: int = 1,
+        per_thread_copy_ahead: int = 10_000_000,
+        cache_staged_state_dict: bool = False,
+        overwrite: bool = True,
+        _extensions: Sequence[Any] | None = None,
+    ) -> None:
+        codec = Codec.parse(codec).value
+        if stage_compress not in STAGE_COMPRESS:
+            raise ValueError(f"stage_compress must be one of {STAGE_COMPRESS}, not {stage_compress!r}")
+        if _extensions:
+            raise ValueError("NvcompFileSystemWriter compresses shards itself; DCP stream extensions are not supported")
+        refuse_remote(path, "NvcompFileSystemWriter")
+        super().__init__(
+            path,
+            single_file_per_rank=single_file_per_rank,
+            sync_files=sync_files,
+            thread_count=thread_count,
+            per_thread_copy_ahead=per_thread_copy_ahead,
+            cache_staged_state_dict=cache_staged_state_dict,
+            overwrite=overwrite,
+        )
+        self.codec = codec
+        self.policy = policy
+        self.stage_compress = stage_compress
+        self.staging_nbytes = staging_nbytes
+        self.process_group = process_group
+        #: This rank's :class:`~lightning_nvcomp.stats.SaveStats` of the last save (None before the first).
+        self.stats: SaveStats | None = None
+        #: On the coordinator after a save: ``{"raw_nbytes", "stored_nbytes", "items"}`` over all ranks.
+        self.totals: dict[str, int] | None = None
+        self._chosen: tuple[str, Prediction | None] | None = None  # decided while staging, used by the next write
+        self._stage_s = 0.0
+        self._staged: dict[int, StagedShard] = {}  # placeholder storage data_ptr -> shard compressed at staging
+
+    # -- codec choice -------------------------------------------------------------------------------------------
+
+    def _distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized() and getattr(self, "use_collectives", True)
+
+    def write_gbps(self) -> float:
+        """Write bandwidth of one writer to this checkpoint's storage, GB/s, measured once per run and file system
+        with every rank writing at once (a collective the first time: every rank calls it)."""
+        return (self.policy or default_policy("sync")).write_gbps(_existing_dir(Path(self.path)))
+
+    def _agree_codec(self, tensors: list[torch.Tensor], mode: str) -> tuple[str, Prediction | None]:
+        """The codec of this save, and for ``auto`` the prediction behind it: every rank probes the storage together,
+        rank 0 decides, and its prediction is broadcast (every rank must call this at the same point)."""
+        if self.codec != "auto":
+            return self.codec, None
+        policy = self.policy or default_policy(mode)
+        directory = _existing_dir(Path(self.path))
+        distributed = self._distributed()
+        rank = dist.get_rank(self.process_group) if distributed else 0
+        policy.write_gbps(directory)  # collective the first time: all ranks write at once
+        choice = [policy.decide(tensors, directory)[0] if rank == 0 else None]
+        if distributed:
+            dist.broadcast_object_list(choice, group_src=0, group=self.process_group)
+        prediction = cast(Prediction, choice[0])
+        return prediction.codec, prediction
+
+    def _write_codec(self, plan: SavePlan, planner: SavePlanner) -> tuple[str, Prediction | None]:
+        """The codec of a ``dcp.save`` (``dcp.async_save`` chose it while staging); ``auto`` decides on the plan's
+        tensors, and a rank that cannot resolve them still takes part in the collective choice before failing."""
+        if self.codec != "auto":
+            return self.codec, None
+        error: BaseException | None = None
+        tensors: list[torch.Tensor] = []
+        try:
+            tensors = [
+                cast(torch.Tensor, planner.resolve_data(item))
+                for item in plan.items
+                if item.type != WriteItemType.BYTE_IO
+            ]
+        except BaseException as err:
+            error = err
+        choice = self._agree_codec(tensors, "sync")
+        if error is not None:
+            raise error
+        return choice
+
+    # -- async staging ------------------------------------------------------------------------------------------
+
+    def stage(self, state_dict: STATE_DICT_TYPE) -> STATE_DICT_TYPE:
+        """``dcp.async_save``'s staging: compress CUDA shards on the GPU (``stage_compress``), copy the rest."""
+        begin = time.perf_counter()
+        self._staged = {}
+        tensors = local_tensors(state_dict)
+        self._chosen = self._agree_codec(tensors, "async")
+        devices = STAGE_DEVICES[self.stage_compress]
+        if not any(t.device.type in devices for t in tensors):
+            staged = super().stage(state_dict)
+        else:
+            stager = Stager(self._chosen[0], devices, self.staging_nbytes)
+            staged = stager.stage(state_dict)
+            self._staged = stager.shards
+        self._stage_s = time.perf_counter() - begin
+        return staged
+
+    # -- writing ------------------------------------------------------------------------------------------------
+
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        if checkpoint_id:
+            refuse_remote(checkpoint_id, "NvcompFileSystemWriter")
+        super().reset(checkpoint_id)
+        self.totals = None
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        begin = time.perf_counter()
+        staged, self._staged = self._staged, {}
+        stage_s, self._stage_s = self._stage_s, 0.0
+        chosen, self._chosen = self._chosen, None
+        codec, prediction = chosen if chosen is not None else self._write_codec(plan, planner)
+        outcomes = self._write_files(plan, planner, codec, staged)
+        results = [r for rs, _ in outcomes for r in rs]
+        seconds = time.perf_counter() - begin
+        encode_s = sum(e for _, e in outcomes)
+        items, raw_nbytes, stored_nbytes = _tally([r.storage_data for r in results])
+        self.stats = SaveStats(
+            path=str(self.path),
+            codec=codec,
+            raw_nbytes=raw_nbytes,
+            file_nbytes=stored_nbytes,
+            encode_s=encode_s,
+            write_s=max(0.0, seconds - encode_s),  # coding overlaps the writes: SaveStats.seconds is the wall time
+            prediction=prediction,
+            stage_s=stage_s,
+            items=items,
+        )
+        if self.codec == "auto":
+            (self.policy or default_policy("sync")).observe_write(
+                _existing_dir(Path(self.path)), stored_nbytes, seconds
+            )
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def _file_names(self, prefix: str) -> Iterator[str]:
+        """This rank's data file names, ``<prefix><n>.distcp``; a name already in the directory is never reused (a
+        previous checkpoint may still need that file): that file gets the save id as an infix."""
+        directory = Path(self.path)
+        for n in itertools.count():
+            name = f"{prefix}{n}{DEFAULT_SUFFIX}"
+            if (directory / name).exists():
+                name = f"{prefix}{n}.{self.save_id.replace('-', '')[:12]}{DEFAULT_SUFFIX}"
+            yield name
+
+    def _write_files(
+        self, plan: SavePlan, planner: SavePlanner, codec: str, staged: dict[int, StagedShard]
+    ) -> list[_Outcome]:
+        """Write the plan's items into data files, ``thread_count`` files at once."""
+        names = self._file_names(plan.storage_data.prefix)
+        buckets = (
+            _compat.split_by_size_and_type(self.thread_count, plan.items)
+            if self.single_file_per_rank
+            else [[item] for item in plan.items]
+        )
+        jobs: queue.Queue = queue.Queue()
+        for bucket in buckets:
+            jobs.put((next(names), bucket))
+        outcomes: list[_Outcome] = []
+        errors: list[BaseException] = []
+
+        def worker() -> None:
+            try:
+                while True:
+                    try:
+                        name, items = jobs.get_nowait()
+                    except queue.Empty:
+                        return
+                    outcomes.append(self._write_file(name, items, planner, codec, staged))
+            except BaseException as err:
+                errors.append(err)
+
+        threads = [threading.Thread(target=worker, name=f"lnv-dcp-{i}") for i in range(1, self.thread_count)]
+        for t in threads:
+            t.start()
+        worker()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return outcomes
+
+    def _encode_item(
+        self, item: WriteItem, planner: SavePlanner, codec: str, staged: dict[int, StagedShard]
+    ) -> tuple[fileformat.Snapshot, int, str]:
+        """Compress one tensor item: returns its snapshot, raw size and codec. Uses the shard compressed while
+        staging when there is one."""
+        data = cast(torch.Tensor, planner.resolve_data(item)).detach()
+        shard = staged.get(data.untyped_storage().data_ptr()) if data.numel() else None
+        if shard is not None:
+            held = shard.placeholder
+            if (
+                data.shape != held.shape
+                or data.dtype != held.dtype
+                or data.stride() != held.stride()
+                or data.storage_offset()
+            ):
+                raise CheckpointError(
+                    f"item {item.index.fqn!r}: the planner asks for a view {tuple(data.shape)} of a shard compressed "
+                    f"while staging {tuple(held.shape)}; save with stage_compress='none'"
+                )
+            return shard.snap, shard.raw_nbytes, codec
+        if data.device.type not in ("cpu", "cuda") or data.dtype not in fileformat.DTYPES.values():
+            data = data.cpu()
+        data = compact(data)
+        with ENCODE_LOCK:
+            snap = fileformat.snapshot(data, codec, [data], staging_nbytes=self.staging_nbytes)
+        return snap, data.numel() * data.element_size(), codec
+
+    def _write_file(
+        self, name: str, items: list[WriteItem], planner: SavePlanner, codec: str, staged: dict[int, StagedShard]
+    ) -> _Outcome:
+        """Write one data file: byte items as they are, then each tensor item compressed (the next item is coded
+        while this one is written). Returns the write results and the seconds spent coding."""
+        results: list[WriteResult] = []
+        encode_s = 0.0
+        with self.fs.create_stream(self.fs.concat_path(self.path, name), "wb") as stream:
+            for item in (i for i in items if i.type == WriteItemType.BYTE_IO):
+                data = cast(io.BytesIO, planner.resolve_data(item))
+                offset = stream.tell()
+                stream.write(data.getbuffer())
+                length = stream.tell() - offset
+                results.append(WriteResult(item.index, length, _compat.StorageInfo(name, offset, length)))
+
+            def write(item: WriteItem, snap: fileformat.Snapshot, raw: int, used: str) -> WriteResult:
+                offset = stream.tell()
+                snap.write_to(ArchiveWriter(cast(BinaryIO, stream)))
+                length = stream.tell() - offset
+                info = NvcompStorageInfo(name, offset, length, codec=used, raw_nbytes=raw)
+                return WriteResult(item.index, length, info)
+
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lnv-dcp-write") as disk:
+                pending = None
+                for item in (i for i in items if i.type != WriteItemType.BYTE_IO):
+                    begin = time.perf_counter()
+                    snap, raw, used = self._encode_item(item, planner, codec, staged)
+                    encode_s += time.perf_counter() - begin
+                    if pending is not None:
+                        results.append(pending.result())
+                    pending = disk.submit(write, item, snap, raw, used)
+                if pending is not None:
+                    results.append(pending.result())
+            if self.sync_files:
+                stream.flush()
+                os.fsync(stream.fileno())
+        return results, encode_s
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Write ``.metadata`` atomically, with its CRC-32 (see ``_checked_metadata``; the new checkpoint exists from
+        that instant), then delete data files no longer referenced (an overwritten checkpoint's)."""
+        infos = [r.storage_data for rs in results for r in rs]
+        items, raw_nbytes, stored_nbytes = _tally(infos)
+        self.totals = {"raw_nbytes": raw_nbytes, "stored_nbytes": stored_nbytes, "items": items}
+        if not self.use_collectives and self.rank is not None:
+            super().finish(metadata, results)  # rank-local metadata files: DCP's own way
+            return
+        metadata.version = CURRENT_DCP_VERSION
+        metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
+        metadata.storage_meta = self.storage_meta()
+        checked = _CheckedMetadata(metadata)
+        atomic_write(Path(self.path) / METADATA, lambda f: pickle.dump(checked, f))
+        referenced = {i.relative_path for i in infos}
+        for entry in os.listdir(self.path):
+            if _DATA_FILE.match(entry) and entry not in referenced:
+                try:
+                    os.unlink(os.path.join(self.path, entry))
+                except OSError:
+                    pass
+
+    # -- telemetry ----------------------------------------------------------------------------------------------
+
+    def gather_stats(self) -> DcpCheckpointStats:
+        """Every rank's stats of the last save, on every rank (a collective when distributed: all ranks call it,
+        after the save has finished on all of them - for ``async_save``, after its future)."""
+        mine = self.stats or SaveStats(str(self.path), self.codec, 0, 0, 0.0, 0.0)
+        return gather(mine, self.process_group, self._distributed())
