@@ -392,3 +392,13 @@ def test_accelerate_save_state_with_ans_on_gpu(tmp_path, async_save):
         assert torch.equal(_bytes(v), _bytes(saved_model[k])), k
     for k, v in saved_opt.items():
         assert torch.equal(_bytes(opt.state_dict()["state"][0][k]), _bytes(v)), k
+
+
+@pytest.mark.parametrize("codec", ["ans", "zstd"])
+def test_encode_batch_on_gpu_gives_each_buffer_its_own_record(codec):
+    from test_codec import assert_batch_matches_encoder
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int64):
+        sizes = [0, 1, 7, 1000, 70_000, 300_000, 5]
+        datas = [_bytes(_trained_like(n, dtype)).cuda() for n in sizes]
+        assert_batch_matches_encoder(datas, dtype, codec)

@@ -83,11 +83,37 @@ class Crc32:
         return crc
 
 
-def value(crc: Crc32 | int) -> int:
+#: A CRC-32 as a number, or still being computed.
+Checksum = Crc32 | Future | int
+
+
+def value(crc: Checksum) -> int:
     """A CRC-32 that may still be computing, as a number (waits for it)."""
-    return crc.result() if isinstance(crc, Crc32) else crc
+    return crc if isinstance(crc, int) else crc.result()
+
+
+def crc32_batch(blobs: list[torch.Tensor], ready: torch.cuda.Event | None = None) -> list[Future]:
+    """The CRC-32s of many small 1-D uint8 CPU tensors, computed together in one task on the CRC threads (one
+    hand-off for all of them instead of one each). ``ready``: as for :class:`Crc32`."""
+    futures: list[Future] = [Future() for _ in blobs]
+
+    def run() -> None:
+        try:
+            if ready is not None:
+                ready.synchronize()
+            for future, blob in zip(futures, blobs):
+                future.set_result(zlib.crc32(memoryview(blob.numpy())))
+        except BaseException as err:
+            for future in futures:
+                if not future.done():
+                    future.set_exception(err)
+
+    _pool().submit(run)
+    return futures
 
 
 def crc32(data: torch.Tensor) -> int:
-    """The CRC-32 of a 1-D uint8 CPU tensor, its pieces computed in parallel."""
+    """The CRC-32 of a 1-D uint8 CPU tensor, its pieces computed in parallel (a small one right here)."""
+    if data.numel() <= PIECE_NBYTES:
+        return zlib.crc32(memoryview(data.numpy()))
     return Crc32(data).result()

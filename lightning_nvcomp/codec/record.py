@@ -12,7 +12,7 @@ import torch
 
 from lightning_nvcomp.codec import checksum as checksums
 from lightning_nvcomp.codec import planes as byte_planes
-from lightning_nvcomp.codec.checksum import Crc32, crc32
+from lightning_nvcomp.codec.checksum import Checksum, Crc32, crc32, crc32_batch
 from lightning_nvcomp.codec.cpu import CpuZstdEngine, cpu_threads
 from lightning_nvcomp.codec.engine import ChunkEngine
 from lightning_nvcomp.codec.gpu import NvcompEngine, gpu_available, nvcomp_version
@@ -159,7 +159,7 @@ class Segment:
 
     blob: torch.Tensor
     sizes: list[int]
-    crc: Crc32 | int
+    crc: Checksum
 
     def checksum(self) -> int:
         """The blob's CRC-32 (waits for it)."""
@@ -235,7 +235,7 @@ class Coding:
     segment: int
 
 
-def describe(coding: Coding, sizes: list[int], crcs: list[Crc32 | int], **fields: object) -> dict:
+def describe(coding: Coding, sizes: list[int], crcs: list[Checksum], **fields: object) -> dict:
     """The sealed record dict of a buffer coded as ``coding``: its segments' chunk ``sizes`` (all, in order) and
     CRC-32s (waited for), with ``fields`` added before it is sealed (the writer adds where its storages lie)."""
     layout = coding.layout
@@ -266,6 +266,75 @@ def encode(
     return [seg.blob for seg in segments], describe(
         encoder.coding, [n for seg in segments for n in seg.sizes], [seg.crc for seg in segments]
     )
+
+
+def encode_batch(
+    datas: list[torch.Tensor], dtype: torch.dtype, codec: str, layout: Layout | None = None
+) -> list[tuple[Coding, list[Segment]]]:
+    """Code many small buffers of one dtype on one device together, each as a record of its own: one layout, one
+    plane split, one engine call per codec, and on a GPU one device-to-host copy and one wait for all of them.
+
+    Each buffer's segments (none for an empty one, else one) and record are exactly what :class:`Encoder` gives it
+    with this layout and the default segment size, which every buffer must fit in. Returns each buffer's coding
+    and segments.
+    """
+    if not datas:
+        return []
+    engine = engine_for(codec, datas[0].device)
+    on_gpu = engine.device_type == "cuda" if engine is not None else datas[0].device.type == "cuda"
+    segment = SEGMENT_NBYTES if on_gpu else min(SEGMENT_NBYTES, CPU_SEGMENT_NBYTES)
+    work = "cuda" if on_gpu else "cpu"
+    datas = [d.to(work) for d in datas]
+    if any(d.numel() > segment for d in datas):
+        raise ValueError(f"encode_batch codes buffers of at most {segment} bytes; use Encoder for larger ones")
+    data = concatenate(datas)
+    layout = layout or choose_layout(engine, data, dtype, codec)
+    if any(d.numel() % layout.planes for d in datas):
+        raise ValueError(f"buffers of {dtype} must be whole numbers of {layout.planes}-byte values")
+    if data.numel() == 0:
+        return [(Coding(dtype, 0, layout, segment), []) for _ in datas]
+    plane_data = byte_planes.split(data, layout.planes)
+    flat, pitch = byte_planes.flatten(plane_data)
+    # Buffer i's plane k is row k of the planes of the concatenation, from column starts[i]: its chunks are those
+    # Encoder cuts from its own planes, at these offsets.
+    starts, spans, column = [], [], 0
+    for d in datas:
+        n = d.numel() // layout.planes
+        spans.append(
+            [
+                [(k * pitch + column + j, min(layout.chunk, n - j)) for j in range(0, n, layout.chunk)]
+                for k in range(layout.planes)
+            ]
+        )
+        starts.append(column)
+        column += n
+    stored = [[[flat[o : o + n] for o, n in plane] for plane in item] for item in spans]
+    for coded_with in sorted(set(layout.codecs) - {"raw"}):
+        ks = [k for k in range(layout.planes) if layout.codecs[k] == coded_with]
+        assert engine is not None, "a layout with coded planes needs an engine"
+        coded = iter(
+            engine.encode(flat, [c for item in spans for k in ks for c in item[k]], coded_with, layout.data_type)
+        )
+        for item in stored:
+            for k in ks:
+                item[k] = [c if c.numel() < raw.numel() else raw for raw, c in zip(item[k], coded)]
+    pieces = [[piece for plane in item for piece in plane] for item in stored]
+    codings = [Coding(dtype, d.numel(), layout, segment) for d in datas]
+    if on_gpu:  # one packed device buffer, one copy to pinned host memory: each buffer's blob is its range of it
+        host = _to_host(pack([piece for p in pieces for piece in p]))
+        event = torch.cuda.Event()
+        event.record()
+        ready: torch.cuda.Event | None = event
+        blobs, at = [], 0
+        for p in pieces:
+            nbytes = sum(_padded(c.numel()) for c in p)
+            blobs.append(host[at : at + nbytes])
+            at += nbytes
+    else:
+        blobs, ready = [pack(p) for p in pieces], None
+    crcs = iter(crc32_batch([b for b, p in zip(blobs, pieces) if p], ready))
+    segments = [[Segment(b, [c.numel() for c in p], next(crcs))] if p else [] for b, p in zip(blobs, pieces)]
+    return list(zip(codings, segments))
 
 
 def _raw_sizes(length: int, chunk: int) -> list[int]:
