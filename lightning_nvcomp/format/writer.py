@@ -16,7 +16,7 @@ import torch
 
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec import schema
-from lightning_nvcomp.codec.checksum import Crc32
+from lightning_nvcomp.codec.checksum import Checksum
 from lightning_nvcomp.errors import CheckpointError
 from lightning_nvcomp.format.contents import DTYPES, Contents, _storage_of, _tensor_names, find_contents
 from lightning_nvcomp.format.decode import decode_storage, decode_tensor, storage_check, tensor_check
@@ -148,7 +148,7 @@ class _CodedRecord(NamedTuple):
 
     coding: records.Coding
     sizes: list[int]  # every chunk's stored size
-    crcs: list[Crc32 | int]  # every segment's CRC-32 (computing on CPU threads while the next segments are coded)
+    crcs: list[Checksum]  # every segment's CRC-32 (computing on CPU threads while the next segments are coded)
     blobs: list[_StoredBlob]
     storages: list[list[int]]  # (offset, nbytes) of each storage in the record
     device: str  # where the tensors lived (load(keep_on_gpu=True) puts CUDA ones back there)
