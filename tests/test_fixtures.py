@@ -1,5 +1,6 @@
-"""Files written by earlier versions keep loading bit-exactly: fixtures written by v0.1 (commit c5af640) and DCP
-checkpoints written by v0.2-dev (commit b45312a, the checked ``.metadata`` naming ``lightning_nvcomp.dcp``); and a
+"""Files written by earlier versions keep loading bit-exactly: fixtures written by v0.1 (commit c5af640), files of
+format 2 written before the package was reshaped (commit 327f5fe; the gANS one on the H200) and DCP checkpoints
+written by v0.2-dev (commit b45312a, the checked ``.metadata`` naming ``lightning_nvcomp.dcp``); and a
 ``.metadata`` written now still names only ``lightning_nvcomp.dcp`` (those names are part of the file format)."""
 
 from __future__ import annotations
@@ -43,6 +44,19 @@ def test_v0_1_files_load_bit_exactly(codec, loader):
     obj = lightning_nvcomp.load(path) if loader == "lightning_nvcomp.load" else torch.load(path, weights_only=True)
     assert {k: digest(v) for k, v in obj.items()} == EXPECTED
     assert obj["w_t"].untyped_storage().data_ptr() == obj["w"].untyped_storage().data_ptr()  # views still share
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+@pytest.mark.parametrize("loader", ["lightning_nvcomp.load", "torch.load"])
+def test_format_2_files_from_before_the_reshape_load_bit_exactly(codec, loader):
+    """Files of format 2 written by the code before the package was reshaped (commit 327f5fe; the v0.1 fixtures'
+    state): the reshaped writer and reader must keep reading them."""
+    path = FIXTURES / "v0.2-dev" / f"{codec}.pt"
+    obj = lightning_nvcomp.load(path) if loader == "lightning_nvcomp.load" else torch.load(path, weights_only=True)
+    assert {k: digest(v) for k, v in obj.items()} == EXPECTED
+    assert obj["w_t"].untyped_storage().data_ptr() == obj["w"].untyped_storage().data_ptr()
+    record = lightning_nvcomp.format.describe(path)["big"].record
+    assert record["format"] == 2 and "check" in record
 
 
 @pytest.mark.parametrize("version", ["v0.1", "v0.2-dev"])
