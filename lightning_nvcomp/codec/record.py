@@ -42,6 +42,8 @@ TYPED_ANS_CHUNK_NBYTES = 4 << 20
 #: gANS data types worth trying on whole numbers instead of byte planes (``<f2`` is never used: lossy on bf16).
 _TYPED_ANS = {torch.float32: "<f4", torch.float8_e4m3fn: "|f1"}
 _TYPED_SAMPLE_NBYTES = 8 << 20
+#: encode_batch starts every buffer's planes at a multiple of this many bytes.
+_BATCH_ALIGN = 64
 
 
 def pack(pieces: list[torch.Tensor]) -> torch.Tensor:
@@ -287,17 +289,20 @@ def encode_batch(
     datas = [d.to(work) for d in datas]
     if any(d.numel() > segment for d in datas):
         raise ValueError(f"encode_batch codes buffers of at most {segment} bytes; use Encoder for larger ones")
-    data = concatenate(datas)
+    width = byte_planes.plane_width(dtype)
+    if any(d.numel() % width for d in datas):
+        raise ValueError(f"buffers of {dtype} must be whole numbers of {width}-byte values")
+    # Each buffer padded to whole 64-byte plane columns: its chunks start aligned, as nvCOMP requires.
+    zeros = torch.zeros(_BATCH_ALIGN * width, dtype=torch.uint8, device=work)
+    data = concatenate([part for d in datas for part in (d, zeros[: -d.numel() % (_BATCH_ALIGN * width)])])
     layout = layout or choose_layout(engine, data, dtype, codec)
-    if any(d.numel() % layout.planes for d in datas):
-        raise ValueError(f"buffers of {dtype} must be whole numbers of {layout.planes}-byte values")
     if data.numel() == 0:
         return [(Coding(dtype, 0, layout, segment), []) for _ in datas]
     plane_data = byte_planes.split(data, layout.planes)
     flat, pitch = byte_planes.flatten(plane_data)
-    # Buffer i's plane k is row k of the planes of the concatenation, from column starts[i]: its chunks are those
-    # Encoder cuts from its own planes, at these offsets.
-    starts, spans, column = [], [], 0
+    # Buffer i's plane k is row k of the concatenation's planes, from its column on: its chunks are those Encoder
+    # cuts from its own planes, at these offsets.
+    spans, column = [], 0
     for d in datas:
         n = d.numel() // layout.planes
         spans.append(
@@ -306,8 +311,7 @@ def encode_batch(
                 for k in range(layout.planes)
             ]
         )
-        starts.append(column)
-        column += n
+        column += -(-d.numel() // (_BATCH_ALIGN * width)) * _BATCH_ALIGN * width // layout.planes
     stored = [[[flat[o : o + n] for o, n in plane] for plane in item] for item in spans]
     for coded_with in sorted(set(layout.codecs) - {"raw"}):
         ks = [k for k in range(layout.planes) if layout.codecs[k] == coded_with]
