@@ -296,19 +296,19 @@ def test_gpu_state_with_passed_through_tensors_is_checked_by_both_loaders(tmp_pa
             load()
 
 
-def test_v0_1_ans_fixture_loads_bit_exactly():
-    """A gANS file written by v0.1 (tests/fixtures/v0.1/ans.pt, written on an H200) still loads."""
+@pytest.mark.parametrize("version", ["v0.1", "v0.2-dev"])
+def test_ans_fixtures_load_bit_exactly(version):
+    """gANS files written on an H200 by v0.1 and by the code before the reshape (format 2, commit 327f5fe) load."""
     import hashlib
     import json
     from pathlib import Path
 
     from conftest import tensor_bytes
 
-    fixtures = Path(__file__).parent / "fixtures" / "v0.1"
-    if not (fixtures / "ans.pt").exists():
-        pytest.skip("no gANS fixture yet")
-    expected = json.loads((fixtures / "state.json").read_text())
-    for obj in (lightning_nvcomp.load(fixtures / "ans.pt"), torch.load(fixtures / "ans.pt", weights_only=True)):
+    fixtures = Path(__file__).parent / "fixtures"
+    path = fixtures / version / "ans.pt"
+    expected = json.loads((fixtures / "v0.1" / "state.json").read_text())  # both were written from its state
+    for obj in (lightning_nvcomp.load(path), torch.load(path, weights_only=True)):
         for k, v in obj.items():
             if isinstance(v, torch.Tensor):
                 assert hashlib.sha256(tensor_bytes(v.detach().cpu()).numpy()).hexdigest() == expected[k][-1], k
