@@ -257,6 +257,22 @@ def test_bad_arguments(tmp_path):
             NvcompFileSystemWriter(tmp_path, _extensions=[ZStandard()])
 
 
+def test_writer_takes_the_runs_save_options(tmp_path):
+    """The options object the plugin, the hook and the strategies share configures the DCP writer too."""
+    from lightning_nvcomp.options import SaveOptions
+
+    state = _state()
+    writer = NvcompFileSystemWriter(tmp_path, options=SaveOptions.of("none", staging_mb=1))
+    assert (writer.codec, writer.staging_nbytes) == ("none", 1 << 20)
+    dcp.save(state, storage_writer=writer)
+    assert writer.stats.codec == "none"
+    loaded = zeros_like_state(state)
+    dcp.load(loaded, checkpoint_id=tmp_path)
+    assert_state_equal(loaded, state)
+    with pytest.raises(ValueError, match="not both"):
+        NvcompFileSystemWriter(tmp_path, codec="zstd", options=SaveOptions.of("none"))
+
+
 def test_unknown_codec_in_metadata_is_refused(tmp_path):
     state = _state(8)
     dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))

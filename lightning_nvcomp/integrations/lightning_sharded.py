@@ -82,7 +82,7 @@ class CompressedShardedSaves:
         writers: list[NvcompFileSystemWriter] = []
 
         def compressed_save(converted_state: dict[str, Any], path: Path) -> None:
-            writers.append(NvcompFileSystemWriter(path, codec=self.options.codec.value))
+            writers.append(NvcompFileSystemWriter(path, options=self.options))
             dcp.save(converted_state, storage_writer=writers[-1])
 
         step = int(checkpoint.get("global_step", 0))

@@ -39,7 +39,7 @@ from lightning_nvcomp.integrations.dcp.staging import (
     local_tensors,
 )
 from lightning_nvcomp.integrations.dcp.stats import DcpCheckpointStats, gather
-from lightning_nvcomp.options import Codec
+from lightning_nvcomp.options import Codec, SaveOptions
 from lightning_nvcomp.policy import CodecPolicy, Prediction
 from lightning_nvcomp.resources import shared
 from lightning_nvcomp.stats import SaveStats
@@ -91,6 +91,8 @@ class NvcompFileSystemWriter(FileSystemWriter):
             training waits for CPU compression), ``"none"`` (DCP's staging copies everything; compression runs in
             the background on the CPU).
         staging_nbytes: GPU scratch bound per shard coding (see :func:`lightning_nvcomp.format.snapshot`).
+        options: a run's :class:`~lightning_nvcomp.options.SaveOptions` (what the Lightning sharded strategies pass):
+            its ``codec`` and ``staging_nbytes`` are used, and ``codec`` / ``staging_nbytes`` must then be left out.
         process_group: the group ``"auto"`` broadcasts its decision in and :meth:`gather_stats` gathers over
             (default: the default group; must be the group DCP saves with).
         Other arguments are ``FileSystemWriter``'s; ``_extensions`` is refused (stream transforms would
@@ -105,6 +107,7 @@ class NvcompFileSystemWriter(FileSystemWriter):
         policy: CodecPolicy | None = None,
         stage_compress: str = "gpu",
         staging_nbytes: int | None = None,
+        options: SaveOptions | None = None,
         process_group: dist.ProcessGroup | None = None,
         single_file_per_rank: bool = True,
         sync_files: bool = True,
@@ -114,6 +117,10 @@ class NvcompFileSystemWriter(FileSystemWriter):
         overwrite: bool = True,
         _extensions: Sequence[Any] | None = None,
     ) -> None:
+        if options is not None:
+            if codec != "auto" or staging_nbytes is not None:
+                raise ValueError("NvcompFileSystemWriter takes options= or codec=/staging_nbytes=, not both")
+            codec, staging_nbytes = options.codec.value, options.staging_nbytes
         codec = Codec.parse(codec).value
         if stage_compress not in STAGE_COMPRESS:
             raise ValueError(f"stage_compress must be one of {STAGE_COMPRESS}, not {stage_compress!r}")
