@@ -320,19 +320,27 @@ def job_kill_mid_save(results: dict, out: str, path: str) -> None:
     import torch.distributed.checkpoint as dcp
 
     from lightning_nvcomp.dcp import NvcompFileSystemWriter
+    from lightning_nvcomp.format import items
+
+    write_tensor = items.write_tensor
+    calls = [0]
+
+    def dying_write_tensor(*args, **kwargs):
+        calls[0] += 1
+        if dist.get_rank() == 1 and calls[0] == 3:  # items 1 and 2 are in the file: a partial data file
+            Path(out, "rank1.json").write_text(json.dumps(results))  # os._exit skips every finally
+            os._exit(9)
+        return write_tensor(*args, **kwargs)
 
     class DyingWriter(NvcompFileSystemWriter):
         """Used only here: rank 1 exits (as if killed) in the middle of writing its data file."""
 
-        calls = 0
-
-        def _encode_item(self, *args, **kwargs):
-            DyingWriter.calls += 1
-            if dist.get_rank() == 1 and DyingWriter.calls == 3:  # items 1 and 2 were handed to the writing thread
-                time.sleep(0.5)  # let the first ones reach the file: a partial data file
-                Path(out, "rank1.json").write_text(json.dumps(results))  # os._exit skips every finally
-                os._exit(9)
-            return super()._encode_item(*args, **kwargs)
+        def write_data(self, plan, planner):
+            items.write_tensor = dying_write_tensor
+            try:
+                return super().write_data(plan, planner)
+            finally:
+                items.write_tensor = write_tensor
 
     def save_a() -> None:
         W._save_load(path, {"codec": "zstd"}, version=0)

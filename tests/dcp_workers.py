@@ -264,15 +264,27 @@ def job_failure(results: dict, root: str) -> None:
     import torch.distributed.checkpoint as dcp
 
     from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
+    from lightning_nvcomp.format import items
+
+    write_tensor = items.write_tensor
+    calls = [0]
+
+    def failing_write_tensor(*args, **kwargs):
+        calls[0] += 1
+        if dist.get_rank() == 1 and calls[0] == 2:  # after its first item is written
+            raise _Failure("injected failure")
+        return write_tensor(*args, **kwargs)
 
     class FailingWriter(NvcompFileSystemWriter):
-        calls = 0
+        """Rank 1 fails writing its second tensor item (the disk thread raises, as a full disk would)."""
 
-        def _encode_item(self, *args, **kwargs):
-            FailingWriter.calls += 1
-            if dist.get_rank() == 1 and FailingWriter.calls == 2:  # after its first item is written
-                raise _Failure("injected failure")
-            return super()._encode_item(*args, **kwargs)
+        def write_data(self, plan, planner):
+            calls[0] = 0
+            items.write_tensor = failing_write_tensor
+            try:
+                return super().write_data(plan, planner)
+            finally:
+                items.write_tensor = write_tensor
 
     def load(path: str) -> dict:
         target = sharded_state(_mesh(), zeros=True)
@@ -302,7 +314,6 @@ def job_failure(results: dict, root: str) -> None:
 
     def new_dir() -> None:
         _save_load(f"{root}/prev", {"codec": "zstd"}, version=0)
-        FailingWriter.calls = 0
         try:
             dcp.save(sharded_state(_mesh(), version=1), storage_writer=FailingWriter(f"{root}/next", codec="zstd"))
         except BaseException as err:  # DCP's CheckpointException is a BaseException

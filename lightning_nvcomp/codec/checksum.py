@@ -83,8 +83,20 @@ class Crc32:
         return crc
 
 
+class BatchCrc32:
+    """One of the CRC-32s :func:`crc32_batch` computes together; :meth:`result` waits for them."""
+
+    __slots__ = ("_future", "_index")
+
+    def __init__(self, future: Future, index: int) -> None:
+        self._future, self._index = future, index
+
+    def result(self) -> int:
+        return self._future.result()[self._index]
+
+
 #: A CRC-32 as a number, or still being computed.
-Checksum = Crc32 | Future | int
+Checksum = Crc32 | BatchCrc32 | int
 
 
 def value(crc: Checksum) -> int:
@@ -92,24 +104,17 @@ def value(crc: Checksum) -> int:
     return crc if isinstance(crc, int) else crc.result()
 
 
-def crc32_batch(blobs: list[torch.Tensor], ready: torch.cuda.Event | None = None) -> list[Future]:
+def crc32_batch(blobs: list[torch.Tensor], ready: torch.cuda.Event | None = None) -> list[BatchCrc32]:
     """The CRC-32s of many small 1-D uint8 CPU tensors, computed together in one task on the CRC threads (one
     hand-off for all of them instead of one each). ``ready``: as for :class:`Crc32`."""
-    futures: list[Future] = [Future() for _ in blobs]
 
-    def run() -> None:
-        try:
-            if ready is not None:
-                ready.synchronize()
-            for future, blob in zip(futures, blobs):
-                future.set_result(zlib.crc32(memoryview(blob.numpy())))
-        except BaseException as err:
-            for future in futures:
-                if not future.done():
-                    future.set_exception(err)
+    def run() -> list[int]:
+        if ready is not None:
+            ready.synchronize()
+        return [zlib.crc32(memoryview(blob.numpy())) for blob in blobs]
 
-    _pool().submit(run)
-    return futures
+    future = _pool().submit(run)
+    return [BatchCrc32(future, i) for i in range(len(blobs))]
 
 
 def crc32(data: torch.Tensor) -> int:

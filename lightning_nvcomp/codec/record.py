@@ -64,6 +64,21 @@ def concatenate(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def segment_nbytes(device: torch.device, codec: str) -> int:
+    """The default segment size of a buffer on ``device`` coded with ``codec``: :data:`SEGMENT_NBYTES` where it is
+    coded on a GPU, at most :data:`CPU_SEGMENT_NBYTES` on the CPU."""
+    return _default_segment(_on_gpu(engine_for(codec, device), device))
+
+
+def _on_gpu(engine: ChunkEngine | None, device: torch.device) -> bool:
+    """Whether data on ``device`` is coded on a GPU (gANS codes CPU data there; raw stays where it is)."""
+    return engine.device_type == "cuda" if engine is not None else device.type == "cuda"
+
+
+def _default_segment(on_gpu: bool) -> int:
+    return SEGMENT_NBYTES if on_gpu else min(SEGMENT_NBYTES, CPU_SEGMENT_NBYTES)
+
+
 def engine_for(codec: str, device: torch.device) -> ChunkEngine | None:
     """The engine that codes ``codec`` for data on ``device`` (None for ``"raw"``).
 
@@ -193,8 +208,8 @@ class Encoder:
         layout: Layout | None = None,
     ) -> None:
         self.engine = engine_for(codec, data.device)
-        on_gpu = self.engine.device_type == "cuda" if self.engine is not None else data.device.type == "cuda"
-        segment = segment or (SEGMENT_NBYTES if on_gpu else min(SEGMENT_NBYTES, CPU_SEGMENT_NBYTES))
+        on_gpu = _on_gpu(self.engine, data.device)
+        segment = segment or _default_segment(on_gpu)
         if segment <= 0 or segment % 512:
             raise ValueError(f"segment size {segment} must be a positive multiple of 512 bytes")
         self.data = data.to("cuda" if on_gpu else "cpu")
@@ -283,10 +298,10 @@ def encode_batch(
     if not datas:
         return []
     engine = engine_for(codec, datas[0].device)
-    on_gpu = engine.device_type == "cuda" if engine is not None else datas[0].device.type == "cuda"
-    segment = SEGMENT_NBYTES if on_gpu else min(SEGMENT_NBYTES, CPU_SEGMENT_NBYTES)
+    on_gpu = _on_gpu(engine, datas[0].device)
+    segment = _default_segment(on_gpu)
     work = "cuda" if on_gpu else "cpu"
-    datas = [d.to(work) for d in datas]
+    datas = [d if d.device.type == work else d.to(work) for d in datas]
     if any(d.numel() > segment for d in datas):
         raise ValueError(f"encode_batch codes buffers of at most {segment} bytes; use Encoder for larger ones")
     width = byte_planes.plane_width(dtype)
@@ -324,18 +339,17 @@ def encode_batch(
                 item[k] = [c if c.numel() < raw.numel() else raw for raw, c in zip(item[k], coded)]
     pieces = [[piece for plane in item for piece in plane] for item in stored]
     codings = [Coding(dtype, d.numel(), layout, segment) for d in datas]
-    if on_gpu:  # one packed device buffer, one copy to pinned host memory: each buffer's blob is its range of it
-        host = _to_host(pack([piece for p in pieces for piece in p]))
-        event = torch.cuda.Event()
-        event.record()
-        ready: torch.cuda.Event | None = event
-        blobs, at = [], 0
-        for p in pieces:
-            nbytes = sum(_padded(c.numel()) for c in p)
-            blobs.append(host[at : at + nbytes])
-            at += nbytes
-    else:
-        blobs, ready = [pack(p) for p in pieces], None
+    # One packed buffer (on a GPU, one copy of it to pinned host memory): each buffer's blob is its range of it.
+    host = _to_host(pack([piece for p in pieces for piece in p]))
+    ready: torch.cuda.Event | None = None
+    if on_gpu:
+        ready = torch.cuda.Event()
+        ready.record()
+    blobs, at = [], 0
+    for p in pieces:
+        nbytes = sum(_padded(c.numel()) for c in p)
+        blobs.append(host[at : at + nbytes])
+        at += nbytes
     crcs = iter(crc32_batch([b for b, p in zip(blobs, pieces) if p], ready))
     segments = [[Segment(b, [c.numel() for c in p], next(crcs))] if p else [] for b, p in zip(blobs, pieces)]
     return list(zip(codings, segments))

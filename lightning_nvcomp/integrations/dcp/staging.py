@@ -12,6 +12,7 @@ import torch
 from torch.distributed.checkpoint.metadata import STATE_DICT_TYPE
 
 from lightning_nvcomp import format as fileformat
+from lightning_nvcomp.format.items import CodedTensor, code_tensors, storable
 from lightning_nvcomp.integrations.dcp import _compat
 from lightning_nvcomp.integrations.dcp._compat import DTensor, Shard, ShardedTensor
 from lightning_nvcomp.tree import leaves
@@ -22,17 +23,24 @@ ENCODE_LOCK = threading.Lock()
 STAGE_DEVICES: dict[str, tuple[str, ...]] = {"gpu": ("cuda",), "all": ("cuda", "cpu"), "none": ()}
 
 
-def local_tensors(state_dict: STATE_DICT_TYPE) -> list[torch.Tensor]:
-    """The local tensors of a state dict: plain tensors, DTensor local shards, ShardedTensor local shards."""
-    found: list[torch.Tensor] = []
-    for _, obj in leaves(state_dict, lambda o: isinstance(o, (DTensor, ShardedTensor, torch.Tensor)), once=False):
+def local_tensors_named(state_dict: STATE_DICT_TYPE) -> list[tuple[str, torch.Tensor]]:
+    """The local tensors of a state dict with their dotted paths: plain tensors, DTensor local shards, ShardedTensor
+    local shards (as they are, not detached)."""
+    found: list[tuple[str, torch.Tensor]] = []
+    for name, obj in leaves(state_dict, lambda o: isinstance(o, (DTensor, ShardedTensor, torch.Tensor)), once=False):
         if isinstance(obj, DTensor):
-            found.append(_compat.dtensor_local(obj))
+            found.append((name, _compat.dtensor_local(obj)))
         elif isinstance(obj, ShardedTensor):
-            found.extend(s.tensor for s in obj.local_shards())
+            found.extend((name, s.tensor) for s in obj.local_shards())
         else:
-            found.append(obj)
-    return [t.detach() for t in found if t.numel() and t.dtype in fileformat.DTYPES.values()]
+            found.append((name, obj))
+    return found
+
+
+def local_tensors(state_dict: STATE_DICT_TYPE) -> list[torch.Tensor]:
+    """The local tensors of a state dict that hold data of a dtype the format names, detached."""
+    found = [t.detach() for _, t in local_tensors_named(state_dict)]
+    return [t for t in found if t.numel() and t.dtype in fileformat.DTYPES.values()]
 
 
 def compact(t: torch.Tensor) -> torch.Tensor:
@@ -46,45 +54,45 @@ def compact(t: torch.Tensor) -> torch.Tensor:
 class StagedShard:
     """A shard compressed while staging, stored in place of the copy that DCP's staging would have made."""
 
-    __slots__ = ("placeholder", "raw_nbytes", "snap")
+    __slots__ = ("coded", "placeholder")
 
-    def __init__(self, snap: fileformat.Snapshot, placeholder: torch.Tensor, raw_nbytes: int) -> None:
+    def __init__(self, coded: CodedTensor, placeholder: torch.Tensor) -> None:
         # The placeholder is kept alive with the entry: its address identifies it and cannot be reused meanwhile.
-        self.snap, self.placeholder, self.raw_nbytes = snap, placeholder, raw_nbytes
+        self.coded, self.placeholder = coded, placeholder
 
 
 class Stager:
-    """One staging: copies a state dict as DCP's staging does, compressing the shards on ``devices`` with ``codec``.
+    """One staging: copies a state dict as DCP's staging does, compressing the shards on ``devices`` with ``codec``
+    (in batches, once every shard is found: :func:`~lightning_nvcomp.format.items.code_tensors`).
     :attr:`shards` maps each placeholder's storage address to its compressed shard."""
 
-    def __init__(self, codec: str, devices: tuple[str, ...], staging_nbytes: int | None) -> None:
-        self.codec, self.devices, self.staging_nbytes = codec, devices, staging_nbytes
+    def __init__(self, codec: str, devices: tuple[str, ...]) -> None:
+        self.codec, self.devices = codec, devices
         self.shards: dict[int, StagedShard] = {}
+        self._names: dict[int, str] = {}
+        self._pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # (name, shard, placeholder)
 
     def stage(self, state_dict: STATE_DICT_TYPE) -> STATE_DICT_TYPE:
+        self._names = {id(t): name for name, t in local_tensors_named(state_dict)}
         staged = _compat.iterate_state_dict(state_dict, self._sharded, self._dtensor, lambda t, *_: self._tensor(t))
+        with ENCODE_LOCK:
+            pending, self._pending = self._pending, []
+            for batch in code_tensors([(name, t) for name, t, _ in pending], self.codec):
+                for index, coded in batch:
+                    placeholder = pending[index][2]
+                    self.shards[placeholder.untyped_storage().data_ptr()] = StagedShard(coded, placeholder)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         return staged
 
     def _tensor(self, t: torch.Tensor) -> torch.Tensor:
+        name = self._names.get(id(t), "<staged>")
         t = t.detach()
-        if (
-            t.device.type not in self.devices
-            or t.numel() == 0
-            or t.dim() == 0
-            or t.dtype not in fileformat.DTYPES.values()
-        ):
+        if t.device.type not in self.devices or t.numel() == 0 or t.dim() == 0 or not storable(t):
             return t.to("cpu", copy=True)
-        src = compact(t)
-        with ENCODE_LOCK:
-            # isolate: the file is written while training goes on (with "none", CPU shards must be copied too)
-            snap = fileformat.snapshot(src, self.codec, [src], isolate=True, staging_nbytes=self.staging_nbytes)
         # Never written to: a placeholder with the shard's shape for the planner (torch.empty touches no memory).
         placeholder = torch.empty(t.shape, dtype=t.dtype)
-        self.shards[placeholder.untyped_storage().data_ptr()] = StagedShard(
-            snap, placeholder, t.numel() * t.element_size()
-        )
+        self._pending.append((name, t, placeholder))
         return placeholder
 
     def _dtensor(self, d: Any, pg: Any, device: Any, companion: Any) -> Any:

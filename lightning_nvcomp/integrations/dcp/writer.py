@@ -27,6 +27,8 @@ from torch.futures import Future
 
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.errors import CheckpointError
+from lightning_nvcomp.format import items as tensor_items
+from lightning_nvcomp.format.items import CodedTensor, code_tensors, storable
 from lightning_nvcomp.format.zip import ArchiveWriter
 from lightning_nvcomp.integrations.dcp import _compat
 from lightning_nvcomp.integrations.dcp.metadata import METADATA, NvcompStorageInfo, _CheckedMetadata, refuse_remote
@@ -207,7 +209,7 @@ class NvcompFileSystemWriter(FileSystemWriter):
         if not any(t.device.type in devices for t in tensors):
             staged = super().stage(state_dict)
         else:
-            stager = Stager(self._chosen[0], devices, self.staging_nbytes)
+            stager = Stager(self._chosen[0], devices)
             staged = stager.stage(state_dict)
             self._staged = stager.shards
         self._stage_s = time.perf_counter() - begin
@@ -298,66 +300,75 @@ class NvcompFileSystemWriter(FileSystemWriter):
             raise errors[0]
         return outcomes
 
-    def _encode_item(
-        self, item: WriteItem, planner: SavePlanner, codec: str, staged: dict[int, StagedShard]
-    ) -> tuple[fileformat.Snapshot, int, str]:
-        """Compress one tensor item: returns its snapshot, raw size and codec. Uses the shard compressed while
-        staging when there is one."""
-        data = cast(torch.Tensor, planner.resolve_data(item)).detach()
+    def _staged_shard(self, item: WriteItem, data: torch.Tensor, staged: dict[int, StagedShard]) -> CodedTensor | None:
+        """The shard ``dcp.async_save`` compressed while staging for this item, if it is one."""
         shard = staged.get(data.untyped_storage().data_ptr()) if data.numel() else None
-        if shard is not None:
-            held = shard.placeholder
-            if (
-                data.shape != held.shape
-                or data.dtype != held.dtype
-                or data.stride() != held.stride()
-                or data.storage_offset()
-            ):
-                raise CheckpointError(
-                    f"item {item.index.fqn!r}: the planner asks for a view {tuple(data.shape)} of a shard compressed "
-                    f"while staging {tuple(held.shape)}; save with stage_compress='none'"
-                )
-            return shard.snap, shard.raw_nbytes, codec
-        if data.device.type not in ("cpu", "cuda") or data.dtype not in fileformat.DTYPES.values():
-            data = data.cpu()
-        data = compact(data)
-        with ENCODE_LOCK:
-            snap = fileformat.snapshot(data, codec, [data], staging_nbytes=self.staging_nbytes)
-        return snap, data.numel() * data.element_size(), codec
+        if shard is None:
+            return None
+        held = shard.placeholder
+        if (
+            data.shape != held.shape
+            or data.dtype != held.dtype
+            or data.stride() != held.stride()
+            or data.storage_offset()
+        ):
+            raise CheckpointError(
+                f"item {item.index.fqn!r}: the planner asks for a view {tuple(data.shape)} of a shard compressed "
+                f"while staging {tuple(held.shape)}; save with stage_compress='none'"
+            )
+        return shard.coded
 
     def _write_file(
         self, name: str, items: list[WriteItem], planner: SavePlanner, codec: str, staged: dict[int, StagedShard]
     ) -> _Outcome:
-        """Write one data file: byte items as they are, then each tensor item compressed (the next item is coded
-        while this one is written). Returns the write results and the seconds spent coding."""
+        """Write one data file: byte items as they are, then the tensor items, coded in batches
+        (:func:`~lightning_nvcomp.format.items.code_tensors`) and each written as its own archive on a disk thread
+        while the next batch is coded. Returns the write results and the seconds spent coding."""
         results: list[WriteResult] = []
-        encode_s = 0.0
         with self.fs.create_stream(self.fs.concat_path(self.path, name), "wb") as stream:
             for item in (i for i in items if i.type == WriteItemType.BYTE_IO):
-                data = cast(io.BytesIO, planner.resolve_data(item))
+                payload = cast(io.BytesIO, planner.resolve_data(item))
                 offset = stream.tell()
-                stream.write(data.getbuffer())
+                stream.write(payload.getbuffer())
                 length = stream.tell() - offset
                 results.append(WriteResult(item.index, length, _compat.StorageInfo(name, offset, length)))
 
-            def write(item: WriteItem, snap: fileformat.Snapshot, raw: int, used: str) -> WriteResult:
-                offset = stream.tell()
-                snap.write_to(ArchiveWriter(cast(BinaryIO, stream)))
-                length = stream.tell() - offset
-                info = NvcompStorageInfo(name, offset, length, codec=used, raw_nbytes=raw)
-                return WriteResult(item.index, length, info)
+            def write(batch: list[tuple[WriteItem, CodedTensor | fileformat.Snapshot]]) -> list[WriteResult]:
+                done = []
+                for item, stored in batch:
+                    offset = stream.tell()
+                    archive = ArchiveWriter(cast(BinaryIO, stream))
+                    if isinstance(stored, CodedTensor):
+                        tensor_items.write_tensor(archive, stored)
+                    else:
+                        stored.write_to(archive)
+                    length = stream.tell() - offset
+                    info = NvcompStorageInfo(name, offset, length, codec=codec, raw_nbytes=stored.raw_nbytes)
+                    done.append(WriteResult(item.index, length, info))
+                return done
 
+            begin = time.perf_counter()
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lnv-dcp-write") as disk:
-                pending = None
+                ready: list[tuple[WriteItem, CodedTensor | fileformat.Snapshot]] = []  # coded while staging
+                to_code: list[tuple[WriteItem, torch.Tensor]] = []
                 for item in (i for i in items if i.type != WriteItemType.BYTE_IO):
-                    begin = time.perf_counter()
-                    snap, raw, used = self._encode_item(item, planner, codec, staged)
-                    encode_s += time.perf_counter() - begin
-                    if pending is not None:
-                        results.append(pending.result())
-                    pending = disk.submit(write, item, snap, raw, used)
-                if pending is not None:
-                    results.append(pending.result())
+                    data = cast(torch.Tensor, planner.resolve_data(item)).detach()
+                    coded = self._staged_shard(item, data, staged)
+                    if coded is not None:
+                        ready.append((item, coded))
+                    elif storable(data):
+                        to_code.append((item, data))
+                    else:  # what the coder does not store whole (subclasses...): through torch.save's pickling
+                        data = compact(data.cpu())
+                        ready.append(
+                            (item, fileformat.snapshot(data, codec, [data], staging_nbytes=self.staging_nbytes))
+                        )
+                writes = [disk.submit(write, ready)]
+                with ENCODE_LOCK:
+                    for batch in code_tensors([(i.index.fqn, d) for i, d in to_code], codec):
+                        writes.append(disk.submit(write, [(to_code[index][0], coded) for index, coded in batch]))
+                encode_s = time.perf_counter() - begin
+                results.extend(r for w in writes for r in w.result())
             if self.sync_files:
                 stream.flush()
                 os.fsync(stream.fileno())
