@@ -569,18 +569,25 @@ def test_ans_record_without_gpu_is_unavailable_for_decoding(valid_record):
 
 
 def assert_batch_matches_encoder(datas: list[torch.Tensor], dtype: torch.dtype, codec: str) -> None:
-    """encode_batch gives every buffer exactly the blobs and record Encoder gives it with the same layout, and
-    each decodes back to its bytes."""
+    """encode_batch gives every buffer a record of its own that decodes back to its bytes. With zstd and raw
+    (chunks coded independently) its blobs and record are exactly what Encoder gives it with the same layout; nvCOMP
+    gANS codes a chunk differently inside a batch (its statistics span the batch), so there only the layout and the
+    chunk count must match, and the stored size stay within 1% of Encoder's."""
     coded = record.encode_batch(datas, dtype, codec)
     assert len(coded) == len(datas)
     for data, (coding, segments) in zip(datas, coded):
         blobs, meta = record.encode(data, dtype, codec, layout=coding.layout)
         batch_meta = record.describe(coding, [n for s in segments for n in s.sizes], [s.crc for s in segments])
-        assert batch_meta == meta
-        assert [tensor_bytes(b).numpy().tobytes() for b in blobs] == [
-            tensor_bytes(s.blob).numpy().tobytes() for s in segments
-        ]
+        schema.validate(copy.deepcopy(batch_meta), [s.blob.numel() for s in segments])
         assert torch.equal(record.decode([s.blob for s in segments], batch_meta), data.cpu())
+        if codec != "ans":
+            assert batch_meta == meta
+            assert [tensor_bytes(b).numpy().tobytes() for b in blobs] == [
+                tensor_bytes(s.blob).numpy().tobytes() for s in segments
+            ]
+        else:
+            assert len(batch_meta["sizes"]) == len(meta["sizes"]) and batch_meta["codecs"] == meta["codecs"]
+            assert sum(batch_meta["sizes"]) <= 1.01 * sum(meta["sizes"]) + 64
 
 
 @SETTINGS
