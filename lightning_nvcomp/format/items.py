@@ -6,14 +6,21 @@ call (:func:`write_tensor`), which any ``torch.load`` reads once ``lightning_nvc
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+import pickle
+import struct
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from lightning_nvcomp.codec import record as records
+from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.format.contents import DTYPES
-from lightning_nvcomp.format.decode import decode_tensor, tensor_check
+from lightning_nvcomp.format.decode import LoadState, _keep_on_gpu, _load, decode_tensor, tensor_check
+from lightning_nvcomp.format.reader import read
 from lightning_nvcomp.format.sink import MemorySink
 from lightning_nvcomp.format.writer import _ArchivePickler, _LayoutCache, _StoredBlob
 from lightning_nvcomp.format.zip import ArchiveWriter
@@ -137,3 +144,132 @@ def write_tensor(writer: ArchiveWriter, coded: CodedTensor) -> None:
     writer.add_torch_metadata()
     writer.add("data.pkl", buffer.getbuffer())
     writer.finish("data.pkl")
+
+
+class _NotOurs(Exception):
+    """The bytes are not an archive as :func:`write_tensor` writes one: read them the general way."""
+
+
+def _entries(data: memoryview) -> dict[str, tuple[int, int, int]]:
+    """The entries of an archive as :class:`ArchiveWriter` writes it (zip64, stored, no comment): name -> (start,
+    size, CRC-32), every offset checked against the archive's size. Raises :class:`_NotOurs` for anything else."""
+    n = len(data)
+    if n < 98 or bytes(data[n - 22 : n - 18]) != b"PK\x05\x06" or bytes(data[n - 42 : n - 38]) != b"PK\x06\x07":
+        raise _NotOurs
+    (end64,) = struct.unpack_from("<Q", data, n - 34)
+    if end64 > n - 98 or bytes(data[end64 : end64 + 4]) != b"PK\x06\x06":
+        raise _NotOurs
+    count, _, cd_size, cd_start = struct.unpack_from("<QQQQ", data, end64 + 24)
+    if cd_start + cd_size > end64 or count > 1 << 20:
+        raise _NotOurs
+    entries: dict[str, tuple[int, int, int]] = {}
+    pos = cd_start
+    for _ in range(count):
+        if pos + 46 > cd_start + cd_size or bytes(data[pos : pos + 4]) != b"PK\x01\x02":
+            raise _NotOurs
+        (crc,) = struct.unpack_from("<I", data, pos + 16)
+        name_len, extra_len, comment_len = struct.unpack_from("<HHH", data, pos + 28)
+        name = bytes(data[pos + 46 : pos + 46 + name_len])
+        extra = pos + 46 + name_len
+        if extra_len != 28 or comment_len or struct.unpack_from("<HH", data, extra) != (1, 24):
+            raise _NotOurs
+        size, _, header = struct.unpack_from("<QQQ", data, extra + 4)
+        if header + 30 > cd_start or bytes(data[header : header + 4]) != b"PK\x03\x04":
+            raise _NotOurs
+        local_name, local_extra = struct.unpack_from("<HH", data, header + 26)
+        start = header + 30 + local_name + local_extra
+        if bytes(data[header + 30 : header + 30 + local_name]) != name or start + size > cd_start:
+            raise _NotOurs
+        entries[name.decode("utf-8", "replace")] = (start, size, crc)
+        pos = extra + extra_len
+    return entries
+
+
+class _Blob:
+    """A storage entry of the archive, as the pickle's persistent id names it."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self.data = data
+
+
+def _rebuild_blob(storage: object, offset: object, size: object, stride: object, *rest: object) -> torch.Tensor:
+    """What ``torch._utils._rebuild_tensor_v2`` does for a blob: the whole entry as a 1-D uint8 tensor (a view of the
+    file's bytes)."""
+    if not isinstance(storage, _Blob) or offset != 0 or size != (storage.data.numel(),) or stride != (1,):
+        raise _NotOurs
+    return storage.data
+
+
+class _ItemUnpickler(pickle.Unpickler):
+    """Unpickles a tensor item's ``data.pkl``: one :func:`decode_tensor` call and the blobs it takes; any other
+    global is not ours (the general reader handles it, and ``weights_only`` rules there)."""
+
+    _GLOBALS: dict[tuple[str, str], object] = {
+        ("lightning_nvcomp", "decode_tensor"): decode_tensor,
+        ("torch._utils", "_rebuild_tensor_v2"): _rebuild_blob,
+        ("collections", "OrderedDict"): OrderedDict,
+        ("torch", "ByteStorage"): _Blob,
+    }
+
+    def __init__(self, pickled: bytes, blob: Callable[[str, int], torch.Tensor]) -> None:
+        super().__init__(io.BytesIO(pickled))
+        self._blob = blob
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = self._GLOBALS.get((module, name))
+        if found is None:
+            raise _NotOurs
+        return found
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and pid[1] is _Blob):
+            raise _NotOurs
+        _, _, key, location, nbytes = pid
+        if location != "cpu" or not isinstance(key, str) or not isinstance(nbytes, int):
+            raise _NotOurs
+        return _Blob(self._blob(key, nbytes))
+
+
+def read_tensor(data: torch.Tensor, name: str, device: torch.device, state: LoadState) -> torch.Tensor:
+    """Read one tensor item: ``data`` (1-D uint8 CPU) is a whole archive. An archive as :func:`write_tensor` writes it
+    is parsed here (its offsets checked, its pickle's CRC-32 checked, its one ``decode_tensor`` call run, which
+    checks the record, its segments and the placement): no ``torch.load`` and ``zipfile`` per item. Anything else,
+    and every failure, goes through :func:`~lightning_nvcomp.format.reader.read`, which names what is wrong.
+    CUDA ``device``: records saved from a GPU decode there. ``state``: the load's bound and records, shared by the
+    items of one load."""
+    view = memoryview(data.numpy())
+    try:
+        entries = _entries(view)
+        pickles = [k for k in entries if k.endswith("/data.pkl")]
+        if len(pickles) != 1:
+            raise _NotOurs
+        start, size, crc = entries[pickles[0]]
+        pickled = bytes(view[start : start + size])
+        if zlib.crc32(pickled) != crc:
+            raise _NotOurs
+        prefix = pickles[0][: -len("data.pkl")]
+
+        def blob(key: str, nbytes: int) -> torch.Tensor:
+            found = entries.get(f"{prefix}data/{key}")
+            if found is None or found[1] != nbytes:
+                raise _NotOurs
+            return data[found[0] : found[0] + nbytes]
+
+        load_token, gpu_token = _load.set(state), _keep_on_gpu.set(device.type == "cuda")
+        try:
+            tensor = _ItemUnpickler(pickled, blob).load()
+        finally:
+            _keep_on_gpu.reset(gpu_token)
+            _load.reset(load_token)
+    except CheckpointError as err:  # damage found by the decoder: name the item
+        raise type(err)(err.args[0] if str(err).startswith(name) else f"{name}: {err}") from None
+    except (_NotOurs, pickle.UnpicklingError, struct.error, EOFError, ValueError, TypeError, IndexError):
+        tensor = None
+    if tensor is None:
+        location = device if device.type == "cuda" else torch.device("cpu")
+        tensor = read(io.BytesIO(view), name, map_location=location, state=state)
+    if not isinstance(tensor, torch.Tensor):
+        raise CorruptCheckpointError(f"{name}: holds a {type(tensor).__name__}, not a tensor")
+    return tensor

@@ -7,6 +7,8 @@ from __future__ import annotations
 import io
 import os
 import zipfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
 import torch
@@ -18,6 +20,7 @@ from torch.futures import Future
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import CodecUnavailableError, CorruptCheckpointError
+from lightning_nvcomp.format.items import read_tensor
 from lightning_nvcomp.integrations.dcp import _compat
 from lightning_nvcomp.integrations.dcp._compat import StorageInfo
 from lightning_nvcomp.integrations.dcp.metadata import (
@@ -87,6 +90,7 @@ class NvcompFileSystemReader(FileSystemReader):
             path = self.fs.concat_path(self.path, relative_path)
             with self.fs.create_stream(path, "rb") as stream:
                 size = _stream_size(stream)
+                coded: list[tuple[ReadItem, NvcompStorageInfo]] = []
                 for req, info in reqs:
                     where = f"{relative_path}: item {req.storage_index.fqn!r}"
                     if info.offset + info.length > size:
@@ -94,7 +98,19 @@ class NvcompFileSystemReader(FileSystemReader):
                             f"{where} lies at bytes {info.offset}..{info.offset + info.length} but the file has "
                             f"{size} bytes: the data file is truncated or the metadata is damaged"
                         )
-                    self._read_one(stream, req, info, planner, where, budget)
+                    if isinstance(info, NvcompStorageInfo) and info.codec is not None:
+                        _check_codec(info, where)
+                        coded.append((req, info))
+                    else:
+                        self._read_one(stream, req, info, planner, where, budget)
+                for window, data in _windows(stream, coded):
+                    for req, info in window:
+                        where = f"{relative_path}: item {req.storage_index.fqn!r}"
+                        start = info.offset - window[0][1].offset
+                        target = planner.resolve_tensor(req).detach()
+                        tensor = read_tensor(data[start : start + info.length], where, target.device, budget)
+                        _check_raw_nbytes(tensor, info, where)
+                        self._commit(req, tensor, target, planner, where)
         fut: Future = Future()
         fut.set_result(None)
         return fut
@@ -108,11 +124,8 @@ class NvcompFileSystemReader(FileSystemReader):
         where: str,
         budget: fileformat.LoadState,
     ) -> None:
+        """Read an item stored by plain DCP (a byte item, or a tensor as ``torch.save`` wrote it)."""
         view = _compat.slice_file(self, stream, info)
-        if isinstance(info, NvcompStorageInfo) and info.codec is not None:
-            target = planner.resolve_tensor(req).detach()
-            self._commit(req, _read_item(view, info, target.device, where, budget), target, planner, where)
-            return
         descriptors = _compat.transform_descriptors(info)
         if descriptors:
             data = _compat.load_transformed(self, req, descriptors, view).read(-1)
@@ -197,10 +210,45 @@ def _read_exactly(view: IO[bytes], length: int, where: str) -> bytes:
     return data
 
 
-def _read_item(
-    view: IO[bytes], info: NvcompStorageInfo, device: torch.device, where: str, budget: fileformat.LoadState
-) -> torch.Tensor:
-    """Decode one stored item (a torch.save zip, compressed records inside) onto ``device`` (GPU if it is one)."""
+#: Bytes of a data file read at once: compressed items are read in windows of this size, the next one while the
+#: items of this one decode.
+WINDOW_NBYTES = 64 << 20
+
+
+def _windows(
+    stream: Any, items: list[tuple[ReadItem, NvcompStorageInfo]]
+) -> Iterator[tuple[list[tuple[ReadItem, NvcompStorageInfo]], torch.Tensor]]:
+    """The items in file order, in runs spanning at most :data:`WINDOW_NBYTES` (an item larger than that alone),
+    each with the bytes from its first item's start to its last one's end, read in one call (on a thread, while the
+    caller decodes the previous run)."""
+    runs: list[list[tuple[ReadItem, NvcompStorageInfo]]] = []
+    for pair in sorted(items, key=lambda p: p[1].offset):
+        if runs and pair[1].offset + pair[1].length - runs[-1][0][1].offset <= WINDOW_NBYTES:
+            runs[-1].append(pair)
+        else:
+            runs.append([pair])
+
+    def read(run: list[tuple[ReadItem, NvcompStorageInfo]]) -> torch.Tensor:
+        start = run[0][1].offset
+        end = max(info.offset + info.length for _, info in run)
+        buffer = bytearray(end - start)
+        stream.seek(start)
+        got = stream.readinto(buffer)
+        if got != len(buffer):
+            raise CorruptCheckpointError(f"a data file ends {len(buffer) - (got or 0)} bytes early")
+        return torch.frombuffer(buffer, dtype=torch.uint8) if buffer else torch.empty(0, dtype=torch.uint8)
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lnv-dcp-read") as reader:
+        ahead = reader.submit(read, runs[0]) if runs else None
+        for i, run in enumerate(runs):
+            assert ahead is not None
+            data = ahead.result()
+            ahead = reader.submit(read, runs[i + 1]) if i + 1 < len(runs) else None
+            yield run, data
+
+
+def _check_codec(info: NvcompStorageInfo, where: str) -> None:
+    """The item's codec is one this version knows, and can run here."""
     if info.codec not in ITEM_CODECS:
         raise CorruptCheckpointError(f"{where}: unknown codec {info.codec!r} in the checkpoint metadata")
     if info.codec == "ans" and not gpu_available():
@@ -208,14 +256,11 @@ def _read_item(
             f"{where} was compressed with gANS, which needs a CUDA GPU and nvCOMP to decode (no CPU decoder); load "
             "it on a GPU machine, or save with codec='zstd' to load anywhere"
         )
-    data = io.BytesIO(_read_exactly(view, info.length, where))
-    location = device if device.type == "cuda" and gpu_available() else torch.device("cpu")
-    tensor = fileformat.read(data, where, map_location=location, state=budget)
-    if not isinstance(tensor, torch.Tensor):
-        raise CorruptCheckpointError(f"{where}: holds a {type(tensor).__name__}, not a tensor")
+
+
+def _check_raw_nbytes(tensor: torch.Tensor, info: NvcompStorageInfo, where: str) -> None:
     if info.raw_nbytes is not None and tensor.numel() * tensor.element_size() != info.raw_nbytes:
         raise CorruptCheckpointError(
             f"{where} decodes to {tensor.numel() * tensor.element_size()} bytes where the checkpoint metadata records "
             f"{info.raw_nbytes}: the item is damaged"
         )
-    return tensor
