@@ -24,6 +24,10 @@ ZSTD_PARAMETERS = dict(
 )
 
 
+#: Calls coding at most this many bytes run on the calling thread.
+_INLINE_NBYTES = 256 << 10
+
+
 def cpu_threads() -> int:
     """Threads used for CPU coding: ``LIGHTNING_NVCOMP_THREADS`` or the cores this process may run on."""
     configured = os.environ.get("LIGHTNING_NVCOMP_THREADS")
@@ -61,7 +65,10 @@ class CpuZstdEngine(ChunkEngine):
         if codec != "zstd":
             raise ValueError(f"the CPU engine runs zstd only, not {codec!r}")
         data = src.numpy()
-        return list(self._pool.map(self._encode_one, (data[o : o + n] for o, n in spans)))
+        chunks = (data[o : o + n] for o, n in spans)
+        if sum(n for _, n in spans) <= _INLINE_NBYTES:  # a few small chunks: threads would cost more than coding
+            return [self._encode_one(chunk) for chunk in chunks]
+        return list(self._pool.map(self._encode_one, chunks))
 
     def _decode_one(self, pair: tuple[np.ndarray, np.ndarray]) -> None:
         frame, out = pair
@@ -84,5 +91,9 @@ class CpuZstdEngine(ChunkEngine):
             raise ValueError(f"the CPU engine runs zstd only, not {codec!r}")
         frames, outs = src.numpy(), dst.numpy()
         pairs = ((frames[o : o + n], outs[d : d + m]) for (o, n), (d, m) in zip(spans, dst_spans))
+        if sum(m for _, m in dst_spans) <= _INLINE_NBYTES:
+            for pair in pairs:
+                self._decode_one(pair)
+            return
         for _ in self._pool.map(self._decode_one, pairs):
             pass

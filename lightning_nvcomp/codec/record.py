@@ -466,7 +466,7 @@ def decode(
         except ValueError as err:
             raise CorruptCheckpointError(f"segment {s} of the record does not decode: {err}") from None
 
-    if work.type == "cuda":
+    if work.type == "cuda" or len(jobs) == 1:  # one segment: no hand-off to another thread
         for job in jobs:
             run(job)
     else:

@@ -205,10 +205,21 @@ def _check_record(rec: object, blobs: list[torch.Tensor], name: object, state: L
         raise _fail(name, f"a storage lies outside the record's {rec['nbytes']} bytes")
     if not isinstance(rec.get("dtype"), str) or rec["dtype"] not in DTYPES:
         raise _fail(name, f"unknown dtype {rec.get('dtype')!r}")
-    valid: dict[Any, Any] = copy.deepcopy({k: v for k, v in rec.items() if isinstance(k, str)})
+    valid: dict[Any, Any] = {k: _copied(v) for k, v in rec.items() if isinstance(k, str)}
     valid[_LAYOUT] = layout
     state.records[id(rec)] = (rec, keys, valid)
     return valid
+
+
+def _copied(value: object) -> object:
+    """A copy of a validated record field that nothing else holds (lists copied all the way down)."""
+    if isinstance(value, list):
+        return [_copied(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if value is None or isinstance(value, (int, float, str)):
+        return value
+    return copy.deepcopy(value)
 
 
 def _record_storages(
