@@ -9,6 +9,6 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader;
   python3 -c "import torch, nvidia.nvcomp as n; print('torch', torch.__version__, 'nvcomp', n.__version__)"; } | tee "$OUT/env.txt"
-timeout 300 python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -4
+timeout 300 python3 -m pytest -q -m gpu tests -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -4
 (cd benchmarks && timeout 200 python3 dcp_bench.py --dim 1024 --layers 20 --steps 20 --out "$OUT/dcp.md") 2>&1 | tail -14
 (cd benchmarks && timeout 100 python3 dcp_items_bench.py --device cuda --codec ans --out "$OUT/dcp_items_gpu.md") 2>&1 | tail -6

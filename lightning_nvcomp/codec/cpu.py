@@ -24,8 +24,22 @@ ZSTD_PARAMETERS = dict(
 )
 
 
-#: Calls coding at most this many bytes run on the calling thread.
-_INLINE_NBYTES = 256 << 10
+#: Chunks are coded on the threads in runs of at least this many bytes (a calling thread codes fewer itself): a
+#: hand-off costs as much as coding ~50 KB.
+_TASK_NBYTES = 256 << 10
+
+
+def _groups(lengths: list[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` runs of consecutive chunks of at least :data:`_TASK_NBYTES` each (the last may be less)."""
+    groups, start, nbytes = [], 0, 0
+    for i, n in enumerate(lengths):
+        nbytes += n
+        if nbytes >= _TASK_NBYTES:
+            groups.append((start, i + 1))
+            start, nbytes = i + 1, 0
+    if start < len(lengths) or not groups:
+        groups.append((start, len(lengths)))
+    return groups
 
 
 def cpu_threads() -> int:
@@ -65,10 +79,11 @@ class CpuZstdEngine(ChunkEngine):
         if codec != "zstd":
             raise ValueError(f"the CPU engine runs zstd only, not {codec!r}")
         data = src.numpy()
-        chunks = (data[o : o + n] for o, n in spans)
-        if sum(n for _, n in spans) <= _INLINE_NBYTES:  # a few small chunks: threads would cost more than coding
-            return [self._encode_one(chunk) for chunk in chunks]
-        return list(self._pool.map(self._encode_one, chunks))
+        groups = _groups([n for _, n in spans])
+        if len(groups) == 1:  # a few small chunks: threads would cost more than coding them here
+            return [self._encode_one(data[o : o + n]) for o, n in spans]
+        coded = self._pool.map(lambda g: [self._encode_one(data[o : o + n]) for o, n in spans[g[0] : g[1]]], groups)
+        return [frame for group in coded for frame in group]
 
     def _decode_one(self, pair: tuple[np.ndarray, np.ndarray]) -> None:
         frame, out = pair
@@ -84,16 +99,20 @@ class CpuZstdEngine(ChunkEngine):
             raise ValueError(f"zstd frame decodes to {len(data)} bytes, expected {want}")
         out[:] = np.frombuffer(data, dtype=np.uint8)
 
+    def _decode_run(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        for pair in pairs:
+            self._decode_one(pair)
+
     def decode(
         self, src: torch.Tensor, spans: list[Span], dst: torch.Tensor, dst_spans: list[Span], codec: str, data_type: str
     ) -> None:
         if codec != "zstd":
             raise ValueError(f"the CPU engine runs zstd only, not {codec!r}")
         frames, outs = src.numpy(), dst.numpy()
-        pairs = ((frames[o : o + n], outs[d : d + m]) for (o, n), (d, m) in zip(spans, dst_spans))
-        if sum(m for _, m in dst_spans) <= _INLINE_NBYTES:
-            for pair in pairs:
-                self._decode_one(pair)
+        pairs = [(frames[o : o + n], outs[d : d + m]) for (o, n), (d, m) in zip(spans, dst_spans)]
+        groups = _groups([m for _, m in dst_spans])
+        if len(groups) == 1:
+            self._decode_run(pairs)
             return
-        for _ in self._pool.map(self._decode_one, pairs):
+        for _ in self._pool.map(lambda g: self._decode_run(pairs[g[0] : g[1]]), groups):
             pass

@@ -345,13 +345,14 @@ def encode_batch(
     if on_gpu:
         ready = torch.cuda.Event()
         ready.record()
+    sizes = [[c.numel() for c in p] for p in pieces]
     blobs, at = [], 0
-    for p in pieces:
-        nbytes = sum(_padded(c.numel()) for c in p)
+    for item_sizes in sizes:
+        nbytes = sum(_padded(n) for n in item_sizes)
         blobs.append(host[at : at + nbytes])
         at += nbytes
-    crcs = iter(crc32_batch([b for b, p in zip(blobs, pieces) if p], ready))
-    segments = [[Segment(b, [c.numel() for c in p], next(crcs))] if p else [] for b, p in zip(blobs, pieces)]
+    crcs = iter(crc32_batch([b for b, n in zip(blobs, sizes) if n], ready))
+    segments = [[Segment(b, n, next(crcs))] if n else [] for b, n in zip(blobs, sizes)]
     return list(zip(codings, segments))
 
 
