@@ -408,6 +408,74 @@ def decode_segment(
         byte_planes.join(plane_out, out)
 
 
+def work_device(layout: Layout, meta: dict, device: torch.device) -> torch.device:
+    """Where a record bound for ``device`` decodes: gANS on a GPU (the target's, else the current one), zstd on the
+    target's GPU when it is one, anything else on the CPU. CodecUnavailableError for gANS without a GPU."""
+    coded = set(layout.codecs) - {"raw"}
+    if "ans" in coded:
+        if not gpu_available():
+            raise CodecUnavailableError(
+                f"data compressed with gANS (nvCOMP {meta.get('nvcomp')}) needs a CUDA GPU and nvCOMP to decode; gANS "
+                "has no CPU decoder. Load it on a GPU machine, or convert it there once: "
+                "lightning-nvcomp convert IN OUT --codec zstd"
+            )
+        return device if device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
+    if coded and device.type == "cuda" and gpu_available():
+        return device
+    return torch.device("cpu")
+
+
+def decode_batch(records: list[tuple[list[torch.Tensor], dict, Layout]], work: torch.device) -> list[torch.Tensor]:
+    """Decode many validated records of one layout on ``work`` together (what :func:`work_device` gave each):
+    every segment CRC-32 checked first, then one engine call per codec over all their chunks. Returns each record's
+    raw bytes (1-D uint8 on ``work``). CorruptCheckpointError names the record's index in ``records``."""
+    if not records:
+        return []
+    layout = records[0][2]
+    small = [(r, s, b) for r, (blobs, _, _) in enumerate(records) for s, b in enumerate(blobs)]
+    sums = iter(crc32_batch([b.cpu() for _, _, b in small]))
+    for r, s, _ in small:
+        if checksums.value(next(sums)) != records[r][1]["crc32"][s]:
+            raise CorruptCheckpointError(f"record {r}: checksum mismatch in segment {s}: the file is damaged")
+    stored = concatenate([b.cpu() for _, _, b in small] or [torch.empty(0, dtype=torch.uint8)]).to(work)
+    outs = [torch.empty(meta["nbytes"], dtype=torch.uint8, device=work) for _, meta, _ in records]
+    # Every segment's planes side by side in one buffer, each from a 64-byte column.
+    placed, column = [], 0
+    for r, (_, meta, _) in enumerate(records):
+        for start, length in _segments(meta["nbytes"], meta["segment"]):
+            placed.append((r, start, length, column))
+            column += -(-length // layout.planes // _BATCH_ALIGN) * _BATCH_ALIGN
+    if column == 0:  # nothing but empty records
+        return outs
+    plane_out = byte_planes.empty(layout.planes, column, work)
+    flat, pitch = byte_planes.flatten(plane_out)
+    groups: dict[str, tuple[list, list]] = {}
+    pos = 0
+    chunk_sizes = iter([n for _, meta, _ in records for n in meta["sizes"]])
+    for _, _, length, col in placed:
+        n = length // layout.planes
+        for k in range(layout.planes):
+            for j in range(0, n, layout.chunk):
+                raw, size = min(layout.chunk, n - j), next(chunk_sizes)
+                dst = k * pitch + col + j
+                if size == raw:
+                    flat[dst : dst + raw].copy_(stored[pos : pos + raw])
+                else:
+                    src_spans, dst_spans = groups.setdefault(layout.codecs[k], ([], []))
+                    src_spans.append((pos, size))
+                    dst_spans.append((dst, raw))
+                pos += _padded(size)
+    engine = _nvcomp_engine() if work.type == "cuda" else _cpu_engine()
+    for codec, (src_spans, dst_spans) in groups.items():
+        try:
+            engine.decode(stored, src_spans, flat, dst_spans, codec, layout.data_type)
+        except ValueError as err:
+            raise CorruptCheckpointError(f"a segment of records 0..{len(records) - 1} does not decode: {err}") from None
+    for r, start, length, col in placed:
+        byte_planes.join(plane_out[:, col : col + length // layout.planes], outs[r][start : start + length])
+    return outs
+
+
 def decode(
     blobs: list[torch.Tensor],
     meta: dict,
@@ -426,19 +494,8 @@ def decode(
         raise CorruptCheckpointError("record blobs are not a list of 1-D uint8 tensors")
     layout = layout or validate(meta, [b.numel() for b in blobs])
     device = torch.device(device)
+    work = work_device(layout, meta, device)
     coded = set(layout.codecs) - {"raw"}
-    if "ans" in coded:
-        if not gpu_available():
-            raise CodecUnavailableError(
-                f"data compressed with gANS (nvCOMP {meta.get('nvcomp')}) needs a CUDA GPU and nvCOMP to decode; gANS "
-                "has no CPU decoder. Load it on a GPU machine, or convert it there once: "
-                "lightning-nvcomp convert IN OUT --codec zstd"
-            )
-        work = device if device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
-    elif coded and device.type == "cuda" and gpu_available():
-        work = device
-    else:
-        work = torch.device("cpu")
     engine = (_nvcomp_engine() if work.type == "cuda" else _cpu_engine()) if coded else None
 
     hosts = [b.cpu() for b in blobs]

@@ -267,7 +267,22 @@ def storage_check(rec: dict, index: int, dtype: str | None) -> int:
     return schema.canonical_crc([rec["check"], index, dtype])
 
 
-def decode_tensor(
+class _Placed(NamedTuple):
+    """A validated :func:`decode_tensor` call: its record (the validated copy), blob keys and placement."""
+
+    blobs: list[torch.Tensor]
+    rec: dict
+    keys: list[tuple]
+    storage: int
+    offset: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    requires_grad: bool
+    parameter: bool
+    name: str
+
+
+def _place(
     blobs: list[torch.Tensor],
     rec: dict,
     index: int,
@@ -277,20 +292,15 @@ def decode_tensor(
     requires_grad: bool,
     parameter: bool,
     name: str,
-    check: int | None = None,
-    *newer: object,
-) -> torch.Tensor:
-    """Rebuild one tensor from a compressed record (called by ``torch.load``; import lightning_nvcomp first).
-
-    Every argument is validated: this function is reachable from any pickle. ``check`` (format 2 records) is the
-    CRC-32 of the record's ``check`` and every other argument (:func:`tensor_check`): a damaged placement fails here,
-    under any loader. Format 1 records (v0.1) are called without it. Arguments a newer format may add (``newer``)
-    are accepted so that its record's version is what the error names (upgrade), not the call.
-    """
+    check: int | None,
+    newer: tuple,
+    state: LoadState,
+) -> _Placed:
+    """Validate every argument of a :func:`decode_tensor` call; raise CorruptCheckpointError naming the tensor."""
     if not isinstance(name, str):
         raise CorruptCheckpointError(f"tensor name {name!r} is not a string")
     _check_blobs(blobs, name)
-    state, keys = _load_state(blobs), [_blob_key(b) for b in blobs]
+    keys = [_blob_key(b) for b in blobs]
     rec = _check_record(rec, blobs, name, state, keys)
     size = _int_tuple(size, name, "shape")
     stride = _int_tuple(stride, name, "stride")
@@ -318,14 +328,103 @@ def decode_tensor(
         raise _fail(name, f"shape {size} with stride {stride} at offset {offset} overruns its {numel} elements")
     if not all(size) and offset >= 1 << 48:  # an empty view reads nothing, but torch allows any offset for it
         raise _fail(name, f"offset {offset} is absurd")
+    return _Placed(blobs, rec, keys, index, offset, size, stride, requires_grad, parameter, name)
+
+
+def _tensor(placed: _Placed, storage: torch.Tensor) -> torch.Tensor:
+    tensor = storage.view(DTYPES[placed.rec["dtype"]]).as_strided(placed.size, placed.stride, placed.offset)
+    if placed.parameter:
+        return torch.nn.Parameter(tensor, placed.requires_grad)
+    return tensor.requires_grad_(placed.requires_grad)
+
+
+def decode_tensor(
+    blobs: list[torch.Tensor],
+    rec: dict,
+    index: int,
+    offset: int,
+    size: tuple[int, ...],
+    stride: tuple[int, ...],
+    requires_grad: bool,
+    parameter: bool,
+    name: str,
+    check: int | None = None,
+    *newer: object,
+) -> torch.Tensor:
+    """Rebuild one tensor from a compressed record (called by ``torch.load``; import lightning_nvcomp first).
+
+    Every argument is validated: this function is reachable from any pickle. ``check`` (format 2 records) is the
+    CRC-32 of the record's ``check`` and every other argument (:func:`tensor_check`): a damaged placement fails here,
+    under any loader. Format 1 records (v0.1) are called without it. Arguments a newer format may add (``newer``)
+    are accepted so that its record's version is what the error names (upgrade), not the call.
+    """
+    if not isinstance(name, str):
+        raise CorruptCheckpointError(f"tensor name {name!r} is not a string")
+    _check_blobs(blobs, name)  # before the load's state is found by them
+    state = _load_state(blobs)
+    placed = _place(blobs, rec, index, offset, size, stride, requires_grad, parameter, name, check, newer, state)
     describe = _describe.get()
     if describe is not None:
-        return describe(TensorInfo(name, rec["dtype"], size, rec, sum(b.numel() for b in blobs)))
-    storage = _record_storages(blobs, rec, name, state, keys)[index]
-    tensor = storage.view(dtype).as_strided(size, stride, offset)
-    if parameter:
-        return torch.nn.Parameter(tensor, requires_grad)
-    return tensor.requires_grad_(requires_grad)
+        rec = placed.rec
+        return describe(TensorInfo(name, rec["dtype"], placed.size, rec, sum(b.numel() for b in blobs)))
+    return _tensor(placed, _record_storages(blobs, placed.rec, name, state, placed.keys)[placed.storage])
+
+
+def decode_tensors(calls: list[tuple], device: torch.device, state: LoadState) -> list[torch.Tensor]:
+    """Run many :func:`decode_tensor` calls (their argument tuples) of one load at once, every argument validated
+    as there: records of one layout bound for one device decode together (:func:`~lightning_nvcomp.codec.record.
+    decode_batch`: one engine call per codec instead of one per record). Records saved from a GPU decode on CUDA
+    ``device``; the rest where :func:`decode_tensor` would put them."""
+    placed = []
+    for args in calls:
+        if len(args) < 9:
+            raise CorruptCheckpointError(f"a decode_tensor call with {len(args)} arguments")
+        blobs, rec, index, offset, size, stride, requires_grad, parameter, name, check = (
+            tuple(args[:10]) if len(args) >= 10 else (*args, None)  # format 1: no check
+        )
+        newer = tuple(args[10:])
+        placed.append(
+            _place(blobs, rec, index, offset, size, stride, requires_grad, parameter, name, check, newer, state)
+        )
+    batches: dict[tuple, list[int]] = {}
+    targets = []
+    for i, p in enumerate(placed):
+        target = p.blobs[0].device if p.blobs else torch.device("cpu")
+        if device.type == "cuda" and p.rec.get("device") == "cuda" and torch.cuda.is_available():
+            target = device
+        targets.append(target)
+        layout = p.rec[_LAYOUT]
+        try:
+            work = records.work_device(layout, p.rec, target)
+        except CheckpointError as err:
+            raise type(err)(f"tensor {p.name!r}: {err}") from None
+        batches.setdefault((layout, str(work)), []).append(i)
+    decoded: dict[int, torch.Tensor] = {}
+    for (layout, work), members in batches.items():
+        for i in members:
+            state.charge(placed[i].blobs, placed[i].keys, placed[i].rec["nbytes"], placed[i].name)
+        batch = [(placed[i].blobs, placed[i].rec, layout) for i in members]
+        try:
+            outs = records.decode_batch(batch, torch.device(work))
+        except CorruptCheckpointError as err:
+            names = ", ".join(repr(placed[i].name) for i in members[:4])
+            raise CorruptCheckpointError(f"tensors {names}{'...' if len(members) > 4 else ''}: {err}") from None
+        for i, out in zip(members, outs):
+            decoded[i] = out
+    tensors = []
+    for i, p in enumerate(placed):
+        start, nbytes = p.rec["storages"][p.storage]
+        storage = decoded[i][start : start + nbytes]
+        if storage.device != targets[i]:
+            storage = storage.to(targets[i])
+        elif storage.numel() != decoded[i].numel():
+            storage = storage.clone()
+        state.produced.add(storage.untyped_storage()._cdata)
+        report = _progress.get()
+        if report is not None:
+            report(p.rec["nbytes"])
+        tensors.append(_tensor(p, storage))
+    return tensors
 
 
 def _torch_dtype(name: object) -> torch.dtype | None:

@@ -19,7 +19,7 @@ import torch
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.format.contents import DTYPES
-from lightning_nvcomp.format.decode import LoadState, _keep_on_gpu, _load, decode_tensor, tensor_check
+from lightning_nvcomp.format.decode import LoadState, _keep_on_gpu, _load, decode_tensor, decode_tensors, tensor_check
 from lightning_nvcomp.format.reader import read
 from lightning_nvcomp.format.sink import MemorySink
 from lightning_nvcomp.format.writer import _ArchivePickler, _LayoutCache, _StoredBlob
@@ -207,17 +207,20 @@ class _ItemUnpickler(pickle.Unpickler):
     global is not ours (the general reader handles it, and ``weights_only`` rules there)."""
 
     _GLOBALS: dict[tuple[str, str], object] = {
-        ("lightning_nvcomp", "decode_tensor"): decode_tensor,
         ("torch._utils", "_rebuild_tensor_v2"): _rebuild_blob,
         ("collections", "OrderedDict"): OrderedDict,
         ("torch", "ByteStorage"): _Blob,
     }
 
-    def __init__(self, pickled: bytes, blob: Callable[[str, int], torch.Tensor]) -> None:
+    def __init__(
+        self, pickled: bytes, blob: Callable[[str, int], torch.Tensor], decoder: Callable[..., Any] = decode_tensor
+    ) -> None:
         super().__init__(io.BytesIO(pickled))
-        self._blob = blob
+        self._blob, self._decoder = blob, decoder
 
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("lightning_nvcomp", "decode_tensor"):
+            return self._decoder
         found = self._GLOBALS.get((module, name))
         if found is None:
             raise _NotOurs
@@ -232,6 +235,43 @@ class _ItemUnpickler(pickle.Unpickler):
         return _Blob(self._blob(key, nbytes))
 
 
+def _unpickle(data: torch.Tensor, decoder: Callable[..., Any]) -> Any:
+    """Unpickle an archive as :func:`write_tensor` writes it, its ``decode_tensor`` call made to ``decoder``: its
+    offsets and its pickle's CRC-32 checked, its blobs views of ``data``. Raises :class:`_NotOurs` (or what a
+    malformed pickle raises) for anything else."""
+    view = memoryview(data.numpy())
+    entries = _entries(view)
+    pickles = [k for k in entries if k.endswith("/data.pkl")]
+    if len(pickles) != 1:
+        raise _NotOurs
+    start, size, crc = entries[pickles[0]]
+    pickled = bytes(view[start : start + size])
+    if zlib.crc32(pickled) != crc:
+        raise _NotOurs
+    prefix = pickles[0][: -len("data.pkl")]
+
+    def blob(key: str, nbytes: int) -> torch.Tensor:
+        found = entries.get(f"{prefix}data/{key}")
+        if found is None or found[1] != nbytes:
+            raise _NotOurs
+        return data[found[0] : found[0] + nbytes]
+
+    return _ItemUnpickler(pickled, blob, decoder).load()
+
+
+#: What a malformed archive or pickle raises while :func:`_unpickle` reads it.
+_MALFORMED = (_NotOurs, pickle.UnpicklingError, struct.error, EOFError, ValueError, TypeError, IndexError)
+
+
+class _Call:
+    """A ``decode_tensor`` call read from an item's pickle, made later with the others of its window."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, *args: object) -> None:
+        self.args = args
+
+
 def read_tensor(data: torch.Tensor, name: str, device: torch.device, state: LoadState) -> torch.Tensor:
     """Read one tensor item: ``data`` (1-D uint8 CPU) is a whole archive. An archive as :func:`write_tensor` writes it
     is parsed here (its offsets checked, its pickle's CRC-32 checked, its one ``decode_tensor`` call run, which
@@ -239,37 +279,43 @@ def read_tensor(data: torch.Tensor, name: str, device: torch.device, state: Load
     and every failure, goes through :func:`~lightning_nvcomp.format.reader.read`, which names what is wrong.
     CUDA ``device``: records saved from a GPU decode there. ``state``: the load's bound and records, shared by the
     items of one load."""
-    view = memoryview(data.numpy())
+    load_token, gpu_token = _load.set(state), _keep_on_gpu.set(device.type == "cuda")
     try:
-        entries = _entries(view)
-        pickles = [k for k in entries if k.endswith("/data.pkl")]
-        if len(pickles) != 1:
-            raise _NotOurs
-        start, size, crc = entries[pickles[0]]
-        pickled = bytes(view[start : start + size])
-        if zlib.crc32(pickled) != crc:
-            raise _NotOurs
-        prefix = pickles[0][: -len("data.pkl")]
-
-        def blob(key: str, nbytes: int) -> torch.Tensor:
-            found = entries.get(f"{prefix}data/{key}")
-            if found is None or found[1] != nbytes:
-                raise _NotOurs
-            return data[found[0] : found[0] + nbytes]
-
-        load_token, gpu_token = _load.set(state), _keep_on_gpu.set(device.type == "cuda")
-        try:
-            tensor = _ItemUnpickler(pickled, blob).load()
-        finally:
-            _keep_on_gpu.reset(gpu_token)
-            _load.reset(load_token)
+        tensor = _unpickle(data, decode_tensor)
     except CheckpointError as err:  # damage found by the decoder: name the item
         raise type(err)(err.args[0] if str(err).startswith(name) else f"{name}: {err}") from None
-    except (_NotOurs, pickle.UnpicklingError, struct.error, EOFError, ValueError, TypeError, IndexError):
+    except _MALFORMED:
         tensor = None
+    finally:
+        _keep_on_gpu.reset(gpu_token)
+        _load.reset(load_token)
     if tensor is None:
         location = device if device.type == "cuda" else torch.device("cpu")
-        tensor = read(io.BytesIO(view), name, map_location=location, state=state)
+        tensor = read(io.BytesIO(memoryview(data.numpy())), name, map_location=location, state=state)
     if not isinstance(tensor, torch.Tensor):
         raise CorruptCheckpointError(f"{name}: holds a {type(tensor).__name__}, not a tensor")
     return tensor
+
+
+def read_tensors(items: list[tuple[torch.Tensor, str]], device: torch.device, state: LoadState) -> list[torch.Tensor]:
+    """Read many tensor items (each ``(archive bytes, name)``, as for :func:`read_tensor`) at once: their
+    ``decode_tensor`` calls are made together (:func:`~lightning_nvcomp.format.decode.decode_tensors`: records of
+    one layout decode in one engine call). Items of another shape, and a batch that fails, are read one by one,
+    so that an error names the item."""
+    calls: list[_Call | None] = []
+    for data, _ in items:
+        try:
+            found = _unpickle(data, _Call)
+        except _MALFORMED:
+            found = None
+        calls.append(found if isinstance(found, _Call) else None)
+    ours = [i for i, call in enumerate(calls) if call is not None]
+    tensors: dict[int, torch.Tensor] = {}
+    try:
+        decoded = decode_tensors([calls[i].args for i in ours], device, state)  # type: ignore[union-attr]
+        tensors.update(zip(ours, decoded))
+    except CheckpointError:
+        pass  # read one by one below: the item at fault raises, named
+    return [
+        tensors[i] if i in tensors else read_tensor(data, name, device, state) for i, (data, name) in enumerate(items)
+    ]

@@ -20,7 +20,7 @@ from torch.futures import Future
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import CodecUnavailableError, CorruptCheckpointError
-from lightning_nvcomp.format.items import read_tensor
+from lightning_nvcomp.format.items import read_tensors
 from lightning_nvcomp.integrations.dcp import _compat
 from lightning_nvcomp.integrations.dcp._compat import StorageInfo
 from lightning_nvcomp.integrations.dcp.metadata import (
@@ -104,13 +104,18 @@ class NvcompFileSystemReader(FileSystemReader):
                     else:
                         self._read_one(stream, req, info, planner, where, budget)
                 for window, data in _windows(stream, coded):
-                    for req, info in window:
-                        where = f"{relative_path}: item {req.storage_index.fqn!r}"
-                        start = info.offset - window[0][1].offset
-                        target = planner.resolve_tensor(req).detach()
-                        tensor = read_tensor(data[start : start + info.length], where, target.device, budget)
-                        _check_raw_nbytes(tensor, info, where)
-                        self._commit(req, tensor, target, planner, where)
+                    wheres = [f"{relative_path}: item {req.storage_index.fqn!r}" for req, _ in window]
+                    targets = [planner.resolve_tensor(req).detach() for req, _ in window]
+                    base = window[0][1].offset
+                    parts = [
+                        (data[i.offset - base : i.offset - base + i.length], w) for (_, i), w in zip(window, wheres)
+                    ]
+                    for device in {t.device for t in targets}:  # one batch per target device
+                        mine = [k for k, t in enumerate(targets) if t.device == device]
+                        tensors = read_tensors([parts[k] for k in mine], device, budget)
+                        for k, tensor in zip(mine, tensors):
+                            _check_raw_nbytes(tensor, window[k][1], wheres[k])
+                            self._commit(window[k][0], tensor, targets[k], planner, wheres[k])
         fut: Future = Future()
         fut.set_result(None)
         return fut
