@@ -402,3 +402,21 @@ def test_encode_batch_on_gpu_gives_each_buffer_its_own_record(codec):
         sizes = [0, 1, 7, 1000, 70_000, 300_000, 5]
         datas = [_bytes(_trained_like(n, dtype)).cuda() for n in sizes]
         assert_batch_matches_encoder(datas, dtype, codec)
+
+
+@pytest.mark.parametrize("codec", ["ans", "zstd"])
+def test_items_read_back_onto_the_gpu_together(codec):
+    """Items coded in batches on the GPU and read a window at once decode on the GPU, bit-exactly."""
+    from test_items import archives
+
+    from lightning_nvcomp.format import LoadState
+    from lightning_nvcomp.format import items as tensor_items
+
+    tensors = [(f"l{i}.weight", _trained_like(n, torch.float32)) for i, n in enumerate([0, 7, 1000, 300_000])]
+    tensors += [("e.bias", _trained_like(999, torch.bfloat16)), ("ids", torch.arange(50, device="cuda"))]
+    data = archives(tensors, codec)
+    for device in (torch.device("cuda", torch.cuda.current_device()), torch.device("cpu")):
+        back = tensor_items.read_tensors([(d, n) for d, (n, _) in zip(data, tensors)], device, LoadState("x"))
+        for (name, t), got in zip(tensors, back):
+            assert got.device == device and got.dtype == t.dtype and got.shape == t.shape, name
+            assert torch.equal(_bytes(got), _bytes(t)), name

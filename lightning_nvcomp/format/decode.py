@@ -372,9 +372,9 @@ def decode_tensor(
 
 def decode_tensors(calls: list[tuple], device: torch.device, state: LoadState) -> list[torch.Tensor]:
     """Run many :func:`decode_tensor` calls (their argument tuples) of one load at once, every argument validated
-    as there: records of one layout bound for one device decode together (:func:`~lightning_nvcomp.codec.record.
-    decode_batch`: one engine call per codec instead of one per record). Records saved from a GPU decode on CUDA
-    ``device``; the rest where :func:`decode_tensor` would put them."""
+    as there: records of one layout decode together (:func:`~lightning_nvcomp.codec.record.decode_batch`: one
+    engine call per codec instead of one per record), on ``device`` where it is a GPU, and the tensors are returned
+    on ``device``."""
     placed = []
     for args in calls:
         if len(args) < 9:
@@ -387,15 +387,10 @@ def decode_tensors(calls: list[tuple], device: torch.device, state: LoadState) -
             _place(blobs, rec, index, offset, size, stride, requires_grad, parameter, name, check, newer, state)
         )
     batches: dict[tuple, list[int]] = {}
-    targets = []
     for i, p in enumerate(placed):
-        target = p.blobs[0].device if p.blobs else torch.device("cpu")
-        if device.type == "cuda" and p.rec.get("device") == "cuda" and torch.cuda.is_available():
-            target = device
-        targets.append(target)
         layout = p.rec[_LAYOUT]
         try:
-            work = records.work_device(layout, p.rec, target)
+            work = records.work_device(layout, p.rec, device)
         except CheckpointError as err:
             raise type(err)(f"tensor {p.name!r}: {err}") from None
         batches.setdefault((layout, str(work)), []).append(i)
@@ -415,8 +410,8 @@ def decode_tensors(calls: list[tuple], device: torch.device, state: LoadState) -
     for i, p in enumerate(placed):
         start, nbytes = p.rec["storages"][p.storage]
         storage = decoded[i][start : start + nbytes]
-        if storage.device != targets[i]:
-            storage = storage.to(targets[i])
+        if storage.device != device:
+            storage = storage.to(device)
         elif storage.numel() != decoded[i].numel():
             storage = storage.clone()
         state.produced.add(storage.untyped_storage()._cdata)

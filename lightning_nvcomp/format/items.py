@@ -300,8 +300,8 @@ def read_tensor(data: torch.Tensor, name: str, device: torch.device, state: Load
 def read_tensors(items: list[tuple[torch.Tensor, str]], device: torch.device, state: LoadState) -> list[torch.Tensor]:
     """Read many tensor items (each ``(archive bytes, name)``, as for :func:`read_tensor`) at once: their
     ``decode_tensor`` calls are made together (:func:`~lightning_nvcomp.format.decode.decode_tensors`: records of
-    one layout decode in one engine call). Items of another shape, and a batch that fails, are read one by one,
-    so that an error names the item."""
+    one layout decode in one engine call), returned on ``device``. Items of another shape, and a batch that fails,
+    are read one by one, so that an error names the item."""
     calls: list[_Call | None] = []
     for data, _ in items:
         try:
@@ -317,5 +317,6 @@ def read_tensors(items: list[tuple[torch.Tensor, str]], device: torch.device, st
     except CheckpointError:
         pass  # read one by one below: the item at fault raises, named
     return [
-        tensors[i] if i in tensors else read_tensor(data, name, device, state) for i, (data, name) in enumerate(items)
+        tensors[i] if i in tensors else read_tensor(data, name, device, state).to(device)
+        for i, (data, name) in enumerate(items)
     ]
