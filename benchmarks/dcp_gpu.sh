@@ -11,4 +11,4 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
   python3 -c "import torch, nvidia.nvcomp as n; print('torch', torch.__version__, 'nvcomp', n.__version__)"; } | tee "$OUT/env.txt"
 timeout 300 python3 -m pytest -q -m gpu tests -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -4
 (cd benchmarks && timeout 200 python3 dcp_bench.py --dim 1024 --layers 20 --steps 20 --out "$OUT/dcp.md") 2>&1 | tail -14
-(cd benchmarks && timeout 100 python3 dcp_items_bench.py --device cuda --codec ans --out "$OUT/dcp_items_gpu.md") 2>&1 | tail -6
+[ "${SKIP_ITEMS:-0}" = 1 ] || (cd benchmarks && timeout 100 python3 dcp_items_bench.py --device cuda --codec ans --out "$OUT/dcp_items_gpu.md") 2>&1 | tail -6
