@@ -273,6 +273,21 @@ def test_writer_takes_the_runs_save_options(tmp_path):
         NvcompFileSystemWriter(tmp_path, codec="zstd", options=SaveOptions.of("none"))
 
 
+@pytest.mark.parametrize("window", [1, 4096, 1 << 20])
+def test_reader_windows_reuse_their_buffers_bit_exactly(tmp_path, monkeypatch, window):
+    """Data files are read in windows into two reused buffers (one item alone where it is larger): whatever the
+    window, every item loads bit-exactly."""
+    from lightning_nvcomp.integrations.dcp import reader
+
+    monkeypatch.setattr(reader, "WINDOW_NBYTES", window)
+    state = {f"t{i}": trained_like(500 * (i + 1), torch.float32, i) for i in range(12)} | _state()
+    dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))
+    for _ in range(2):
+        loaded = zeros_like_state(state)
+        dcp.load(loaded, storage_reader=NvcompFileSystemReader(tmp_path))
+        assert_state_equal(loaded, state)
+
+
 def test_unknown_codec_in_metadata_is_refused(tmp_path):
     state = _state(8)
     dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))

@@ -432,12 +432,15 @@ def decode_batch(records: list[tuple[list[torch.Tensor], dict, Layout]], work: t
     if not records:
         return []
     layout = records[0][2]
-    small = [(r, s, b) for r, (blobs, _, _) in enumerate(records) for s, b in enumerate(blobs)]
-    sums = iter(crc32_batch([b.cpu() for _, _, b in small]))
-    for r, s, _ in small:
-        if checksums.value(next(sums)) != records[r][1]["crc32"][s]:
+    segments = [(r, s, b.cpu()) for r, (blobs, _, _) in enumerate(records) for s, b in enumerate(blobs)]
+    # Small blobs' CRC-32s in one task, each large one in pieces on all the CRC threads.
+    large = {i: Crc32(b) for i, (_, _, b) in enumerate(segments) if b.numel() > checksums.PIECE_NBYTES}
+    small = iter(crc32_batch([b for i, (_, _, b) in enumerate(segments) if i not in large]))
+    for i, (r, s, _) in enumerate(segments):
+        got = large[i] if i in large else next(small)
+        if checksums.value(got) != records[r][1]["crc32"][s]:
             raise CorruptCheckpointError(f"record {r}: checksum mismatch in segment {s}: the file is damaged")
-    stored = concatenate([b.cpu() for _, _, b in small] or [torch.empty(0, dtype=torch.uint8)]).to(work)
+    stored = concatenate([b for _, _, b in segments] or [torch.empty(0, dtype=torch.uint8)]).to(work)
     outs = [torch.empty(meta["nbytes"], dtype=torch.uint8, device=work) for _, meta, _ in records]
     # Every segment's planes side by side in one buffer, each from a 64-byte column.
     placed, column = [], 0

@@ -233,22 +233,29 @@ def _windows(
         else:
             runs.append([pair])
 
-    def read(run: list[tuple[ReadItem, NvcompStorageInfo]]) -> torch.Tensor:
+    # Two buffers, reused: run i is read into one while the caller decodes run i - 1 from the other (decoded tensors
+    # never share a window's memory), so the reads do not fault in fresh pages every time.
+    buffers = [bytearray(), bytearray()]
+
+    def read(i: int) -> torch.Tensor:
+        run = runs[i]
         start = run[0][1].offset
-        end = max(info.offset + info.length for _, info in run)
-        buffer = bytearray(end - start)
+        nbytes = max(info.offset + info.length for _, info in run) - start
+        if len(buffers[i % 2]) < nbytes:
+            buffers[i % 2] = bytearray(max(nbytes, min(WINDOW_NBYTES, 2 * nbytes)))
+        view = memoryview(buffers[i % 2])[:nbytes]
         stream.seek(start)
-        got = stream.readinto(buffer)
-        if got != len(buffer):
-            raise CorruptCheckpointError(f"a data file ends {len(buffer) - (got or 0)} bytes early")
-        return torch.frombuffer(buffer, dtype=torch.uint8) if buffer else torch.empty(0, dtype=torch.uint8)
+        got = stream.readinto(view)
+        if got != nbytes:
+            raise CorruptCheckpointError(f"a data file ends {nbytes - (got or 0)} bytes early")
+        return torch.frombuffer(view, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lnv-dcp-read") as reader:
-        ahead = reader.submit(read, runs[0]) if runs else None
+        ahead = reader.submit(read, 0) if runs else None
         for i, run in enumerate(runs):
             assert ahead is not None
             data = ahead.result()
-            ahead = reader.submit(read, runs[i + 1]) if i + 1 < len(runs) else None
+            ahead = reader.submit(read, i + 1) if i + 1 < len(runs) else None
             yield run, data
 
 
