@@ -3,6 +3,7 @@ that describes them, its fields and its validation are in :mod:`.schema`."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -441,43 +442,78 @@ def decode_batch(records: list[tuple[list[torch.Tensor], dict, Layout]], work: t
         got = large[i] if i in large else next(small)
         if checksums.value(got) != records[r][1]["crc32"][s]:
             raise CorruptCheckpointError(f"record {r}: checksum mismatch in segment {s}: the file is damaged")
-    stored = concatenate([b for _, _, b in segments] or [torch.empty(0, dtype=torch.uint8)]).to(work)
-    outs = [torch.empty(meta["nbytes"], dtype=torch.uint8, device=work) for _, meta, _ in records]
-    # Every segment's planes side by side in one buffer, each from a 64-byte column.
+    stored, starts = _one_buffer([b for _, _, b in segments], work)
+    # The records' bytes side by side in one buffer (each from a 64-byte offset); with byte planes, every segment's
+    # planes side by side in a second one, each from a 64-byte column, joined into the first after decoding.
+    sizes = [_aligned(meta["nbytes"]) for _, meta, _ in records]
+    whole = torch.empty(sum(sizes), dtype=torch.uint8, device=work)
+    bases = [0, *itertools.accumulate(sizes)][:-1]
+    outs = [whole[base : base + meta["nbytes"]] for base, (_, meta, _) in zip(bases, records)]
     placed, column = [], 0
     for r, (_, meta, _) in enumerate(records):
         for start, length in _segments(meta["nbytes"], meta["segment"]):
             placed.append((r, start, length, column))
-            column += -(-length // layout.planes // _BATCH_ALIGN) * _BATCH_ALIGN
+            column += _aligned(length // layout.planes)
     if column == 0:  # nothing but empty records
         return outs
-    plane_out = byte_planes.empty(layout.planes, column, work)
-    flat, pitch = byte_planes.flatten(plane_out)
+    plane_out = byte_planes.empty(layout.planes, column, work) if layout.planes > 1 else whole.view(1, -1)
+    flat, pitch = byte_planes.flatten(plane_out) if layout.planes > 1 else (whole, 0)
     groups: dict[str, tuple[list, list]] = {}
-    pos = 0
+    raw_run: list[int] = []  # [src, dst, length] of raw chunks contiguous in both buffers
     chunk_sizes = iter([n for _, meta, _ in records for n in meta["sizes"]])
-    for _, _, length, col in placed:
+    for (r, start, length, col), pos in zip(placed, starts):
         n = length // layout.planes
         for k in range(layout.planes):
             for j in range(0, n, layout.chunk):
                 raw, size = min(layout.chunk, n - j), next(chunk_sizes)
-                dst = k * pitch + col + j
-                if size == raw:
-                    flat[dst : dst + raw].copy_(stored[pos : pos + raw])
-                else:
+                dst = k * pitch + col + j if layout.planes > 1 else bases[r] + start + j
+                if size != raw:
                     src_spans, dst_spans = groups.setdefault(layout.codecs[k], ([], []))
                     src_spans.append((pos, size))
                     dst_spans.append((dst, raw))
+                elif raw_run and raw_run[0] + raw_run[2] == pos and raw_run[1] + raw_run[2] == dst:
+                    raw_run[2] += raw
+                else:
+                    if raw_run:
+                        _copy_run(flat, stored, raw_run)
+                    raw_run = [pos, dst, raw]
                 pos += _padded(size)
+    if raw_run:
+        _copy_run(flat, stored, raw_run)
     engine = _nvcomp_engine() if work.type == "cuda" else _cpu_engine()
     for codec, (src_spans, dst_spans) in groups.items():
         try:
             engine.decode(stored, src_spans, flat, dst_spans, codec, layout.data_type)
         except ValueError as err:
             raise CorruptCheckpointError(f"a segment of records 0..{len(records) - 1} does not decode: {err}") from None
-    for r, start, length, col in placed:
-        byte_planes.join(plane_out[:, col : col + length // layout.planes], outs[r][start : start + length])
+    if layout.planes > 1:
+        for r, start, length, col in placed:
+            byte_planes.join(plane_out[:, col : col + length // layout.planes], outs[r][start : start + length])
     return outs
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _BATCH_ALIGN) * _BATCH_ALIGN
+
+
+def _copy_run(dst: torch.Tensor, src: torch.Tensor, run: list[int]) -> None:
+    start, to, n = run
+    dst[to : to + n].copy_(src[start : start + n])
+
+
+def _one_buffer(blobs: list[torch.Tensor], work: torch.device) -> tuple[torch.Tensor, list[int]]:
+    """One buffer on ``work`` holding every blob, and where each starts in it: the memory they are views of when
+    they share one (a window of a file: no copy on the CPU, one copy to a GPU), else their concatenation."""
+    if not blobs:
+        return torch.empty(0, dtype=torch.uint8, device=work), []
+    storage = blobs[0].untyped_storage()
+    if all(b.untyped_storage().data_ptr() == storage.data_ptr() for b in blobs):
+        starts = [int(b.storage_offset()) for b in blobs]
+        low, high = min(starts), max(s + b.numel() for s, b in zip(starts, blobs))
+        base = torch.empty(0, dtype=torch.uint8, device=blobs[0].device).set_(storage, low, (high - low,), (1,))
+        return base.to(work), [s - low for s in starts]
+    starts = [0, *itertools.accumulate(int(b.numel()) for b in blobs)][:-1]
+    return concatenate(blobs).to(work), starts
 
 
 def decode(

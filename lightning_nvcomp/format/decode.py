@@ -332,7 +332,9 @@ def _place(
 
 
 def _tensor(placed: _Placed, storage: torch.Tensor) -> torch.Tensor:
-    tensor = storage.view(DTYPES[placed.rec["dtype"]]).as_strided(placed.size, placed.stride, placed.offset)
+    typed = storage.view(DTYPES[placed.rec["dtype"]])
+    # as_strided counts from the start of the memory: a storage that is a view of a larger buffer adds its own offset
+    tensor = typed.as_strided(placed.size, placed.stride, typed.storage_offset() + placed.offset)
     if placed.parameter:
         return torch.nn.Parameter(tensor, placed.requires_grad)
     return tensor.requires_grad_(placed.requires_grad)
