@@ -502,16 +502,19 @@ def _copy_run(dst: torch.Tensor, src: torch.Tensor, run: list[int]) -> None:
 
 
 def _one_buffer(blobs: list[torch.Tensor], work: torch.device) -> tuple[torch.Tensor, list[int]]:
-    """One buffer on ``work`` holding every blob, and where each starts in it: the memory they are views of when
-    they share one (a window of a file: no copy on the CPU, one copy to a GPU), else their concatenation."""
+    """One buffer on ``work`` holding every blob, and where each starts in it. On the CPU, the memory the blobs are
+    views of when they share one (a window of a file: no copy); else, and for a GPU, their concatenation, in which
+    every blob starts at a multiple of 16 bytes as nvCOMP wants its chunks (a window places them anywhere)."""
     if not blobs:
         return torch.empty(0, dtype=torch.uint8, device=work), []
     storage = blobs[0].untyped_storage()
-    if all(b.untyped_storage().data_ptr() == storage.data_ptr() for b in blobs):
+    if work.type == "cpu" == blobs[0].device.type and all(
+        b.untyped_storage().data_ptr() == storage.data_ptr() for b in blobs
+    ):
         starts = [int(b.storage_offset()) for b in blobs]
         low, high = min(starts), max(s + b.numel() for s, b in zip(starts, blobs))
         base = torch.empty(0, dtype=torch.uint8, device=blobs[0].device).set_(storage, low, (high - low,), (1,))
-        return base.to(work), [s - low for s in starts]
+        return base, [s - low for s in starts]
     starts = [0, *itertools.accumulate(int(b.numel()) for b in blobs)][:-1]
     return concatenate(blobs).to(work), starts
 
