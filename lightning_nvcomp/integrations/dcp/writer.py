@@ -173,7 +173,9 @@ class NvcompFileSystemWriter(FileSystemWriter):
         policy.write_gbps(directory)  # collective the first time: all ranks write at once
         choice = [policy.decide(tensors, directory)[0] if rank == 0 else None]
         if distributed:
-            dist.broadcast_object_list(choice, group_src=0, group=self.process_group)
+            # src is a global rank (group_src, the group's own rank 0, needs torch 2.6)
+            src = dist.get_global_rank(self.process_group, 0) if self.process_group is not None else 0
+            dist.broadcast_object_list(choice, src=src, group=self.process_group)
         prediction = cast(Prediction, choice[0])
         return prediction.codec, prediction
 
