@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightning_nvcomp.codec import checksum, planes, record, schema
+from lightning_nvcomp.codec import batch, checksum, planes, record, schema
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import (
     CheckpointError,
@@ -573,7 +573,7 @@ def assert_batch_matches_encoder(datas: list[torch.Tensor], dtype: torch.dtype, 
     (chunks coded independently) its blobs and record are exactly what Encoder gives it with the same layout; nvCOMP
     gANS codes a chunk differently inside a batch (its statistics span the batch), so there only the layout and the
     chunk count must match, and the stored size stay within 1% of Encoder's."""
-    coded = record.encode_batch(datas, dtype, codec)
+    coded = batch.encode_batch(datas, dtype, codec)
     assert len(coded) == len(datas)
     for data, (coding, segments) in zip(datas, coded):
         blobs, meta = record.encode(data, dtype, codec, layout=coding.layout)
@@ -604,9 +604,9 @@ def test_encode_batch_gives_each_buffer_its_own_record(sizes, dtype, codec):
 def test_encode_batch_specials_and_typed_layouts():
     datas = [tensor_bytes(special_floats(torch.float32)), tensor_bytes(trained_like(200_000, torch.float32))]
     assert_batch_matches_encoder(datas, torch.float32, "zstd")
-    assert record.encode_batch([], torch.float32, "zstd") == []
+    assert batch.encode_batch([], torch.float32, "zstd") == []
 
 
 def test_encode_batch_refuses_buffers_larger_than_a_segment():
     with pytest.raises(ValueError, match="at most"):
-        record.encode_batch([torch.zeros(record.CPU_SEGMENT_NBYTES + 64, dtype=torch.uint8)], torch.uint8, "zstd")
+        batch.encode_batch([torch.zeros(record.CPU_SEGMENT_NBYTES + 64, dtype=torch.uint8)], torch.uint8, "zstd")

@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightning_nvcomp.codec import record, schema
+from lightning_nvcomp.codec import batch, record, schema
 from lightning_nvcomp.errors import CorruptCheckpointError
 from lightning_nvcomp.format import LoadState
 from lightning_nvcomp.format import items as tensor_items
@@ -25,8 +25,8 @@ CPU = torch.device("cpu")
 def archives(tensors: list[tuple[str, torch.Tensor]], codec: str) -> list[torch.Tensor]:
     """Each tensor written as its own archive, as the DCP writer does; the archives' bytes, in input order."""
     out: dict[int, torch.Tensor] = {}
-    for batch in tensor_items.code_tensors(tensors, codec):
-        for index, coded in batch:
+    for coded_batch in tensor_items.code_tensors(tensors, codec):
+        for index, coded in coded_batch:
             buffer = io.BytesIO()
             tensor_items.write_tensor(ArchiveWriter(buffer), coded)
             out[index] = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
@@ -103,12 +103,12 @@ def test_an_archive_of_another_shape_is_read_by_the_general_reader():
 def test_decode_batch_checks_every_segment():
     datas = [tensor_bytes(trained_like(n, torch.float32, n)) for n in (100, 2000, 50_000)]
     recs = []
-    for coding, segments in record.encode_batch(datas, torch.float32, "zstd"):
+    for coding, segments in batch.encode_batch(datas, torch.float32, "zstd"):
         meta = record.describe(coding, [n for s in segments for n in s.sizes], [s.crc for s in segments])
         blobs = [s.blob.clone() for s in segments]
         recs.append((blobs, meta, schema.validate(meta, [b.numel() for b in blobs])))
-    for data, out in zip(datas, record.decode_batch(recs, CPU)):
+    for data, out in zip(datas, batch.decode_batch(recs, CPU)):
         assert torch.equal(out, data)
     recs[1][0][0][5] ^= 1
     with pytest.raises(CorruptCheckpointError, match="record 1: checksum mismatch"):
-        record.decode_batch(recs, CPU)
+        batch.decode_batch(recs, CPU)

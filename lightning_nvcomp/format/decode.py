@@ -16,6 +16,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from lightning_nvcomp import _torch_compat
+from lightning_nvcomp.codec import batch as batch_coding
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec import schema
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, DecodeLimitError
@@ -374,7 +375,7 @@ def decode_tensor(
 
 def decode_tensors(calls: list[tuple], device: torch.device, state: LoadState) -> list[torch.Tensor]:
     """Run many :func:`decode_tensor` calls (their argument tuples) of one load at once, every argument validated
-    as there: records of one layout decode together (:func:`~lightning_nvcomp.codec.record.decode_batch`: one
+    as there: records of one layout decode together (:func:`~lightning_nvcomp.codec.batch.decode_batch`: one
     engine call per codec instead of one per record), on ``device`` where it is a GPU, and the tensors are returned
     on ``device``."""
     placed = []
@@ -402,7 +403,7 @@ def decode_tensors(calls: list[tuple], device: torch.device, state: LoadState) -
             state.charge(placed[i].blobs, placed[i].keys, placed[i].rec["nbytes"], placed[i].name)
         batch = [(placed[i].blobs, placed[i].rec, layout) for i in members]
         try:
-            outs = records.decode_batch(batch, torch.device(work))
+            outs = batch_coding.decode_batch(batch, torch.device(work))
         except CorruptCheckpointError as err:
             names = ", ".join(repr(placed[i].name) for i in members[:4])
             raise CorruptCheckpointError(f"tensors {names}{'...' if len(members) > 4 else ''}: {err}") from None

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from lightning_nvcomp.codec import batch as batch_coding
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.format.contents import DTYPES
@@ -90,7 +91,7 @@ def code_tensors(tensors: list[tuple[str, torch.Tensor]], codec: str) -> Iterato
                 encoder = records.Encoder(datas[0], dtype, coder, layout=layouts.get(key))
                 coded = [(encoder.coding, list(encoder))]
             else:
-                coded = records.encode_batch(datas, dtype, coder, layouts.get(key))
+                coded = batch_coding.encode_batch(datas, dtype, coder, layouts.get(key))
             if coded:
                 layouts.put(key, coded[0][0].layout)
             yield [

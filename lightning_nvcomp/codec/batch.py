@@ -1,0 +1,194 @@
+"""Many records at once: :func:`encode_batch` codes many small buffers of one dtype together and
+:func:`decode_batch` decodes many records of one layout together, each still a record of its own (as
+:mod:`.record` codes one): one plane split, one engine call per codec and, on a GPU, one copy each way instead of one
+per record. What the items of a DCP checkpoint are coded and read with."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from lightning_nvcomp.codec import checksum as checksums
+from lightning_nvcomp.codec import planes as byte_planes
+from lightning_nvcomp.codec.checksum import Crc32, crc32_batch
+from lightning_nvcomp.codec.record import (
+    Coding,
+    Segment,
+    choose_layout,
+    codes_on_gpu,
+    concatenate,
+    default_segment,
+    engine_for,
+    engine_on,
+    pack,
+    to_host,
+)
+from lightning_nvcomp.codec.schema import Layout, _padded, _segments
+from lightning_nvcomp.errors import CorruptCheckpointError
+
+#: Every buffer's planes (encode) and every record's bytes (decode) start at a multiple of this many bytes.
+_BATCH_ALIGN = 64
+
+
+def encode_batch(
+    datas: list[torch.Tensor], dtype: torch.dtype, codec: str, layout: Layout | None = None
+) -> list[tuple[Coding, list[Segment]]]:
+    """Code many small buffers of one dtype on one device together, each as a record of its own: one layout, one
+    plane split, one engine call per codec, and on a GPU one device-to-host copy and one wait for all of them.
+
+    Each buffer's segments (none for an empty one, else one) and record are exactly what :class:`Encoder` gives it
+    with this layout and the default segment size, which every buffer must fit in. Returns each buffer's coding
+    and segments.
+    """
+    if not datas:
+        return []
+    engine = engine_for(codec, datas[0].device)
+    on_gpu = codes_on_gpu(engine, datas[0].device)
+    segment = default_segment(on_gpu)
+    work = "cuda" if on_gpu else "cpu"
+    datas = [d if d.device.type == work else d.to(work) for d in datas]
+    if any(d.numel() > segment for d in datas):
+        raise ValueError(f"encode_batch codes buffers of at most {segment} bytes; use Encoder for larger ones")
+    width = byte_planes.plane_width(dtype)
+    if any(d.numel() % width for d in datas):
+        raise ValueError(f"buffers of {dtype} must be whole numbers of {width}-byte values")
+    # Each buffer padded to whole 64-byte plane columns: its chunks start aligned, as nvCOMP requires.
+    zeros = torch.zeros(_BATCH_ALIGN * width, dtype=torch.uint8, device=work)
+    data = concatenate([part for d in datas for part in (d, zeros[: -d.numel() % (_BATCH_ALIGN * width)])])
+    layout = layout or choose_layout(engine, data, dtype, codec)
+    if data.numel() == 0:
+        return [(Coding(dtype, 0, layout, segment), []) for _ in datas]
+    plane_data = byte_planes.split(data, layout.planes)
+    flat, pitch = byte_planes.flatten(plane_data)
+    # Buffer i's plane k is row k of the concatenation's planes, from its column on: its chunks are those Encoder
+    # cuts from its own planes, at these offsets.
+    spans, column = [], 0
+    for d in datas:
+        n = d.numel() // layout.planes
+        spans.append(
+            [
+                [(k * pitch + column + j, min(layout.chunk, n - j)) for j in range(0, n, layout.chunk)]
+                for k in range(layout.planes)
+            ]
+        )
+        column += -(-d.numel() // (_BATCH_ALIGN * width)) * _BATCH_ALIGN * width // layout.planes
+    stored = [[[flat[o : o + n] for o, n in plane] for plane in item] for item in spans]
+    for coded_with in sorted(set(layout.codecs) - {"raw"}):
+        ks = [k for k in range(layout.planes) if layout.codecs[k] == coded_with]
+        assert engine is not None, "a layout with coded planes needs an engine"
+        coded = iter(
+            engine.encode(flat, [c for item in spans for k in ks for c in item[k]], coded_with, layout.data_type)
+        )
+        for item in stored:
+            for k in ks:
+                item[k] = [c if c.numel() < raw.numel() else raw for raw, c in zip(item[k], coded)]
+    pieces = [[piece for plane in item for piece in plane] for item in stored]
+    codings = [Coding(dtype, d.numel(), layout, segment) for d in datas]
+    # One packed buffer (on a GPU, one copy of it to pinned host memory): each buffer's blob is its range of it.
+    host = to_host(pack([piece for p in pieces for piece in p]))
+    ready: torch.cuda.Event | None = None
+    if on_gpu:
+        ready = torch.cuda.Event()
+        ready.record()
+    sizes = [[c.numel() for c in p] for p in pieces]
+    blobs, at = [], 0
+    for item_sizes in sizes:
+        nbytes = sum(_padded(n) for n in item_sizes)
+        blobs.append(host[at : at + nbytes])
+        at += nbytes
+    crcs = iter(crc32_batch([b for b, n in zip(blobs, sizes) if n], ready))
+    segments = [[Segment(b, n, next(crcs))] if n else [] for b, n in zip(blobs, sizes)]
+    return list(zip(codings, segments))
+
+
+def decode_batch(records: list[tuple[list[torch.Tensor], dict, Layout]], work: torch.device) -> list[torch.Tensor]:
+    """Decode many validated records of one layout on ``work`` together (what :func:`work_device` gave each):
+    every segment CRC-32 checked first, then one engine call per codec over all their chunks. Returns each record's
+    raw bytes (1-D uint8 on ``work``). CorruptCheckpointError names the record's index in ``records``."""
+    if not records:
+        return []
+    layout = records[0][2]
+    segments = [(r, s, b.cpu()) for r, (blobs, _, _) in enumerate(records) for s, b in enumerate(blobs)]
+    # Small blobs' CRC-32s in one task, each large one in pieces on all the CRC threads.
+    large = {i: Crc32(b) for i, (_, _, b) in enumerate(segments) if b.numel() > checksums.PIECE_NBYTES}
+    small = iter(crc32_batch([b for i, (_, _, b) in enumerate(segments) if i not in large]))
+    for i, (r, s, _) in enumerate(segments):
+        got = large[i] if i in large else next(small)
+        if checksums.value(got) != records[r][1]["crc32"][s]:
+            raise CorruptCheckpointError(f"record {r}: checksum mismatch in segment {s}: the file is damaged")
+    stored, starts = _one_buffer([b for _, _, b in segments], work)
+    # The records' bytes side by side in one buffer (each from a 64-byte offset); with byte planes, every segment's
+    # planes side by side in a second one, each from a 64-byte column, joined into the first after decoding.
+    sizes = [_aligned(meta["nbytes"]) for _, meta, _ in records]
+    whole = torch.empty(sum(sizes), dtype=torch.uint8, device=work)
+    bases = [0, *itertools.accumulate(sizes)][:-1]
+    outs = [whole[base : base + meta["nbytes"]] for base, (_, meta, _) in zip(bases, records)]
+    placed, column = [], 0
+    for r, (_, meta, _) in enumerate(records):
+        for start, length in _segments(meta["nbytes"], meta["segment"]):
+            placed.append((r, start, length, column))
+            column += _aligned(length // layout.planes)
+    if column == 0:  # nothing but empty records
+        return outs
+    plane_out = byte_planes.empty(layout.planes, column, work) if layout.planes > 1 else whole.view(1, -1)
+    flat, pitch = byte_planes.flatten(plane_out) if layout.planes > 1 else (whole, 0)
+    groups: dict[str, tuple[list, list]] = {}
+    raw_run: list[int] = []  # [src, dst, length] of raw chunks contiguous in both buffers
+    chunk_sizes = iter([n for _, meta, _ in records for n in meta["sizes"]])
+    for (r, start, length, col), pos in zip(placed, starts):
+        n = length // layout.planes
+        for k in range(layout.planes):
+            for j in range(0, n, layout.chunk):
+                raw, size = min(layout.chunk, n - j), next(chunk_sizes)
+                dst = k * pitch + col + j if layout.planes > 1 else bases[r] + start + j
+                if size != raw:
+                    src_spans, dst_spans = groups.setdefault(layout.codecs[k], ([], []))
+                    src_spans.append((pos, size))
+                    dst_spans.append((dst, raw))
+                elif raw_run and raw_run[0] + raw_run[2] == pos and raw_run[1] + raw_run[2] == dst:
+                    raw_run[2] += raw
+                else:
+                    if raw_run:
+                        _copy_run(flat, stored, raw_run)
+                    raw_run = [pos, dst, raw]
+                pos += _padded(size)
+    if raw_run:
+        _copy_run(flat, stored, raw_run)
+    engine = engine_on(work)
+    for codec, (src_spans, dst_spans) in groups.items():
+        try:
+            engine.decode(stored, src_spans, flat, dst_spans, codec, layout.data_type)
+        except ValueError as err:
+            raise CorruptCheckpointError(f"a segment of records 0..{len(records) - 1} does not decode: {err}") from None
+    if layout.planes > 1:
+        for r, start, length, col in placed:
+            byte_planes.join(plane_out[:, col : col + length // layout.planes], outs[r][start : start + length])
+    return outs
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _BATCH_ALIGN) * _BATCH_ALIGN
+
+
+def _copy_run(dst: torch.Tensor, src: torch.Tensor, run: list[int]) -> None:
+    start, to, n = run
+    dst[to : to + n].copy_(src[start : start + n])
+
+
+def _one_buffer(blobs: list[torch.Tensor], work: torch.device) -> tuple[torch.Tensor, list[int]]:
+    """One buffer on ``work`` holding every blob, and where each starts in it. On the CPU, the memory the blobs are
+    views of when they share one (a window of a file: no copy); else, and for a GPU, their concatenation, in which
+    every blob starts at a multiple of 16 bytes as nvCOMP wants its chunks (a window places them anywhere)."""
+    if not blobs:
+        return torch.empty(0, dtype=torch.uint8, device=work), []
+    storage = blobs[0].untyped_storage()
+    if work.type == "cpu" == blobs[0].device.type and all(
+        b.untyped_storage().data_ptr() == storage.data_ptr() for b in blobs
+    ):
+        starts = [int(b.storage_offset()) for b in blobs]
+        low, high = min(starts), max(s + b.numel() for s, b in zip(starts, blobs))
+        base = torch.empty(0, dtype=torch.uint8, device=blobs[0].device).set_(storage, low, (high - low,), (1,))
+        return base, [s - low for s in starts]
+    starts = [0, *itertools.accumulate(int(b.numel()) for b in blobs)][:-1]
+    return concatenate(blobs).to(work), starts
