@@ -4,7 +4,7 @@
 unpickler of that load. ``decode_tensor`` is reachable from any ``torch.load`` once the package is imported; to bound
 what one load may decode (a decompression bomb must not exhaust memory) and to decode copies of one record once, it
 needs to know which load it is part of. Our own loaders say so explicitly; for a plain ``torch.load`` it is found on
-the stack. When torch changes and it is not found, the bound applies per record instead (see ``format.decode``).
+the stack. When torch changes and it is not found, the bound applies per record instead (see ``format.load_state``).
 """
 
 from __future__ import annotations

@@ -7,10 +7,6 @@
 
 from lightning_nvcomp.format.contents import DTYPES, Contents, find_contents
 from lightning_nvcomp.format.decode import (
-    DECODE_ALLOWANCE,
-    DECODE_LIMIT_ENV,
-    DECODE_MULTIPLE,
-    LoadState,
     TensorInfo,
     decode_progress,
     decode_storage,
@@ -18,6 +14,7 @@ from lightning_nvcomp.format.decode import (
     storage_check,
     tensor_check,
 )
+from lightning_nvcomp.format.load_state import DECODE_ALLOWANCE, DECODE_LIMIT_ENV, DECODE_MULTIPLE, LoadState
 from lightning_nvcomp.format.reader import check_zip, describe, load, read
 from lightning_nvcomp.format.writer import Snapshot, snapshot
 

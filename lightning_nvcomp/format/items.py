@@ -20,7 +20,8 @@ from lightning_nvcomp.codec import batch as batch_coding
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.format.contents import DTYPES
-from lightning_nvcomp.format.decode import LoadState, _keep_on_gpu, _load, decode_tensor, decode_tensors, tensor_check
+from lightning_nvcomp.format.decode import _keep_on_gpu, decode_tensor, decode_tensors, tensor_check
+from lightning_nvcomp.format.load_state import LoadState, _load
 from lightning_nvcomp.format.reader import read
 from lightning_nvcomp.format.sink import MemorySink
 from lightning_nvcomp.format.writer import _ArchivePickler, _LayoutCache, _StoredBlob

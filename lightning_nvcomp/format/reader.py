@@ -14,7 +14,8 @@ import torch
 
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.format.contents import find_contents
-from lightning_nvcomp.format.decode import LoadState, _describe, _keep_on_gpu, _load
+from lightning_nvcomp.format.decode import _describe, _keep_on_gpu
+from lightning_nvcomp.format.load_state import LoadState, _load
 from lightning_nvcomp.storage import check_local
 
 
