@@ -159,19 +159,25 @@ def storage_check(rec: dict, index: int, dtype: str | None) -> int:
     return schema.canonical_crc([rec["check"], index, dtype])
 
 
-class _Placed(NamedTuple):
-    """A validated :func:`decode_tensor` call: its record (the validated copy), blob keys and placement."""
+class Placement(NamedTuple):
+    """Where one tensor lies in its record: :func:`decode_tensor`'s arguments after the record, before the check."""
 
-    blobs: list[torch.Tensor]
-    rec: dict
-    keys: list[tuple]
-    storage: int
+    storage: int  # the storage's index in the record
     offset: int
     size: tuple[int, ...]
     stride: tuple[int, ...]
     requires_grad: bool
     parameter: bool
     name: str
+
+
+class _Placed(NamedTuple):
+    """A validated :func:`decode_tensor` call: its record (the validated copy), blob keys and placement."""
+
+    blobs: list[torch.Tensor]
+    rec: dict
+    keys: list[tuple]
+    at: Placement
 
 
 def _place(
@@ -220,16 +226,17 @@ def _place(
         raise _fail(name, f"shape {size} with stride {stride} at offset {offset} overruns its {numel} elements")
     if not all(size) and offset >= 1 << 48:  # an empty view reads nothing, but torch allows any offset for it
         raise _fail(name, f"offset {offset} is absurd")
-    return _Placed(blobs, rec, keys, index, offset, size, stride, requires_grad, parameter, name)
+    return _Placed(blobs, rec, keys, Placement(index, offset, size, stride, requires_grad, parameter, name))
 
 
 def _tensor(placed: _Placed, storage: torch.Tensor) -> torch.Tensor:
     typed = storage.view(DTYPES[placed.rec["dtype"]])
     # as_strided counts from the start of the memory: a storage that is a view of a larger buffer adds its own offset
-    tensor = typed.as_strided(placed.size, placed.stride, typed.storage_offset() + placed.offset)
-    if placed.parameter:
-        return torch.nn.Parameter(tensor, placed.requires_grad)
-    return tensor.requires_grad_(placed.requires_grad)
+    at = placed.at
+    tensor = typed.as_strided(at.size, at.stride, typed.storage_offset() + at.offset)
+    if at.parameter:
+        return torch.nn.Parameter(tensor, at.requires_grad)
+    return tensor.requires_grad_(at.requires_grad)
 
 
 def decode_tensor(
@@ -260,8 +267,8 @@ def decode_tensor(
     describe = _describe.get()
     if describe is not None:
         rec = placed.rec
-        return describe(TensorInfo(name, rec["dtype"], placed.size, rec, sum(b.numel() for b in blobs)))
-    return _tensor(placed, _record_storages(blobs, placed.rec, name, state, placed.keys)[placed.storage])
+        return describe(TensorInfo(name, rec["dtype"], placed.at.size, rec, sum(b.numel() for b in blobs)))
+    return _tensor(placed, _record_storages(blobs, placed.rec, name, state, placed.keys)[placed.at.storage])
 
 
 def decode_tensors(calls: list[tuple], device: torch.device, state: LoadState) -> list[torch.Tensor]:
@@ -286,23 +293,23 @@ def decode_tensors(calls: list[tuple], device: torch.device, state: LoadState) -
         try:
             work = records.work_device(layout, p.rec, device)
         except CheckpointError as err:
-            raise type(err)(f"tensor {p.name!r}: {err}") from None
+            raise type(err)(f"tensor {p.at.name!r}: {err}") from None
         batches.setdefault((layout, str(work)), []).append(i)
     decoded: dict[int, torch.Tensor] = {}
     for (layout, work), members in batches.items():
         for i in members:
-            state.charge(placed[i].blobs, placed[i].keys, placed[i].rec["nbytes"], placed[i].name)
+            state.charge(placed[i].blobs, placed[i].keys, placed[i].rec["nbytes"], placed[i].at.name)
         batch = [(placed[i].blobs, placed[i].rec, layout) for i in members]
         try:
             outs = batch_coding.decode_batch(batch, torch.device(work))
         except CorruptCheckpointError as err:
-            names = ", ".join(repr(placed[i].name) for i in members[:4])
+            names = ", ".join(repr(placed[i].at.name) for i in members[:4])
             raise CorruptCheckpointError(f"tensors {names}{'...' if len(members) > 4 else ''}: {err}") from None
         for i, out in zip(members, outs):
             decoded[i] = out
     tensors = []
     for i, p in enumerate(placed):
-        start, nbytes = p.rec["storages"][p.storage]
+        start, nbytes = p.rec["storages"][p.at.storage]
         storage = decoded[i][start : start + nbytes]
         if storage.device != device:
             storage = storage.to(device)

@@ -20,7 +20,7 @@ from lightning_nvcomp.codec import batch as batch_coding
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.format.contents import DTYPES
-from lightning_nvcomp.format.decode import _keep_on_gpu, decode_tensor, decode_tensors, tensor_check
+from lightning_nvcomp.format.decode import Placement, _keep_on_gpu, decode_tensor, decode_tensors, tensor_check
 from lightning_nvcomp.format.load_state import LoadState, _load
 from lightning_nvcomp.format.reader import read
 from lightning_nvcomp.format.sink import MemorySink
@@ -138,7 +138,7 @@ def write_tensor(writer: ArchiveWriter, coded: CodedTensor) -> None:
         device=coded.device,
     )
     stride = torch.empty(coded.shape, device="meta").stride() if coded.shape else ()
-    placement = (0, 0, coded.shape, tuple(stride), False, False, coded.name)
+    placement = Placement(0, 0, coded.shape, tuple(stride), False, False, coded.name)
     check = tensor_check(meta, *placement)
     marker = object()
     buffer = io.BytesIO()

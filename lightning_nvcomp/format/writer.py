@@ -19,7 +19,7 @@ from lightning_nvcomp.codec import schema
 from lightning_nvcomp.codec.checksum import Checksum
 from lightning_nvcomp.errors import CheckpointError
 from lightning_nvcomp.format.contents import DTYPES, Contents, _storage_of, _tensor_names, find_contents
-from lightning_nvcomp.format.decode import decode_storage, decode_tensor, storage_check, tensor_check
+from lightning_nvcomp.format.decode import Placement, decode_storage, decode_tensor, storage_check, tensor_check
 from lightning_nvcomp.format.sink import MemorySink, SegmentSink
 from lightning_nvcomp.format.zip import ArchiveWriter
 from lightning_nvcomp.resources import shared
@@ -207,19 +207,6 @@ class _ArchivePickler(pickle.Pickler):
         return make(dtype)
 
 
-class _Placement(NamedTuple):
-    """Where one tensor lies in its record: :func:`decode_tensor`'s arguments but the record's own."""
-
-    slot: int
-    storage: int  # the storage's index in the record
-    offset: int
-    size: tuple[int, ...]
-    stride: tuple[int, ...]
-    requires_grad: bool
-    parameter: bool
-    name: str
-
-
 class Snapshot:
     """A checkpoint whose tensors are coded (their segments in host memory, or already written), ready to be
     written by any thread: :meth:`write_to`. Tensors in the saved object are not read again."""
@@ -230,7 +217,7 @@ class Snapshot:
         codec: str,
         raw_nbytes: int,
         encode_s: float,
-        placements: dict[int, _Placement],
+        placements: dict[int, tuple[int, Placement]],
         storages: dict[int, tuple[int, int]],
         coded: list[_CodedRecord],
         kept: MemorySink | None,
@@ -244,10 +231,9 @@ class Snapshot:
             self._kept.write_to(writer)
         encoded = [(c.blobs, c.record()) for c in self._coded]  # every checksum is in: each record is sealed
         reductions: dict[int, tuple] = {}
-        for tensor_id, p in self._placements.items():
-            blobs, meta = encoded[p.slot]
-            check = tensor_check(meta, p.storage, p.offset, p.size, p.stride, p.requires_grad, p.parameter, p.name)
-            reductions[tensor_id] = (decode_tensor, (blobs, meta, *p[1:], check))
+        for tensor_id, (slot, placement) in self._placements.items():
+            blobs, meta = encoded[slot]
+            reductions[tensor_id] = (decode_tensor, (blobs, meta, *placement, tensor_check(meta, *placement)))
 
         def storage_reduction(slot: int, index: int) -> Callable[[str | None], tuple]:
             blobs, meta = encoded[slot]
@@ -310,15 +296,17 @@ def snapshot(
     placements = {}
     for t in contents.tensors:
         slot, index = where[t.untyped_storage()._cdata]
-        placements[id(t)] = _Placement(
+        placements[id(t)] = (
             slot,
-            index,
-            int(t.storage_offset()),
-            tuple(t.shape),
-            tuple(t.stride()),
-            t.requires_grad,
-            type(t) is torch.nn.Parameter,
-            names.get(id(t), "<unnamed>"),
+            Placement(
+                index,
+                int(t.storage_offset()),
+                tuple(t.shape),
+                tuple(t.stride()),
+                t.requires_grad,
+                type(t) is torch.nn.Parameter,
+                names.get(id(t), "<unnamed>"),
+            ),
         )
     # Every planned storage: other tensors reach them too (the parts of a sparse tensor are made while pickling).
     return Snapshot(obj, codec, contents.nbytes, time.perf_counter() - begin, placements, where, coded, kept)
