@@ -3,9 +3,10 @@
     python lightning_sharded_run.py STRATEGY CODEC ROOT MAX_STEPS [CKPT_PATH]   (GPUS=n: n GPUs, default 1)
 
 STRATEGY: ``mp`` (ModelParallelStrategy + FSDP2 on every CPU or GPU rank) or ``fsdp`` (FSDPStrategy, sharded state,
-GPU only); CODEC: a lightning_nvcomp codec, or ``plain`` for Lightning's own strategy. An epoch is 4 steps; a
-checkpoint is saved at the end of each into ROOT/checkpoints; logs go to ROOT/csv; ROOT/result-<rank>.json says
-what the run did.
+GPU only); CODEC: a lightning_nvcomp codec, or ``plain`` for Lightning's own strategy (``STATE_ON_GPU=0``: ours
+with ``state_on_gpu=False``). An epoch is 4 steps; a checkpoint is saved at the end of each into ROOT/checkpoints;
+logs go to ROOT/csv; ROOT/result-<rank>.json says what the run did (for ours, how the last save's state reached the
+writer: ``strategy.last_state``).
 """
 
 from __future__ import annotations
@@ -52,17 +53,16 @@ def main() -> None:
     ckpt_path = sys.argv[5] if len(sys.argv) > 5 else None
     gpu = torch.cuda.is_available()
     devices = int(os.environ.get("GPUS", 1)) if gpu else 2
+    ours = {"codec": codec, "state_on_gpu": os.environ.get("STATE_ON_GPU", "1") == "1"}
     if kind == "mp":
         # Lightning's default makes every device a tensor-parallel rank; Net shards across data-parallel ranks only.
         sizes = {"data_parallel_size": devices, "tensor_parallel_size": 1}
-        strategy = (
-            ModelParallelStrategy(**sizes) if codec == "plain" else NvcompModelParallelStrategy(codec=codec, **sizes)
-        )
+        strategy = ModelParallelStrategy(**sizes) if codec == "plain" else NvcompModelParallelStrategy(**ours, **sizes)
     else:
         strategy = (
             FSDPStrategy(state_dict_type="sharded")
             if codec == "plain"
-            else NvcompFSDPStrategy(codec=codec, state_dict_type="sharded")
+            else NvcompFSDPStrategy(**ours, state_dict_type="sharded")
         )
     trainer = L.Trainer(
         accelerator="cuda" if gpu else "cpu",
@@ -77,11 +77,13 @@ def main() -> None:
     )
     trainer.fit(Net(), ckpt_path=ckpt_path)
     stats = getattr(strategy, "last_stats", None)
+    state = getattr(strategy, "last_state", None)
     result = {
         "global_step": trainer.global_step,
         "ranks": [[rank, r.codec, r.raw_nbytes, r.file_nbytes] for rank, r in enumerate(stats.ranks)]
         if stats
         else None,
+        "state": {"offloaded": state.offloaded, "devices": sorted(state.devices)} if state else None,
     }
     with open(f"{root}/result-{trainer.global_rank}.json", "w") as f:
         json.dump(result, f)

@@ -1,6 +1,8 @@
 """Lightning's sharded strategies compressed through lightning_nvcomp.dcp: ModelParallelStrategy (FSDP2) on two CPU
 ranks with gloo, and FSDPStrategy(state_dict_type="sharded") / ModelParallelStrategy on a GPU. Each run is compared
-bit for bit with the same run under Lightning's own strategy."""
+bit for bit with the same run under Lightning's own strategy, and the state must reach the writer un-offloaded: on
+a GPU as CUDA tensors (on a CPU both ways give CPU tensors, so there the strategy's record of its own collection path
+is what is checked)."""
 
 from __future__ import annotations
 
@@ -25,9 +27,14 @@ from conftest import REPO_ROOT, assert_tree_bit_exact
 SCRIPT = Path(__file__).with_name("lightning_sharded_run.py")
 
 
-def _run(kind: str, codec: str, root: Path, steps: int, ckpt: Path | None = None, gpus: int = 1) -> list[dict]:
+def _run(
+    kind: str, codec: str, root: Path, steps: int, ckpt: Path | None = None, gpus: int = 1, state_on_gpu: bool = True
+) -> list[dict]:
     env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]), GPUS=str(gpus)
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+        GPUS=str(gpus),
+        STATE_ON_GPU="1" if state_on_gpu else "0",
     )
     args = [sys.executable, str(SCRIPT), kind, codec, str(root), str(steps)] + ([str(ckpt)] if ckpt else [])
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env, cwd=str(root.parent))
@@ -53,6 +60,9 @@ def _check(tmp_path: Path, kind: str, codec: str, gpus: int = 1) -> None:
         assert_tree_bit_exact(want, got)
     stored = sum(p.stat().st_size for p in (ours / "checkpoints" / names[1]).glob("*.distcp"))
     assert stored < sum(p.stat().st_size for p in (plain / "checkpoints" / names[1]).glob("*.distcp"))
+    # every rank handed the writer its shards where they live: CUDA tensors on a GPU, collected without offload
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert [r["state"] for r in results] == [{"offloaded": False, "devices": [device]}] * len(results), results
     ranks = results[0]["ranks"]
     assert results[0]["global_step"] == 8 and [r[0] for r in ranks] == list(range(len(results)))
     assert all(r[1] == codec for r in ranks) and sum(r[3] for r in ranks) < sum(r[2] for r in ranks), ranks
@@ -73,7 +83,10 @@ def _check(tmp_path: Path, kind: str, codec: str, gpus: int = 1) -> None:
 
     # Resuming from the first compressed checkpoint ends where resuming from Lightning's own does, bit for bit.
     # (Not where the uninterrupted run ends: Lightning's resume of these strategies does not reproduce that.)
-    assert _run(kind, codec, resumed, 8, ours / "checkpoints" / names[0], gpus)[0]["global_step"] == 8
+    # The resumed run saves with state_on_gpu=False: Lightning's CPU offload, and as bit-exact.
+    resumed_results = _run(kind, codec, resumed, 8, ours / "checkpoints" / names[0], gpus, state_on_gpu=False)
+    assert resumed_results[0]["global_step"] == 8
+    assert [r["state"] for r in resumed_results] == [{"offloaded": True, "devices": ["cpu"]}] * len(results)
     _run(kind, "plain", tmp_path / "plain_resumed", 8, plain / "checkpoints" / names[0], gpus)
     assert_tree_bit_exact(
         _full_state(tmp_path / "plain_resumed" / "checkpoints" / names[1], tmp_path / "a.pt"),

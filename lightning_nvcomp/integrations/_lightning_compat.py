@@ -1,9 +1,15 @@
-"""The private Lightning name lightning_nvcomp relies on: why, and for which versions.
+"""The private Lightning names lightning_nvcomp relies on: why, and for which versions.
 
 ``lightning.pytorch.strategies.fsdp._distributed_checkpoint_save`` and its ``model_parallel`` twin (Lightning 2.4-2.6):
 the one module-level helper through which ``FSDPStrategy(state_dict_type="sharded")`` and ``ModelParallelStrategy``
 write a sharded checkpoint (``dcp.save(state, checkpoint_id=path)``, no storage writer to pass). The compressed
 strategies point it at their writer while their own ``save_checkpoint`` runs (see ``lightning_sharded``).
+
+``FSDPStrategy._state_dict_type`` (Lightning 2.1-2.6) and ``ModelParallelStrategy._save_distributed_checkpoint``
+(Lightning 2.4-2.6): the constructor arguments ``state_dict_type`` and ``save_distributed_checkpoint`` as the
+strategies keep them, which nothing public exposes. They decide whether a save is a sharded one (through DCP, so
+through the compressed writer) or a "full" one; the compressed strategies collect the state on the GPU only for the
+sharded ones.
 """
 
 from __future__ import annotations
@@ -30,3 +36,23 @@ def distributed_checkpoint_save_as(module: ModuleType, save: Callable[..., Any])
         yield
     finally:
         setattr(module, DISTRIBUTED_SAVE, original)
+
+
+def _setting(strategy: Any, name: str) -> Any:
+    try:
+        return getattr(strategy, name)
+    except AttributeError:
+        raise RuntimeError(
+            f"{type(strategy).__name__} has no {name} (a Lightning newer than 2.6?): the compressed sharded "
+            "strategies cannot tell a sharded save from a full one; please report it"
+        ) from None
+
+
+def fsdp_saves_sharded(strategy: Any) -> bool:
+    """Whether an ``FSDPStrategy`` saves sharded checkpoints (``state_dict_type="sharded"``)."""
+    return _setting(strategy, "_state_dict_type") == "sharded"
+
+
+def model_parallel_saves_distributed(strategy: Any) -> bool:
+    """Whether a ``ModelParallelStrategy`` saves distributed checkpoints (``save_distributed_checkpoint=True``)."""
+    return bool(_setting(strategy, "_save_distributed_checkpoint"))

@@ -9,20 +9,39 @@ That is visible in the Trainer's configuration and scoped to one strategy instan
 Lightning would not be, and everything else (the state-dict layout, the ``meta.pt`` file, every rank's plan) stays
 Lightning's. Loading needs no change: DCP's default reader decodes these files wherever lightning_nvcomp is
 installed.
+
+The state stays on the GPU. Lightning collects a sharded state with CPU offload (``ShardedStateDictConfig(
+offload_to_cpu=True)`` for FSDP, ``StateDictOptions(cpu_offload=True)`` for ModelParallel), so its writer gets host
+copies of every shard. For their sharded saves the compressed strategies collect the same state with the offload
+off (``lightning_module_state_dict`` and ``optimizer_state``): the writer codes the shards where they live and only
+compressed bytes reach host memory. "Full" saves, and FSDP with ``cpu_offload`` (parameters already on the CPU), keep
+Lightning's collection. The cost is GPU memory while the save runs: nothing with ModelParallelStrategy (FSDP2 hands
+out the sharded parameters and optimizer tensors themselves), but FSDP1 (``FSDPStrategy``) builds a copy of each
+rank's shard of the weights and of the optimizer state, which now stays on the GPU until the save ends instead of
+moving to host memory tensor by tensor; ``state_on_gpu=False`` gives Lightning's offload back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-from lightning_nvcomp.integrations._lightning_compat import distributed_checkpoint_save_as
+from lightning_nvcomp.integrations._lightning_compat import (
+    distributed_checkpoint_save_as,
+    fsdp_saves_sharded,
+    model_parallel_saves_distributed,
+)
 from lightning_nvcomp.integrations._require import MissingExtraError
 from lightning_nvcomp.options import SaveOptions
 
@@ -30,6 +49,7 @@ try:
     import lightning.pytorch.strategies.fsdp as fsdp_strategy
     import lightning.pytorch.strategies.model_parallel as model_parallel_strategy
     from lightning.fabric.utilities.rank_zero import rank_zero_info
+    from lightning.pytorch.core.optimizer import LightningOptimizer
     from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 except ImportError as err:
     raise MissingExtraError("lightning", "NvcompFSDPStrategy and NvcompModelParallelStrategy", err) from err
@@ -39,6 +59,34 @@ from lightning_nvcomp.dcp import DcpCheckpointStats, NvcompFileSystemWriter
 from lightning_nvcomp.stats import SaveStats
 
 _SWAP = threading.Lock()
+
+
+@dataclass(frozen=True)
+class CollectedState:
+    """How the state of a sharded save reached the writer.
+
+    Attributes:
+        offloaded: whether any of it was collected Lightning's way, with CPU offload (None: the strategy's state
+            collection was not called for this save).
+        devices: the device types (``"cuda"``, ``"cpu"``) of the tensors handed to the writer (a ShardedTensor's:
+            its local shards').
+    """
+
+    offloaded: bool | None
+    devices: frozenset[str]
+
+
+def tensor_devices(state: Any) -> frozenset[str]:
+    """The device types of the tensors in a state tree (for a ShardedTensor, of its local shards)."""
+    if hasattr(state, "local_shards"):  # ShardedTensor: its own device says nothing about its shards'
+        return frozenset(shard.tensor.device.type for shard in state.local_shards())
+    if isinstance(state, torch.Tensor):
+        return frozenset([state.device.type])
+    if isinstance(state, dict):
+        state = list(state.values())
+    if isinstance(state, (list, tuple)):
+        return frozenset().union(*(tensor_devices(v) for v in state))
+    return frozenset()
 
 
 def rank_metrics(stats: DcpCheckpointStats) -> dict[str, float]:
@@ -69,19 +117,68 @@ class CompressedShardedSaves:
 
     _saver_module: ModuleType  # the Lightning module whose `_distributed_checkpoint_save` the strategy calls
 
-    def __init__(self, *args: Any, codec: str = "auto", gpu_hour_usd: float | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        codec: str = "auto",
+        gpu_hour_usd: float | None = None,
+        state_on_gpu: bool = True,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         #: The same options object as the checkpoint IO's (an unknown or unavailable codec fails here, at once).
         self.options = SaveOptions.of(codec, gpu_hour_usd=gpu_hour_usd)
+        self.state_on_gpu = state_on_gpu
         self.savings = telemetry.Savings(self.options.gpu_hour_usd)
         self.logger_attached = False
         self.last_stats: DcpCheckpointStats | None = None
+        #: How the last sharded save's state reached the writer (None before the first).
+        self.last_state: CollectedState | None = None
         self._metrics: list[tuple[int, dict[str, float]]] = []
+        self._offloaded: list[bool] = []  # one per state collection since the last save: with CPU offload?
+
+    # -- the state, collected where it lives ------------------------------------------------------------------
+
+    def _saves_sharded(self) -> bool:
+        """Whether this strategy's saves are sharded ones (through DCP, so through the compressed writer)."""
+        raise NotImplementedError
+
+    def _params_offloaded(self) -> bool:
+        """Whether the parameters live on the CPU anyway (FSDP's ``cpu_offload``)."""
+        return False
+
+    def _module_state_on_device(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _optimizer_state_on_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _collect_on_device(self) -> bool:
+        on_device = self.state_on_gpu and self._saves_sharded() and not self._params_offloaded()
+        self._offloaded.append(not on_device)
+        return on_device
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """The model's state: for a sharded save (``state_on_gpu``), collected without CPU offload."""
+        if self._collect_on_device():
+            return self._module_state_on_device()
+        return super().lightning_module_state_dict()  # type: ignore[misc]
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The optimizer's state: for a sharded save (``state_on_gpu``), collected without CPU offload."""
+        if self._collect_on_device():
+            unwrapped = optimizer.optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+            return self._optimizer_state_on_device(unwrapped)
+        return super().optimizer_state(optimizer)  # type: ignore[misc]
+
+    # -- the save ---------------------------------------------------------------------------------------------
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         writers: list[NvcompFileSystemWriter] = []
+        offloaded, self._offloaded = self._offloaded, []
 
         def compressed_save(converted_state: dict[str, Any], path: Path) -> None:
+            self.last_state = CollectedState(any(offloaded) if offloaded else None, tensor_devices(converted_state))
             writers.append(NvcompFileSystemWriter(path, options=self.options))
             dcp.save(converted_state, storage_writer=writers[-1])
 
@@ -126,10 +223,49 @@ class NvcompFSDPStrategy(CompressedShardedSaves, FSDPStrategy):
     Args:
         codec: ``"auto"``, ``"ans"``, ``"zstd"`` or ``"none"`` (see :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter`).
         gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
+        state_on_gpu: collect the sharded state without CPU offload, so shards are coded on the GPU (FSDP keeps its
+            copy of the rank's weights and optimizer state on the GPU until the save ends); False: Lightning's
+            offload. Ignored with ``cpu_offload`` and for ``state_dict_type="full"``.
         *args, **kwargs: ``FSDPStrategy``'s.
     """
 
     _saver_module = fsdp_strategy
+
+    def _saves_sharded(self) -> bool:
+        return fsdp_saves_sharded(self)
+
+    def _params_offloaded(self) -> bool:
+        return bool(self.cpu_offload.offload_params)
+
+    @contextlib.contextmanager
+    def _sharded_on_device(self) -> Iterator[None]:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import StateDictType
+        from torch.distributed.fsdp.api import ShardedOptimStateDictConfig, ShardedStateDictConfig
+
+        assert self.model is not None
+        with FSDP.state_dict_type(
+            self.model,
+            StateDictType.SHARDED_STATE_DICT,
+            ShardedStateDictConfig(offload_to_cpu=False),
+            ShardedOptimStateDictConfig(offload_to_cpu=False),
+        ):
+            yield
+
+    def _module_state_on_device(self) -> dict[str, Any]:
+        assert self.model is not None
+        with self._sharded_on_device():
+            return self.model.state_dict()
+
+    def _optimizer_state_on_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        assert self.model is not None
+        with self._sharded_on_device():
+            return FSDP.optim_state_dict(self.model, optimizer)
+
+
+_ON_DEVICE = StateDictOptions(full_state_dict=False, cpu_offload=False)
 
 
 class NvcompModelParallelStrategy(CompressedShardedSaves, ModelParallelStrategy):
@@ -138,7 +274,21 @@ class NvcompModelParallelStrategy(CompressedShardedSaves, ModelParallelStrategy)
     Args:
         codec: ``"auto"``, ``"ans"``, ``"zstd"`` or ``"none"`` (see :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter`).
         gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
+        state_on_gpu: collect the distributed state without CPU offload, so shards are coded on the GPU (no extra
+            GPU memory: the writer gets the sharded tensors themselves); False: Lightning's offload. Ignored with
+            ``save_distributed_checkpoint=False``.
         *args, **kwargs: ``ModelParallelStrategy``'s.
     """
 
     _saver_module = model_parallel_strategy
+
+    def _saves_sharded(self) -> bool:
+        return model_parallel_saves_distributed(self)
+
+    def _module_state_on_device(self) -> dict[str, Any]:
+        assert self.model is not None
+        return get_model_state_dict(self.model, options=_ON_DEVICE)
+
+    def _optimizer_state_on_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        assert self.model is not None
+        return get_optimizer_state_dict(self.model, optimizer, options=_ON_DEVICE)
