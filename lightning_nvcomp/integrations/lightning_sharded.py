@@ -69,7 +69,7 @@ class CollectedState:
         offloaded: whether any of it was collected Lightning's way, with CPU offload (None: the strategy's state
             collection was not called for this save).
         devices: the device types (``"cuda"``, ``"cpu"``) of the tensors handed to the writer (a ShardedTensor's:
-            its local shards').
+            its local shards'), 0-d ones left out (an optimizer's ``step``, which PyTorch keeps on the CPU).
     """
 
     offloaded: bool | None
@@ -77,11 +77,11 @@ class CollectedState:
 
 
 def tensor_devices(state: Any) -> frozenset[str]:
-    """The device types of the tensors in a state tree (for a ShardedTensor, of its local shards)."""
+    """The device types of the tensors of more than 0 dimensions in a state tree (of a ShardedTensor's local shards)."""
     if hasattr(state, "local_shards"):  # ShardedTensor: its own device says nothing about its shards'
-        return frozenset(shard.tensor.device.type for shard in state.local_shards())
+        return tensor_devices([shard.tensor for shard in state.local_shards()])
     if isinstance(state, torch.Tensor):
-        return frozenset([state.device.type])
+        return frozenset([state.device.type]) if state.dim() else frozenset()
     if isinstance(state, dict):
         state = list(state.values())
     if isinstance(state, (list, tuple)):
