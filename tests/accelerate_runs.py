@@ -118,3 +118,15 @@ def tree_digest(obj: Any) -> Any:
 def draws() -> tuple:
     """The next values of Python's, NumPy's and torch's global RNGs (consumes them)."""
     return random.random(), float(np.random.rand()), tensor_digest(torch.rand(8))
+
+
+def flat_digests(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a/b/c": digest}`` for every leaf of a nested state dict: tensors as :func:`tensor_digest` (key order
+    does not matter, unlike :func:`tree_digest`), the rest by ``repr``."""
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(flat_digests(value, f"{prefix}{key}/"))
+        return out
+    leaf = tensor_digest(tree) if isinstance(tree, torch.Tensor) else repr(tree)
+    return {prefix.rstrip("/"): leaf}

@@ -5,6 +5,17 @@ functions through which ``Accelerator.save_state`` writes, and ``load_state`` re
 checkpoint (model, optimizer, scheduler, sampler, registered objects). They are not public API, and the optimizer -
 the largest part of a checkpoint - passes through no public hook, so the attached Accelerator points them at the
 compressed writer (and at an ``mmap=True`` load) while its own ``save_state`` / ``load_state`` runs.
+
+``torch.distributed.checkpoint.FileSystemWriter`` / ``FileSystemReader`` as Accelerate's FSDP checkpoint functions
+look them up (``accelerate.utils.fsdp_utils``: ``save_fsdp_model``, ``save_fsdp_optimizer``, ``load_fsdp_model``,
+``load_fsdp_optimizer``; read in Accelerate 1.15, the same calls since the 0.2x releases). With
+``state_dict_type="SHARDED_STATE_DICT"`` they do ``import torch.distributed.checkpoint as dist_cp`` in the function
+body and call ``dist_cp.save(..., storage_writer=dist_cp.FileSystemWriter(ckpt_dir))`` /
+``dist_cp.load(..., storage_reader=dist_cp.FileSystemReader(ckpt_dir))``, with no way to pass a writer or reader in.
+The names are torch's public ones, but that Accelerate resolves them on the module at each call is its internal
+detail: while the attached ``save_state`` / ``load_state`` runs, those two module attributes are the compressed DCP
+writer's and reader's factories, and the originals are put back after (torch's own code imports the classes from
+``torch.distributed.checkpoint.filesystem`` and does not see the swap).
 """
 
 from __future__ import annotations
@@ -12,34 +23,47 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import Any
 
 import accelerate.checkpointing as checkpointing
+import torch.distributed.checkpoint as dist_cp
 
 _SWAP = threading.Lock()  # one swap at a time: two attached Accelerators must not restore each other's functions
 
 
 @contextlib.contextmanager
 def checkpoint_io_as(
-    save: Callable[..., Any] | None = None, load: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
+    save: Callable[..., Any] | None = None,
+    load: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
+    dcp_writer: Callable[..., Any] | None = None,
+    dcp_reader: Callable[..., Any] | None = None,
 ) -> Iterator[None]:
     """Within the block, ``accelerate.checkpointing.save`` is ``save`` and ``accelerate.checkpointing.load`` is
-    ``load(original load)`` (each where given); the originals are put back after."""
-    names = [name for name, given in (("save", save), ("load", load)) if given is not None]
+    ``load(original load)``, and Accelerate's FSDP sharded checkpoints are written by ``dcp_writer(ckpt_dir)`` and
+    read by ``dcp_reader(ckpt_dir)`` (each where given); the originals are put back after."""
+    wanted: list[tuple[ModuleType, str, Any]] = [
+        (module, name, given)
+        for module, name, given in (
+            (checkpointing, "save", save),
+            (checkpointing, "load", load),
+            (dist_cp, "FileSystemWriter", dcp_writer),
+            (dist_cp, "FileSystemReader", dcp_reader),
+        )
+        if given is not None
+    ]
     with _SWAP:
-        originals: dict[str, Any] = {name: getattr(checkpointing, name, None) for name in names}
-        missing = [name for name, original in originals.items() if original is None]
+        originals = [(module, name, getattr(module, name, None)) for module, name, _ in wanted]
+        missing = [f"{module.__name__}.{name}" for module, name, original in originals if original is None]
         if missing:
             raise RuntimeError(
-                f"accelerate.checkpointing has no {', '.join(missing)} (an Accelerate newer than 1.15?): "
-                "lightning_nvcomp cannot route save_state/load_state through its writer; please report it"
+                f"no {', '.join(missing)} (an Accelerate newer than 1.15?): lightning_nvcomp cannot route "
+                "save_state/load_state through its writer; please report it"
             )
-        if save is not None:
-            checkpointing.save = save
-        if load is not None:
-            checkpointing.load = load(originals["load"])
+        for (module, name, given), (_, _, original) in zip(wanted, originals):
+            setattr(module, name, given(original) if name == "load" else given)
         try:
             yield
         finally:
-            for name, original in originals.items():
-                setattr(checkpointing, name, original)
+            for module, name, original in originals:
+                setattr(module, name, original)

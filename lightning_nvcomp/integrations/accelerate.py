@@ -10,48 +10,122 @@ runs ``save_state``, that name points to the shared :class:`~lightning_nvcomp.pi
 The model is written as ``pytorch_model.bin`` (``safe_serialization=False``), the name ``load_state`` falls back to.
 Remote storage is not supported yet: ``save_state`` / ``load_state`` refuse a URL directory (``s3://...``, as the
 argument or as the project directory automatic checkpoint naming uses) before Accelerate creates anything.
+
+FSDP with ``state_dict_type="SHARDED_STATE_DICT"``: the model and optimizer never reach ``checkpointing.save``;
+Accelerate's FSDP functions write them with ``torch.distributed.checkpoint`` and a ``FileSystemWriter`` they make
+themselves (directories ``pytorch_model_fsdp_<i>`` and ``optimizer_<i>``). While the attached ``save_state`` runs,
+that writer is :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter` with the attachment's options, and while
+``load_state`` runs, the reader is :class:`~lightning_nvcomp.dcp.NvcompFileSystemReader` (see
+``_accelerate_compat``); DCP's default reader reads the files too. Every rank writes its shards, synchronously
+(``dcp.save``, also with ``async_save=True``). Accelerate's plugin collects that state with CPU offload by default
+(``FullyShardedDataParallelPlugin.state_dict_config = ShardedStateDictConfig(offload_to_cpu=True)`` and the same in
+``optim_state_dict_config``; FSDP2 takes its ``StateDictOptions(cpu_offload=...)`` from the former): for the
+attached save the two configs are copies with ``offload_to_cpu=False``, so shards are coded on the GPU and only
+compressed bytes reach host memory (``state_on_gpu=False`` keeps the plugin's; so does a plugin that offloads the
+parameters). FSDP2 needs no extra GPU memory for that; FSDP1 keeps its copy of each rank's shard of the weights and
+optimizer state on the GPU until the part is written. Loading keeps the plugin's settings. Those parts are not in
+the savings metrics yet; ``Attachment.last_sharded`` has their stats.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
+import os
+from collections.abc import Iterator
 from typing import Any
+
+import torch
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
 
 from lightning_nvcomp.integrations._require import MissingExtraError
 
 try:
     from accelerate import Accelerator
     from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
 
     from lightning_nvcomp.integrations._accelerate_compat import checkpoint_io_as
 except ImportError as err:
     raise MissingExtraError("accelerate", "lightning_nvcomp.integrations.accelerate (attach)", err) from err
 
+from lightning_nvcomp.dcp import DcpCheckpointStats, NvcompFileSystemReader, NvcompFileSystemWriter
 from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.pipeline import CheckpointWriter
 from lightning_nvcomp.storage import check_local
 
 
+class ShardWriter(NvcompFileSystemWriter):
+    """The DCP writer Accelerate's FSDP functions get while an attached ``save_state`` runs: an
+    :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter` that also records where the shards it is handed live.
+
+    Args:
+        path: the part's directory.
+        options: the attachment's :class:`~lightning_nvcomp.options.SaveOptions`.
+        **kwargs: ``NvcompFileSystemWriter``'s keyword arguments.
+    """
+
+    def __init__(self, path: str | os.PathLike, options: SaveOptions, **kwargs: Any) -> None:
+        super().__init__(path, options=options, **kwargs)
+        #: Device types (``"cuda"``, ``"cpu"``) of the tensors of the last save, 0-d ones (``step``) left out.
+        self.devices: frozenset[str] = frozenset()
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        tensors = (planner.resolve_data(i) for i in plan.items if i.type != WriteItemType.BYTE_IO)
+        self.devices = frozenset(t.device.type for t in tensors if isinstance(t, torch.Tensor) and t.dim())
+        return super().write_data(plan, planner)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedPart:
+    """One DCP directory of an FSDP ``save_state`` (a model's or an optimizer's).
+
+    Attributes:
+        stats: the whole directory's figures, every rank's (``stats.ranks[r]``).
+        devices: where the shards this rank handed the writer lived (see :attr:`ShardWriter.devices`).
+    """
+
+    stats: DcpCheckpointStats
+    devices: frozenset[str]
+
+
 class Attachment:
     """Compression attached to one ``Accelerator`` (made by :func:`attach`); :meth:`detach` undoes it."""
 
-    def __init__(self, accelerator: Accelerator, writer: CheckpointWriter) -> None:
+    def __init__(self, accelerator: Accelerator, writer: CheckpointWriter, state_on_gpu: bool = True) -> None:
         if isinstance(getattr(accelerator.save_state, "__self__", None), Attachment):
             raise ValueError("this Accelerator already has lightning_nvcomp attached: detach() it first")
-        self.accelerator, self.writer = accelerator, writer
+        self.accelerator, self.writer, self.state_on_gpu = accelerator, writer, state_on_gpu
+        #: The DCP parts of the last FSDP sharded ``save_state``, by directory name (``pytorch_model_fsdp_0``,
+        #: ``optimizer_0``); empty for other saves.
+        self.last_sharded: dict[str, ShardedPart] = {}
+        #: The DCP directories the last ``load_state`` read through ``NvcompFileSystemReader`` (FSDP sharded parts).
+        self.last_sharded_loads: tuple[str, ...] = ()
         writer.savings.world_size = accelerator.num_processes
         self._save_state, self._load_state = accelerator.save_state, accelerator.load_state
         accelerator.save_state = self.save_state
         accelerator.load_state = self.load_state
 
     def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, **kwargs: Any) -> str:
-        """``Accelerator.save_state``, compressed (``safe_serialization`` is ignored: the files are torch zips).
-        ValueError naming the directory, before anything is created, when it is a URL (``s3://...``)."""
+        """``Accelerator.save_state``, compressed (``safe_serialization`` is ignored: the files are torch zips; FSDP
+        sharded parts are compressed DCP directories). ValueError naming the directory, before anything is created,
+        when it is a URL (``s3://...``)."""
         self._check_local(output_dir)
         self.wait()  # Accelerate may prune older checkpoints now: their background writes must be done
         iteration = self.accelerator.save_iteration  # grows by one per save_state: the step metrics are logged at
-        with checkpoint_io_as(save=self._save):
+        parts: list[ShardWriter] = []
+
+        def shard_writer(path: str | os.PathLike, **writer_kwargs: Any) -> ShardWriter:
+            parts.append(ShardWriter(path, self.writer.options, **writer_kwargs))
+            return parts[-1]
+
+        with checkpoint_io_as(save=self._save, dcp_writer=shard_writer), self._sharded_state_on_gpu():
             location = self._save_state(output_dir, safe_serialization=False, **kwargs)
+        # gather_stats is a collective: every rank made the same parts, in the same order
+        self.last_sharded = {os.path.basename(p.path): ShardedPart(p.gather_stats(), p.devices) for p in parts}
         self.writer.commit(iteration, str(location))
         if not self.writer.options.async_save:
             self.flush()
@@ -59,12 +133,50 @@ class Attachment:
 
     def load_state(self, input_dir: str | None = None, **kwargs: Any) -> Any:
         """``Accelerator.load_state``, after any background write has finished. Its files are memory-mapped
-        (``torch.load(mmap=True)``): compressed bytes go from the page cache straight to the decoder. ValueError
-        naming the directory when it is a URL (``s3://...``)."""
+        (``torch.load(mmap=True)``): compressed bytes go from the page cache straight to the decoder; FSDP sharded
+        parts are read by :class:`~lightning_nvcomp.dcp.NvcompFileSystemReader`. ValueError naming the directory
+        when it is a URL (``s3://...``)."""
         self._check_local(input_dir)
         self.wait()
-        with checkpoint_io_as(load=lambda original: functools.partial(original, mmap=True)):
-            return self._load_state(input_dir, **kwargs)
+        reads: list[str] = []
+
+        def shard_reader(path: str | os.PathLike, **reader_kwargs: Any) -> NvcompFileSystemReader:
+            reads.append(os.path.basename(os.fspath(path)))
+            return NvcompFileSystemReader(path, **reader_kwargs)
+
+        try:
+            with checkpoint_io_as(
+                load=lambda original: functools.partial(original, mmap=True), dcp_reader=shard_reader
+            ):
+                return self._load_state(input_dir, **kwargs)
+        finally:
+            self.last_sharded_loads = tuple(reads)
+
+    @contextlib.contextmanager
+    def _sharded_state_on_gpu(self) -> Iterator[None]:
+        """Within the block, an FSDP sharded plugin's state-dict configs do not offload to the CPU (see the module
+        docstring); the plugin's own objects are put back after."""
+        plugin = self._sharded_plugin() if self.state_on_gpu else None
+        if plugin is None or _params_offloaded(plugin):
+            yield
+            return
+        configs = plugin.state_dict_config, plugin.optim_state_dict_config
+        plugin.state_dict_config, plugin.optim_state_dict_config = (
+            None if c is None else dataclasses.replace(c, offload_to_cpu=False) for c in configs
+        )
+        try:
+            yield
+        finally:
+            plugin.state_dict_config, plugin.optim_state_dict_config = configs
+
+    def _sharded_plugin(self) -> Any:
+        """The Accelerator's FSDP plugin if it saves sharded state dicts, else None."""
+        from torch.distributed.fsdp import StateDictType
+
+        if self.accelerator.distributed_type != DistributedType.FSDP:
+            return None
+        plugin = getattr(self.accelerator.state, "fsdp_plugin", None)
+        return plugin if getattr(plugin, "state_dict_type", None) == StateDictType.SHARDED_STATE_DICT else None
 
     def _check_local(self, directory: Any) -> None:
         """Refuse a URL as ``directory`` or, where Accelerate uses it instead (no directory given, or automatic
@@ -105,6 +217,19 @@ class Attachment:
             self.accelerator.__dict__.pop("load_state", None)
 
 
+def _params_offloaded(plugin: Any) -> bool:
+    """Whether an FSDP plugin keeps the parameters on the CPU (FSDP1 ``CPUOffload(offload_params=True)``, FSDP2
+    ``CPUOffloadPolicy``): the state is on the CPU anyway."""
+    offload = plugin.cpu_offload
+    if getattr(offload, "offload_params", False):
+        return True
+    try:
+        from torch.distributed.fsdp import CPUOffloadPolicy
+    except ImportError:  # torch < 2.6 has no FSDP2 (Accelerate needs 2.6 for it)
+        return False
+    return isinstance(offload, CPUOffloadPolicy)
+
+
 def attach(
     accelerator: Accelerator,
     codec: str = "auto",
@@ -113,6 +238,7 @@ def attach(
     staging_mb: int = 256,
     probe_mb: int = 256,
     interval_s: float | None = None,
+    state_on_gpu: bool = True,
 ) -> Attachment:
     """Make ``accelerator.save_state`` write compressed checkpoints and log the savings to its trackers.
 
@@ -127,9 +253,11 @@ def attach(
             first checkpoint, nor more than a quarter of the free space; skipped, with a bandwidth assumed until
             the first real write, where that is too little).
         interval_s: seconds between saves, for ``auto`` in async mode.
+        state_on_gpu: FSDP sharded state dicts only: collect them without CPU offload for the save, so shards are
+            coded on the GPU (see the module docstring); False: as the plugin says.
 
     Returns:
         The :class:`Attachment`; ``detach()`` restores the Accelerator.
     """
     options = SaveOptions.of(codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd)
-    return Attachment(accelerator, CheckpointWriter(options))
+    return Attachment(accelerator, CheckpointWriter(options), state_on_gpu)
