@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import torch
 
 from lightning_nvcomp.codec import checksum as checksums
@@ -53,45 +54,44 @@ def encode_batch(
     width = byte_planes.plane_width(dtype)
     if any(d.numel() % width for d in datas):
         raise ValueError(f"buffers of {dtype} must be whole numbers of {width}-byte values")
+    layout = layout or choose_layout(engine, _sample(datas), dtype, codec)
     # Each buffer padded to whole 64-byte plane columns: its chunks start aligned, as nvCOMP requires.
-    zeros = torch.zeros(_BATCH_ALIGN * width, dtype=torch.uint8, device=work)
-    data = concatenate([part for d in datas for part in (d, zeros[: -d.numel() % (_BATCH_ALIGN * width)])])
-    layout = layout or choose_layout(engine, data, dtype, codec)
-    if data.numel() == 0:
+    columns = [-(-d.numel() // (_BATCH_ALIGN * width)) * _BATCH_ALIGN * width // layout.planes for d in datas]
+    if sum(columns) == 0:
         return [(Coding(dtype, 0, layout, segment), []) for _ in datas]
-    plane_data = byte_planes.split(data, layout.planes)
-    flat, pitch = byte_planes.flatten(plane_data)
-    # Buffer i's plane k is row k of the concatenation's planes, from its column on: its chunks are those Encoder
-    # cuts from its own planes, at these offsets.
-    spans, column = [], 0
-    for d in datas:
+    flat, pitch = byte_planes.flatten(_planes(datas, columns, layout.planes, work))
+    # Buffer i's plane k is row k of the batch's planes, from its column on: its chunks are those Encoder cuts from
+    # its own planes, at these offsets. A chunk is an (offset, length) of `flat` until coded smaller.
+    items: list[list[list[tuple[int, int]]]] = []
+    column = 0
+    for d, n_columns in zip(datas, columns):
         n = d.numel() // layout.planes
-        spans.append(
+        items.append(
             [
                 [(k * pitch + column + j, min(layout.chunk, n - j)) for j in range(0, n, layout.chunk)]
                 for k in range(layout.planes)
             ]
         )
-        column += -(-d.numel() // (_BATCH_ALIGN * width)) * _BATCH_ALIGN * width // layout.planes
-    stored = [[[flat[o : o + n] for o, n in plane] for plane in item] for item in spans]
+        column += n_columns
+    pieces: list[list[list[torch.Tensor | tuple[int, int]]]] = [[list(plane) for plane in item] for item in items]
     for coded_with in sorted(set(layout.codecs) - {"raw"}):
         ks = [k for k in range(layout.planes) if layout.codecs[k] == coded_with]
         assert engine is not None, "a layout with coded planes needs an engine"
         coded = iter(
-            engine.encode(flat, [c for item in spans for k in ks for c in item[k]], coded_with, layout.data_type)
+            engine.encode(flat, [c for item in items for k in ks for c in item[k]], coded_with, layout.data_type)
         )
-        for item in stored:
+        for item, stored in zip(items, pieces):
             for k in ks:
-                item[k] = [c if c.numel() < raw.numel() else raw for raw, c in zip(item[k], coded)]
-    pieces = [[piece for plane in item for piece in plane] for item in stored]
+                stored[k] = [c if c.numel() < n else (o, n) for (o, n), c in zip(item[k], coded)]
+    chunks = [[piece for plane in stored for piece in plane] for stored in pieces]
     codings = [Coding(dtype, d.numel(), layout, segment) for d in datas]
     # One packed buffer (on a GPU, one copy of it to pinned host memory): each buffer's blob is its range of it.
-    host = to_host(pack([piece for p in pieces for piece in p]))
+    host = to_host(_pack(flat, [piece for c in chunks for piece in c]))
     ready: torch.cuda.Event | None = None
     if on_gpu:
         ready = torch.cuda.Event()
         ready.record()
-    sizes = [[c.numel() for c in p] for p in pieces]
+    sizes = [[c[1] if isinstance(c, tuple) else c.numel() for c in item] for item in chunks]
     blobs, at = [], 0
     for item_sizes in sizes:
         nbytes = sum(_padded(n) for n in item_sizes)
@@ -100,6 +100,45 @@ def encode_batch(
     crcs = iter(crc32_batch([b for b, n in zip(blobs, sizes) if n], ready))
     segments = [[Segment(b, n, next(crcs))] if n else [] for b, n in zip(blobs, sizes)]
     return list(zip(codings, segments))
+
+
+def _sample(datas: list[torch.Tensor]) -> torch.Tensor:
+    """What the batch's layout is chosen on: every k-th buffer, evenly across the batch, about 8 MiB in all (the
+    layout samples it further)."""
+    step = max(1, sum(d.numel() for d in datas) // (8 << 20))
+    return concatenate(datas[::step])
+
+
+def _planes(datas: list[torch.Tensor], columns: list[int], width: int, work: str) -> torch.Tensor:
+    """The ``[width, n]`` byte planes of the buffers side by side, buffer i's from its column on (``columns[i]``
+    plane columns each; the columns past its own bytes are left uninitialised: no chunk covers them)."""
+    total = sum(columns)
+    if work == "cpu":  # numpy: a transposing copy per buffer, straight into its columns (no concatenation)
+        out = np.empty((width, total), dtype=np.uint8)
+        column = 0
+        for d, n in zip(datas, columns):
+            if d.numel():
+                out[:, column : column + d.numel() // width] = d.numpy().reshape(-1, width).T
+            column += n
+        return torch.from_numpy(out)
+    pads = [n * width - d.numel() for d, n in zip(datas, columns)]
+    zeros = torch.zeros(max(pads), dtype=torch.uint8, device=work)
+    data = concatenate([part for d, pad in zip(datas, pads) for part in (d, zeros[:pad])])
+    return byte_planes.split(data, width)
+
+
+def _pack(flat: torch.Tensor, pieces: list[torch.Tensor | tuple[int, int]]) -> torch.Tensor:
+    """:func:`~lightning_nvcomp.codec.record.pack` of chunks given as coded tensors or ``(offset, length)`` ranges
+    of ``flat`` (kept raw); on the CPU, copied with numpy into one buffer (no tensor per chunk)."""
+    if flat.device.type != "cpu":
+        return pack([flat[p[0] : p[0] + p[1]] if isinstance(p, tuple) else p for p in pieces])
+    sizes = [p[1] if isinstance(p, tuple) else p.numel() for p in pieces]
+    out = np.zeros(sum(_padded(n) for n in sizes), dtype=np.uint8)
+    source, at = flat.numpy(), 0
+    for piece, n in zip(pieces, sizes):
+        out[at : at + n] = source[piece[0] : piece[0] + n] if isinstance(piece, tuple) else piece.numpy()
+        at += _padded(n)
+    return torch.from_numpy(out)
 
 
 def decode_batch(records: list[tuple[list[torch.Tensor], dict, Layout]], work: torch.device) -> list[torch.Tensor]:
@@ -177,18 +216,20 @@ def _copy_run(dst: torch.Tensor, src: torch.Tensor, run: list[int]) -> None:
 
 
 def _one_buffer(blobs: list[torch.Tensor], work: torch.device) -> tuple[torch.Tensor, list[int]]:
-    """One buffer on ``work`` holding every blob, and where each starts in it. On the CPU, the memory the blobs are
-    views of when they share one (a window of a file: no copy); else, and for a GPU, their concatenation, in which
-    every blob starts at a multiple of 16 bytes as nvCOMP wants its chunks (a window places them anywhere)."""
+    """One buffer on ``work`` holding every blob, and where each starts in it. When the blobs are views of one CPU
+    buffer (a window of a file), on the CPU that buffer itself (no copy), for a GPU one copy of the span they cover
+    (asynchronous from pinned memory) and their concatenation there, in which every blob starts at a multiple of 16
+    bytes as nvCOMP wants its chunks (a window places them anywhere); else their concatenation, copied to ``work``."""
     if not blobs:
         return torch.empty(0, dtype=torch.uint8, device=work), []
     storage = blobs[0].untyped_storage()
-    if work.type == "cpu" == blobs[0].device.type and all(
-        b.untyped_storage().data_ptr() == storage.data_ptr() for b in blobs
-    ):
+    if blobs[0].device.type == "cpu" and all(b.untyped_storage().data_ptr() == storage.data_ptr() for b in blobs):
         starts = [int(b.storage_offset()) for b in blobs]
         low, high = min(starts), max(s + b.numel() for s, b in zip(starts, blobs))
-        base = torch.empty(0, dtype=torch.uint8, device=blobs[0].device).set_(storage, low, (high - low,), (1,))
-        return base, [s - low for s in starts]
+        base = torch.empty(0, dtype=torch.uint8).set_(storage, low, (high - low,), (1,))
+        if work.type == "cpu":
+            return base, [s - low for s in starts]
+        span = base.to(work, non_blocking=base.is_pinned())
+        blobs = [span[s - low : s - low + b.numel()] for s, b in zip(starts, blobs)]
     starts = [0, *itertools.accumulate(int(b.numel()) for b in blobs)][:-1]
     return concatenate(blobs).to(work), starts

@@ -105,16 +105,24 @@ def value(crc: Checksum) -> int:
 
 
 def crc32_batch(blobs: list[torch.Tensor], ready: torch.cuda.Event | None = None) -> list[BatchCrc32]:
-    """The CRC-32s of many small 1-D uint8 CPU tensors, computed together in one task on the CRC threads (one
-    hand-off for all of them instead of one each). ``ready``: as for :class:`Crc32`."""
+    """The CRC-32s of many small 1-D uint8 CPU tensors, computed in a few tasks on the CRC threads, each over runs
+    of about :data:`PIECE_NBYTES` (one hand-off per run instead of one per blob, and the runs in parallel).
+    ``ready``: as for :class:`Crc32`."""
 
-    def run() -> list[int]:
+    def run(part: list[torch.Tensor]) -> list[int]:
         if ready is not None:
             ready.synchronize()
-        return [zlib.crc32(memoryview(blob.numpy())) for blob in blobs]
+        return [zlib.crc32(memoryview(blob.numpy())) for blob in part]
 
-    future = _pool().submit(run)
-    return [BatchCrc32(future, i) for i in range(len(blobs))]
+    out: list[BatchCrc32] = []
+    start, nbytes = 0, 0
+    for end, blob in enumerate(blobs, 1):
+        nbytes += blob.numel()
+        if nbytes >= PIECE_NBYTES or end == len(blobs):
+            future = _pool().submit(run, blobs[start:end])
+            out.extend(BatchCrc32(future, i) for i in range(end - start))
+            start, nbytes = end, 0
+    return out
 
 
 def crc32(data: torch.Tensor) -> int:

@@ -23,8 +23,7 @@ from lightning_nvcomp.format.contents import DTYPES
 from lightning_nvcomp.format.decode import Placement, _keep_on_gpu, decode_tensor, decode_tensors, tensor_check
 from lightning_nvcomp.format.load_state import LoadState, _load
 from lightning_nvcomp.format.reader import read
-from lightning_nvcomp.format.sink import MemorySink
-from lightning_nvcomp.format.writer import _ArchivePickler, _LayoutCache, _StoredBlob
+from lightning_nvcomp.format.writer import _LayoutCache, _StorageKey, _StoredBlob
 from lightning_nvcomp.format.zip import ArchiveWriter
 from lightning_nvcomp.resources import shared
 
@@ -120,15 +119,16 @@ def _cut(indices: list[int], tensors: list[tuple[str, torch.Tensor]], segment: i
         yield run
 
 
-def write_tensor(writer: ArchiveWriter, coded: CodedTensor) -> None:
-    """Write ``coded`` as a whole archive: its segments (``data/0``...), then a pickle that is one call of
-    :func:`~lightning_nvcomp.format.decode.decode_tensor` rebuilding the contiguous tensor."""
-    kept = MemorySink()
+def write_tensor(writer: ArchiveWriter, coded: CodedTensor, serialization_id: str | None = None) -> None:
+    """Write ``coded`` as a whole archive: torch.save's small records, its segments (``data/0``...), then a pickle
+    that is one call of :func:`~lightning_nvcomp.format.decode.decode_tensor` rebuilding the contiguous tensor.
+    ``serialization_id``: as for :meth:`~lightning_nvcomp.format.zip.ArchiveWriter.add_torch_metadata` (one per data
+    file makes those records the same bytes for all its items)."""
+    writer.add_torch_metadata(serialization_id)
     blobs = []
     for k, segment in enumerate(coded.segments):
-        kept.put(str(k), segment)
+        writer.add(f"data/{k}", memoryview(segment.blob.numpy()), segment.checksum())
         blobs.append(_StoredBlob(str(k), segment.blob.numel()))
-    kept.write_to(writer)
     sizes = [n for segment in coded.segments for n in segment.sizes]
     meta = records.describe(
         coded.coding,
@@ -137,15 +137,44 @@ def write_tensor(writer: ArchiveWriter, coded: CodedTensor) -> None:
         storages=[[0, coded.raw_nbytes]],
         device=coded.device,
     )
-    stride = torch.empty(coded.shape, device="meta").stride() if coded.shape else ()
-    placement = Placement(0, 0, coded.shape, tuple(stride), False, False, coded.name)
-    check = tensor_check(meta, *placement)
-    marker = object()
+    placement = Placement(0, 0, coded.shape, _contiguous_stride(coded.shape), False, False, coded.name)
     buffer = io.BytesIO()
-    _ArchivePickler(buffer, {id(marker): (decode_tensor, (blobs, meta, *placement, check))}, {}).dump(marker)
-    writer.add_torch_metadata()
+    _ItemPickler(buffer).dump(_DecodeCall((blobs, meta, *placement, tensor_check(meta, *placement))))
     writer.add("data.pkl", buffer.getbuffer())
     writer.finish("data.pkl")
+
+
+def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    stride, step = [], 1
+    for n in reversed(shape):
+        stride.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(stride))
+
+
+class _DecodeCall:
+    """Pickles as the call ``decode_tensor(*args)``."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, args: tuple) -> None:
+        self.args = args
+
+    def __reduce__(self) -> tuple:
+        return decode_tensor, self.args
+
+
+class _ItemPickler(pickle.Pickler):
+    """torch.save's pickling of an item's one :class:`_DecodeCall`: its blobs are persistent ids of ``data/<key>``
+    entries, as torch.save stores storages."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=2)
+
+    def persistent_id(self, obj: object) -> tuple | None:
+        if isinstance(obj, _StorageKey):
+            return ("storage", torch.ByteStorage, obj.key, "cpu", obj.nbytes)
+        return None
 
 
 class _NotOurs(Exception):

@@ -9,6 +9,8 @@ compressed segments while the GPU is still coding the next ones. The layout matc
 
 from __future__ import annotations
 
+import functools
+import io
 import secrets
 import struct
 import zlib
@@ -100,14 +102,37 @@ class ArchiveWriter:
             )
         )
 
-    def add_torch_metadata(self) -> None:
-        """The small records torch.save writes next to the data (format, alignment, byte order, version, id)."""
+    def add_torch_metadata(self, serialization_id: str | None = None) -> None:
+        """The small records torch.save writes next to the data (format, alignment, byte order, version, id).
+
+        Args:
+            serialization_id: the archive's ``.data/serialization_id`` (40 digits); a fresh random one if not given.
+                Given, at the start of the archive, the entries are bytes built once per id and name (the many small
+                archives of one DCP data file share an id).
+        """
+        if serialization_id is not None and self._offset == 0 and not self._entries:
+            block, entries = _torch_metadata(self.name, serialization_id)
+            self._write(block)
+            self._entries.extend(entries)
+            return
+        self._add_torch_entries(serialization_id or str(secrets.randbits(128)).zfill(40))
+
+    def _add_torch_entries(self, serialization_id: str) -> None:
         self.add(".format_version", b"1")
         self.add(".storage_alignment", str(_ALIGN).encode())
         self.add("byteorder", b"little")
         self.add("version", b"3\n")
-        self.add(".data/serialization_id", str(secrets.randbits(128)).zfill(40).encode())
+        self.add(".data/serialization_id", serialization_id.encode())
 
     def _write(self, data: bytes | memoryview) -> None:
         self._f.write(data)
         self._offset += memoryview(data).nbytes
+
+
+@functools.lru_cache(maxsize=8)
+def _torch_metadata(name: str, serialization_id: str) -> tuple[bytes, tuple[tuple[bytes, int, int, int], ...]]:
+    """The bytes and entries :meth:`ArchiveWriter.add_torch_metadata` writes at the start of an archive."""
+    buffer = io.BytesIO()
+    writer = ArchiveWriter(buffer, name)
+    writer._add_torch_entries(serialization_id)
+    return buffer.getvalue(), tuple(writer._entries)

@@ -91,6 +91,7 @@ class NvcompFileSystemReader(FileSystemReader):
             with self.fs.create_stream(path, "rb") as stream:
                 size = _stream_size(stream)
                 coded: list[tuple[ReadItem, NvcompStorageInfo]] = []
+                targets: dict[int, torch.Tensor] = {}  # id(req) -> where it goes
                 for req, info in reqs:
                     where = f"{relative_path}: item {req.storage_index.fqn!r}"
                     if info.offset + info.length > size:
@@ -101,21 +102,23 @@ class NvcompFileSystemReader(FileSystemReader):
                     if isinstance(info, NvcompStorageInfo) and info.codec is not None:
                         _check_codec(info, where)
                         coded.append((req, info))
+                        targets[id(req)] = planner.resolve_tensor(req).detach()
                     else:
                         self._read_one(stream, req, info, planner, where, budget)
-                for window, data in _windows(stream, coded):
+                devices = {t.device for t in targets.values()}
+                for window, data in _windows(stream, coded, devices):
                     wheres = [f"{relative_path}: item {req.storage_index.fqn!r}" for req, _ in window]
-                    targets = [planner.resolve_tensor(req).detach() for req, _ in window]
                     base = window[0][1].offset
                     parts = [
                         (data[i.offset - base : i.offset - base + i.length], w) for (_, i), w in zip(window, wheres)
                     ]
-                    for device in {t.device for t in targets}:  # one batch per target device
-                        mine = [k for k, t in enumerate(targets) if t.device == device]
-                        tensors = read_tensors([parts[k] for k in mine], device, budget)
+                    for device in devices:  # one batch per target device
+                        mine = [k for k, (req, _) in enumerate(window) if targets[id(req)].device == device]
+                        tensors = read_tensors([parts[k] for k in mine], device, budget) if mine else []
                         for k, tensor in zip(mine, tensors):
                             _check_raw_nbytes(tensor, window[k][1], wheres[k])
-                            self._commit(window[k][0], tensor, targets[k], planner, wheres[k])
+                            req = window[k][0]
+                            self._commit(req, tensor, targets[id(req)], planner, wheres[k])
         fut: Future = Future()
         fut.set_result(None)
         return fut
@@ -221,11 +224,12 @@ WINDOW_NBYTES = 64 << 20
 
 
 def _windows(
-    stream: Any, items: list[tuple[ReadItem, NvcompStorageInfo]]
+    stream: Any, items: list[tuple[ReadItem, NvcompStorageInfo]], devices: set[torch.device]
 ) -> Iterator[tuple[list[tuple[ReadItem, NvcompStorageInfo]], torch.Tensor]]:
     """The items in file order, in runs spanning at most :data:`WINDOW_NBYTES` (an item larger than that alone),
     each with the bytes from its first item's start to its last one's end, read in one call (on a thread, while the
-    caller decodes the previous run)."""
+    caller decodes the previous run). ``devices``: where the caller puts the items (their GPUs may copy from a
+    window until the work queued there while the caller had it is done)."""
     runs: list[list[tuple[ReadItem, NvcompStorageInfo]]] = []
     for pair in sorted(items, key=lambda p: p[1].offset):
         if runs and pair[1].offset + pair[1].length - runs[-1][0][1].offset <= WINDOW_NBYTES:
@@ -234,29 +238,48 @@ def _windows(
             runs.append([pair])
 
     # Two buffers, reused: run i is read into one while the caller decodes run i - 1 from the other (decoded tensors
-    # never share a window's memory), so the reads do not fault in fresh pages every time.
-    buffers = [bytearray(), bytearray()]
+    # never share a window's memory), so the reads do not fault in fresh pages every time. Where the process uses a
+    # GPU they are pinned, so that a window goes to the GPU in one asynchronous copy; buffer i % 2 is then refilled
+    # once the work queued while the caller had run i is done.
+    pinned = torch.cuda.is_initialized()
+    gpus = {d for d in devices if d.type == "cuda"} | (
+        {torch.device("cuda", torch.cuda.current_device())} if pinned else set()
+    )
+    buffers = [torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.uint8)]
+    released: list[list[torch.cuda.Event]] = [[], []]
 
     def read(i: int) -> torch.Tensor:
         run = runs[i]
         start = run[0][1].offset
         nbytes = max(info.offset + info.length for _, info in run) - start
-        if len(buffers[i % 2]) < nbytes:
-            buffers[i % 2] = bytearray(max(nbytes, min(WINDOW_NBYTES, 2 * nbytes)))
-        view = memoryview(buffers[i % 2])[:nbytes]
+        for event in released[i % 2]:
+            event.synchronize()
+        if buffers[i % 2].numel() < nbytes:
+            size = max(nbytes, min(WINDOW_NBYTES, 2 * nbytes))
+            buffers[i % 2] = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
+        window = buffers[i % 2][:nbytes]
         stream.seek(start)
-        got = stream.readinto(view)
+        got = stream.readinto(memoryview(window.numpy())) if nbytes else 0
         if got != nbytes:
             raise CorruptCheckpointError(f"a data file ends {nbytes - (got or 0)} bytes early")
-        return torch.frombuffer(view, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
+        return window
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lnv-dcp-read") as reader:
         ahead = reader.submit(read, 0) if runs else None
         for i, run in enumerate(runs):
             assert ahead is not None
             data = ahead.result()
-            ahead = reader.submit(read, i + 1) if i + 1 < len(runs) else None
+            if i + 1 < len(runs):
+                ahead = reader.submit(read, i + 1)
             yield run, data
+            released[i % 2] = [_recorded(gpu) for gpu in gpus]
+
+
+def _recorded(device: torch.device) -> torch.cuda.Event:
+    """An event recorded now on ``device``'s current stream."""
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
 
 
 def _check_codec(info: NvcompStorageInfo, where: str) -> None:

@@ -10,6 +10,7 @@ import os
 import pickle
 import queue
 import re
+import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -335,13 +336,15 @@ class NvcompFileSystemWriter(FileSystemWriter):
                 length = stream.tell() - offset
                 results.append(WriteResult(item.index, length, _compat.StorageInfo(name, offset, length)))
 
+            serialization_id = str(secrets.randbits(128)).zfill(40)  # the file's items share torch.save's records
+
             def write(batch: list[tuple[WriteItem, CodedTensor | fileformat.Snapshot]]) -> list[WriteResult]:
                 done = []
                 for item, stored in batch:
                     offset = stream.tell()
                     archive = ArchiveWriter(cast(BinaryIO, stream))
                     if isinstance(stored, CodedTensor):
-                        tensor_items.write_tensor(archive, stored)
+                        tensor_items.write_tensor(archive, stored, serialization_id)
                     else:
                         stored.write_to(archive)
                     length = stream.tell() - offset
