@@ -53,49 +53,107 @@ def writers(device: str) -> dict[str, callable]:
     return out
 
 
-def measure(name: str, make, state: dict, root: str, fresh: callable) -> dict:
+def peak_extra_gb(device: str, begin: bool) -> float:
+    """GPU memory allocated above what was allocated at the last ``begin`` call, at its peak since then (GB)."""
+    if device != "cuda":
+        return 0.0
+    if begin:
+        torch.cuda.reset_peak_memory_stats()
+        peak_extra_gb.base = torch.cuda.memory_allocated()  # type: ignore[attr-defined]
+        return 0.0
+    return (torch.cuda.max_memory_allocated() - peak_extra_gb.base) / 1e9  # type: ignore[attr-defined]
+
+
+def measure_single(state: dict, root: str, device: str, rep: int, codec: str) -> dict:
+    """Our single-file path on the same state: ``lightning_nvcomp.save`` (fsynced) and ``load`` onto the device."""
+    path = os.path.join(root, "single.ckpt")
+    if rep == 0:
+        lightning_nvcomp.save(state, path, codec=codec)
+    sync()
+    peak_extra_gb(device, True)
+    begin = time.perf_counter()
+    stats = lightning_nvcomp.save(state, path, codec=codec)
+    sync()
+    save_s = time.perf_counter() - begin
+    save_gb = peak_extra_gb(device, False)
+    peak_extra_gb(device, True)
+    begin = time.perf_counter()
+    loaded = lightning_nvcomp.load(path, map_location=device)
+    sync()
+    load_s = time.perf_counter() - begin
+    load_gb = peak_extra_gb(device, False)
+    exact = all(
+        torch.equal(a.detach().reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8))
+        for a, b in zip(local_tensors(state), local_tensors(loaded))
+    )
+    return {
+        "method": "single file: lightning_nvcomp.save / load",
+        "rep": rep + 1,
+        "codec": stats.codec,
+        "save_s": save_s,
+        "blocked_s": float("nan"),
+        "async_s": float("nan"),
+        "bytes": os.path.getsize(path),
+        "load_s": load_s,
+        "extra_gb": save_gb,
+        "load_gb": load_gb,
+        "exact": exact,
+    }
+
+
+def measure(name: str, make, state: dict, root: str, fresh: callable, device: str, rep: int) -> dict:
     path = os.path.join(root, name.replace(" ", "_").replace("+", "p"))
     shutil.rmtree(path, ignore_errors=True)
-    # Warm-up save (codec setup, pinned memory, the auto policy's storage probe), then the measured one.
-    dcp.save(state, storage_writer=make(path))
+    if rep == 0:  # warm-up save (codec setup, pinned memory, the auto policy's storage probe), then the measured ones
+        dcp.save(state, storage_writer=make(path))
     sync()
+    peak_extra_gb(device, True)
     begin = time.perf_counter()
     writer = make(path)
     dcp.save(state, storage_writer=writer)
     sync()
     save_s = time.perf_counter() - begin
+    save_gb = peak_extra_gb(device, False)
     size = distcp_nbytes(path)
     codec = writer.stats.codec if isinstance(writer, NvcompFileSystemWriter) else "-"
 
     apath = path + "_async"
     shutil.rmtree(apath, ignore_errors=True)
     sync()
+    peak_extra_gb(device, True)
     begin = time.perf_counter()
     future = dcp.async_save(state, storage_writer=make(apath))
     sync()
     blocked = time.perf_counter() - begin
     future.result()
     async_done = time.perf_counter() - begin
+    async_gb = peak_extra_gb(device, False)
 
     target = fresh()
     reader = NvcompFileSystemReader(path) if isinstance(writer, NvcompFileSystemWriter) else dcp.FileSystemReader(path)
     sync()
+    peak_extra_gb(device, True)
     begin = time.perf_counter()
     dcp.load(target, storage_reader=reader)
     sync()
     load_s = time.perf_counter() - begin
+    load_gb = peak_extra_gb(device, False)
     exact = all(
         torch.equal(a.detach().reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8))
         for a, b in zip(local_tensors(state), local_tensors(target))
     )
+    del target
     return {
         "method": name,
+        "rep": rep + 1,
         "codec": codec,
         "save_s": save_s,
         "blocked_s": blocked,
         "async_s": async_done,
         "bytes": size,
         "load_s": load_s,
+        "extra_gb": max(save_gb, async_gb),
+        "load_gb": load_gb,
         "exact": exact,
     }
 
@@ -110,6 +168,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dir", default="/tmp/dcp-bench")
+    parser.add_argument("--repeat", type=int, default=2, help="measured repetitions per method")
     parser.add_argument("--out", help="write the Markdown table here")
     args = parser.parse_args()
 
@@ -133,7 +192,13 @@ def main() -> None:
         }
 
     os.makedirs(args.dir, exist_ok=True)
-    rows = [measure(name, make, state, args.dir, fresh) for name, make in writers(args.device).items()]
+    single_codec = "ans" if args.device == "cuda" and gpu_available() else "zstd"
+    rows = []
+    for rep in range(args.repeat):
+        rows.extend(
+            measure(name, make, state, args.dir, fresh, args.device, rep) for name, make in writers(args.device).items()
+        )
+        rows.append(measure_single(state, args.dir, args.device, rep, single_codec))
     shutil.rmtree(args.dir, ignore_errors=True)
 
     params = sum(p.numel() for p in model.parameters())
@@ -146,17 +211,20 @@ def main() -> None:
         f"{torch.__version__}; nvCOMP {nvcomp_version()}; lightning_nvcomp {lightning_nvcomp.__version__}",
         f"- byte-level GPT, {params / 1e6:.1f}M params, {args.steps} AdamW steps on the Python standard library's "
         f"sources; state = model + AdamW (get_state_dict), {raw / 1e6:.1f} MB on {args.device}",
-        "- each method: one warm-up save, then dcp.save (files fsynced), dcp.async_save (blocked = until it returns, "
-        "done = until its future is), dcp.load onto the same device",
+        "- each method: one warm-up save, then per repetition (methods interleaved): dcp.save (files fsynced), "
+        "dcp.async_save (blocked = until it returns, done = until its future is), dcp.load onto the same device; "
+        "extra GPU GB = peak GPU memory allocated above the state's during the save and the async save (load: "
+        "during the load, above the state and its empty target)",
         "",
-        "| method | codec | dcp.save s | async blocked s | async done s | .distcp MB | vs FileSystemWriter | "
-        "dcp.load s | bit-exact |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | rep | codec | dcp.save s | async blocked s | async done s | .distcp MB | vs FileSystemWriter | "
+        "dcp.load s | extra GPU GB save / load | bit-exact |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['method']} | {r['codec']} | {r['save_s']:.3f} | {r['blocked_s']:.3f} | {r['async_s']:.3f} | "
-            f"{r['bytes'] / 1e6:.2f} | {r['bytes'] / base:.3f} | {r['load_s']:.3f} | {'yes' if r['exact'] else 'NO'} |"
+            f"| {r['method']} | {r['rep']} | {r['codec']} | {r['save_s']:.3f} | {r['blocked_s']:.3f} | "
+            f"{r['async_s']:.3f} | {r['bytes'] / 1e6:.2f} | {r['bytes'] / base:.3f} | {r['load_s']:.3f} | "
+            f"{r['extra_gb']:.2f} / {r['load_gb']:.2f} | {'yes' if r['exact'] else 'NO'} |"
         )
     publish(lines, args.out)
 

@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
 # The sharded path on the lent H200 (issue 14, one rank): the GPU tests, the DCP benchmark on a ~250M GPT trained on
-# real text (our writer/reader against DCP's, sync and async, loads), and the many-small-items benchmark with gANS.
-#   bash benchmarks/dcp_gpu.sh     (carry .whl)
+# real text (our writer/reader against DCP's and our single-file path, sync and async, loads, extra GPU memory, two
+# repetitions), then the many-small-items benchmark on this host's CPU (zstd) and on the GPU (gANS).
+#   bash benchmarks/dcp_gpu.sh     (carry .whl; PART=tests|bench|items picks one part, default all)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
+PART=${PART:-all}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader;
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc;
   python3 -c "import torch, nvidia.nvcomp as n; print('torch', torch.__version__, 'nvcomp', n.__version__)"; } | tee "$OUT/env.txt"
-timeout 300 python3 -m pytest -q -m gpu tests -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -4
-(cd benchmarks && timeout 200 python3 dcp_bench.py --dim 1024 --layers 20 --steps 20 --out "$OUT/dcp.md") 2>&1 | tail -14
-[ "${SKIP_ITEMS:-0}" = 1 ] || (cd benchmarks && timeout 100 python3 dcp_items_bench.py --device cuda --codec ans --out "$OUT/dcp_items_gpu.md") 2>&1 | tail -6
+if [ "$PART" = all ] || [ "$PART" = tests ]; then
+  timeout ${TESTS_S:-280} python3 -m pytest -q -m gpu tests -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/pytest-gpu.txt" | grep -E "passed|failed|FAILED|Error" | tail -12
+fi
+if [ "$PART" = all ] || [ "$PART" = bench ]; then
+  (cd benchmarks && timeout ${BENCH_S:-280} python3 dcp_bench.py --dim 1024 --layers 20 --steps 20 --out "$OUT/dcp.md") 2>&1 | tail -16
+fi
+if [ "$PART" = all ] || [ "$PART" = items ]; then
+  (cd benchmarks && timeout 150 python3 dcp_items_bench.py --device cpu --codec zstd --out "$OUT/dcp_items_cpu.md") 2>&1 | tail -6
+  (cd benchmarks && timeout 100 python3 dcp_items_bench.py --device cuda --codec ans --out "$OUT/dcp_items_gpu.md") 2>&1 | tail -6
+  (cd benchmarks && timeout 120 python3 profile_dcp_load.py --dim 1024 --layers 20 --steps 3 --codec ans) 2>&1 | grep -v Warn | head -45 > "$OUT/profile_load.txt"
+  head -8 "$OUT/profile_load.txt"
+fi
