@@ -82,8 +82,8 @@ def measure_single(state: dict, root: str, device: str, rep: int, codec: str) ->
     sync()
     load_s = time.perf_counter() - begin
     load_gb = peak_extra_gb(device, False)
-    exact = all(
-        torch.equal(a.detach().reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8))
+    exact = all(  # map_location moves the CPU tensors (AdamW's steps) to the device too
+        torch.equal(a.detach().reshape(-1).view(torch.uint8), b.detach().to(a.device).reshape(-1).view(torch.uint8))
         for a, b in zip(local_tensors(state), local_tensors(loaded))
     )
     return {

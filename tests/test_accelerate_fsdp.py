@@ -36,7 +36,8 @@ PARTS = ["pytorch_model_fsdp_0", "optimizer_0"]  # Accelerate's DCP directories 
 
 def _launch(mode: str, nproc: int, out: Path, timeout_s: int = 30) -> list[dict]:
     """``accelerate_fsdp_child.py MODE`` on ``nproc`` ranks; each rank's JSON result."""
-    env = dict(os.environ, PYTHONPATH=str(TESTS_DIR), OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+    path = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))  # keep where the package is
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK"):
         env.pop(key, None)
     child = str(TESTS_DIR / "accelerate_fsdp_child.py")

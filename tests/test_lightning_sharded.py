@@ -83,10 +83,13 @@ def _check(tmp_path: Path, kind: str, codec: str, gpus: int = 1) -> None:
 
     # Resuming from the first compressed checkpoint ends where resuming from Lightning's own does, bit for bit.
     # (Not where the uninterrupted run ends: Lightning's resume of these strategies does not reproduce that.)
-    # The resumed run saves with state_on_gpu=False: Lightning's CPU offload, and as bit-exact.
+    # The resumed run saves with state_on_gpu=False: Lightning's own state collection (its CPU offload; FSDP1's
+    # sharded optimizer state still reaches the writer on the GPU), and as bit-exact.
     resumed_results = _run(kind, codec, resumed, 8, ours / "checkpoints" / names[0], gpus, state_on_gpu=False)
     assert resumed_results[0]["global_step"] == 8
-    assert [r["state"] for r in resumed_results] == [{"offloaded": True, "devices": ["cpu"]}] * len(results)
+    assert all(r["state"]["offloaded"] for r in resumed_results), resumed_results
+    if kind == "mp":
+        assert [r["state"]["devices"] for r in resumed_results] == [["cpu"]] * len(results)
     _run(kind, "plain", tmp_path / "plain_resumed", 8, plain / "checkpoints" / names[0], gpus)
     assert_tree_bit_exact(
         _full_state(tmp_path / "plain_resumed" / "checkpoints" / names[1], tmp_path / "a.pt"),
