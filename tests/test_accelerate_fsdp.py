@@ -113,8 +113,12 @@ def test_save_state_and_load_state_with_fsdp_on_a_gpu(tmp_path, fsdp_version):
         _check_round_trip(run)
         assert list(run["saved"]) == PARTS and run["reads"] == PARTS
         for part in run["saved"].values():
-            # state_on_gpu: the writer got CUDA shards although the plugin's configs say offload_to_cpu=True
-            assert part["devices"] == [device] and part["codecs"] == ["ans"], (name, part)
+            # state_on_gpu: the writer got CUDA shards although the plugin's configs say offload_to_cpu=True. Without
+            # it, FSDP1 on one GPU (no sharding there) hands part of its state over on the GPU all the same (seen on
+            # the H200): the plugin's own collection, not checked for devices.
+            if name == "ck_gpu" or fsdp_version == 2:
+                assert part["devices"] == [device], (name, part)
+            assert part["codecs"] == ["ans"], (name, part)
             assert part["stored"] < part["raw"], part
         assert run["plugin_offload"] == [True, True]  # the plugin's own configs were put back
         _check_files(tmp_path / name, "ans", run["expected"], tmp_path)
