@@ -92,7 +92,8 @@ def spawn(job: str, world_size: int, out: str | os.PathLike, *args, timeout: flo
 def campaign_state(zeros: bool = False) -> dict:
     """A small state: tensors of several dtypes, a DTensor (Shard(0) on the 1-rank mesh), non-tensor values."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
+
+    Shard, distribute_tensor = W.dtensor_api().Shard, W.dtensor_api().distribute_tensor
 
     gen = torch.Generator().manual_seed(12)
 
@@ -123,7 +124,7 @@ def _leaves(state: dict, prefix: str = "") -> dict:
 
 
 def _bits(value) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
+    DTensor = W.dtensor_api().DTensor
 
     if isinstance(value, DTensor):
         value = value.to_local()

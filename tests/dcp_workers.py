@@ -13,6 +13,7 @@ import socket
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import torch
 import torch.distributed as dist
@@ -40,6 +41,18 @@ def full_tensor(name: str, version: int = 0) -> torch.Tensor:
     return raw.view(dtype).reshape(shape)
 
 
+def dtensor_api() -> ModuleType:
+    """DTensor's API (``DTensor``, ``distribute_tensor``, ``Shard``, ``Replicate``): public as
+    ``torch.distributed.tensor`` from torch 2.5; torch 2.4 has the same names only in ``torch.distributed._tensor``."""
+    import torch.distributed.tensor as public
+
+    if hasattr(public, "distribute_tensor"):
+        return public
+    import torch.distributed._tensor as private
+
+    return private
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     t = t.detach().contiguous().cpu()
     return t.reshape(-1).view(torch.uint8)
@@ -56,7 +69,9 @@ def sharded_state(mesh, version: int = 0, zeros: bool = False) -> dict:
     """A state dict with DTensor (Shard(0), Replicate), ShardedTensor, plain tensors and non-tensor values."""
     from torch.distributed._shard import sharded_tensor
     from torch.distributed._shard.sharding_spec import ChunkShardingSpec
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    api = dtensor_api()
+    Replicate, Shard, distribute_tensor = api.Replicate, api.Shard, api.distribute_tensor
 
     def make(name: str) -> torch.Tensor:
         t = full_tensor(name, version)
@@ -85,7 +100,7 @@ def sharded_state(mesh, version: int = 0, zeros: bool = False) -> dict:
 
 def check_state(got: dict, version: int = 0) -> None:
     """``got`` (loaded into a sharded_state(zeros=True)) holds version ``version`` bit-exactly."""
-    from torch.distributed.tensor import distribute_tensor
+    distribute_tensor = dtensor_api().distribute_tensor
 
     for name in ("w", "m", "r"):
         d = got["model"][name]
@@ -349,7 +364,7 @@ def job_reshard_load(results: dict, path: str) -> None:
         full = sharded_state(mesh, zeros=True)
         target = {"model": full["model"], "plain": full["plain"], "idx": full["idx"], "step": 0, "extra": full["extra"]}
         dcp.load(target, storage_reader=NvcompFileSystemReader(path))
-        from torch.distributed.tensor import distribute_tensor
+        distribute_tensor = dtensor_api().distribute_tensor
 
         for name in ("w", "m", "r"):
             d = target["model"][name]

@@ -26,11 +26,14 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompStorageInfo
+from lightning_nvcomp.integrations.dcp._compat import TORCH
 
 import accelerate_runs as R
 from conftest import REPO_ROOT
 
 TESTS_DIR = Path(__file__).resolve().parent
+#: Accelerate runs FSDP2 from torch 2.6 ("FSDP2 requires PyTorch >= 2.6.0"); FSDP1 runs on every torch we support.
+NEEDS_FSDP2 = pytest.mark.skipif(TORCH < (2, 6), reason="Accelerate's FSDP2 needs torch 2.6")
 PARTS = ["pytorch_model_fsdp_0", "optimizer_0"]  # Accelerate's DCP directories for one model and one optimizer
 
 
@@ -89,6 +92,7 @@ def _check_files(ck: Path, codec: str, expected: dict, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # ~11 s on 2 cores: torch.distributed.run and two ranks importing torch and accelerate
+@NEEDS_FSDP2
 def test_accelerates_fsdp2_functions_write_and_read_through_ours_on_two_cpu_ranks(tmp_path):
     ranks = _launch("cpu", 2, tmp_path)
     assert [r["world"] for r in ranks] == [2, 2]
@@ -104,7 +108,7 @@ def test_accelerates_fsdp2_functions_write_and_read_through_ours_on_two_cpu_rank
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and nvCOMP")
-@pytest.mark.parametrize("fsdp_version", [1, 2])
+@pytest.mark.parametrize("fsdp_version", [1, pytest.param(2, marks=NEEDS_FSDP2)])
 def test_save_state_and_load_state_with_fsdp_on_a_gpu(tmp_path, fsdp_version):
     (rank,) = _launch(f"gpu{fsdp_version}", 1, tmp_path)
     for name, device in (("ck_gpu", "cuda"), ("ck_offload", "cpu")):  # state_on_gpu=True, then False

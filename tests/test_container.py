@@ -6,6 +6,7 @@ import dataclasses
 import gc
 import io
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
@@ -21,7 +22,7 @@ import lightning_nvcomp
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp import storage
 from lightning_nvcomp.codec import record
-from lightning_nvcomp.errors import CheckpointError
+from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.format import DTYPES, TensorInfo, describe
 from lightning_nvcomp.format import writer as format_writer
 from lightning_nvcomp.format.sink import ArchiveSink
@@ -41,6 +42,22 @@ from conftest import (
     trained_like,
 )
 
+
+def _weights_only_loads_bytes() -> bool:
+    """Whether torch's ``weights_only`` unpickler loads ``bytes`` values: from torch 2.5 (it allows ``_codecs.encode``,
+    which a pickled bytes object calls); torch 2.4 refuses them like any global it does not know."""
+    buf = io.BytesIO()
+    torch.save({"b": b"\x00\xff"}, buf)
+    buf.seek(0)
+    try:
+        torch.load(buf, weights_only=True)
+    except pickle.UnpicklingError:
+        return False
+    return True
+
+
+#: torch 2.5+: bytes values round-trip through weights_only loads (the default of lightning_nvcomp.load)
+WEIGHTS_ONLY_BYTES = _weights_only_loads_bytes()
 SETTINGS = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 GRAD_DTYPES = {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64}
 
@@ -101,8 +118,9 @@ def tensor_dicts(draw):
         "none": None,
         "ratio": 0.5,
         "flags": (True, False),
-        "bytes": b"\x00\xff",
     }
+    if WEIGHTS_ONLY_BYTES:  # torch 2.4: see test_bytes_values_where_weights_only_refuses_them
+        obj["meta"]["bytes"] = b"\x00\xff"
     return obj, shared
 
 
@@ -534,6 +552,23 @@ def test_describe_reads_a_checkpoint_with_damaged_tensor_data(tmp_path):
     assert describe(path)["model"]["w"].name == "model.w"  # nothing decoded, so nothing noticed
     with pytest.raises(CheckpointError):
         lightning_nvcomp.load(path)
+
+
+def test_bytes_values_load_as_torchs_weights_only_allows(tmp_path):
+    """A ``bytes`` value loads with ``weights_only=True`` exactly where torch's own ``weights_only`` load takes it
+    (torch 2.5+); on torch 2.4, which refuses it, ``load`` says so as a refusal (a ``CheckpointError`` that is not
+    damage, naming ``weights_only``) and ``weights_only=False`` loads it. (Asked of torch now, not at import: on
+    torch 2.4 each Accelerate ``load_state`` leaves ``_codecs.encode`` among torch's safe globals.)"""
+    obj = {"w": trained_like(300, torch.float32), "blob": b"\x00\xff\x80"}
+    path = tmp_path / "ck.pt"
+    lightning_nvcomp.save(obj, path, codec="zstd")
+    assert_tree_bit_exact(obj, lightning_nvcomp.load(path, weights_only=False))
+    if _weights_only_loads_bytes():
+        assert_tree_bit_exact(obj, lightning_nvcomp.load(path))
+        return
+    with pytest.raises(CheckpointError, match="weights_only=True does not load") as info:
+        lightning_nvcomp.load(path)
+    assert not isinstance(info.value, CorruptCheckpointError), info.value
 
 
 # ------------------------------------------------------------------------------------------------- stats

@@ -6,6 +6,7 @@ written by v0.2-dev (commit b45312a, the checked ``.metadata`` naming ``lightnin
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import pickletools
 from pathlib import Path
@@ -18,6 +19,9 @@ import lightning_nvcomp
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
 
 from conftest import tensor_bytes
+
+# dcp.save/load take no_dist= from torch 2.7; torch 2.4-2.6 infer it (no process group: one process), with a warning
+NO_DIST = {"no_dist": True} if "no_dist" in inspect.signature(dcp.load).parameters else {}
 
 FIXTURES = Path(__file__).parent / "fixtures"
 V01 = FIXTURES / "v0.1"
@@ -72,9 +76,9 @@ def test_dcp_checkpoints_load_bit_exactly(version, codec, reader):
         state[k] = torch.zeros(expected[k][1], dtype=dtype)
     path = FIXTURES / version / f"dcp_{codec}"
     if reader == "ours":
-        dcp.load(state, storage_reader=NvcompFileSystemReader(path), no_dist=True)
+        dcp.load(state, storage_reader=NvcompFileSystemReader(path), **NO_DIST)
     else:
-        dcp.load(state, checkpoint_id=path, no_dist=True)
+        dcp.load(state, checkpoint_id=path, **NO_DIST)
     for k in names:
         assert digest(state[k])[-1] == expected[k][-1], k
 
@@ -114,7 +118,7 @@ def test_new_dcp_metadata_names_only_lightning_nvcomp_dcp(tmp_path):
     payload, ``lightning_nvcomp.dcp.NvcompStorageInfo``: the names files of earlier versions use, whichever module
     defines them now. No other lightning_nvcomp module is named."""
     state = {"w": torch.arange(600, dtype=torch.float32).reshape(20, 30), "b": torch.ones(7, dtype=torch.bfloat16)}
-    dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"), no_dist=True)
+    dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"), **NO_DIST)
     outer, blobs = pickle_globals((tmp_path / ".metadata").read_bytes())
     assert outer == {("lightning_nvcomp.dcp", "_checked_metadata")}, outer
     assert len(blobs) == 1, len(blobs)
@@ -126,5 +130,5 @@ def test_new_dcp_metadata_names_only_lightning_nvcomp_dcp(tmp_path):
         names = old | (pickle_globals(old_blobs[0])[0] if old_blobs else set())
         assert ("lightning_nvcomp.dcp", "NvcompStorageInfo") in names, (version, names)
     loaded = {k: torch.zeros_like(v) for k, v in state.items()}
-    dcp.load(loaded, checkpoint_id=tmp_path, no_dist=True)
+    dcp.load(loaded, checkpoint_id=tmp_path, **NO_DIST)
     assert all(torch.equal(loaded[k], state[k]) for k in state)

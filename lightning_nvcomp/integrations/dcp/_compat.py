@@ -89,8 +89,15 @@ else:
 _SHARD_UTILS = _module("torch.distributed._shard._utils")
 _STATE_DICT_UTILS = _module("torch.distributed._state_dict_utils")
 
+#: Whether ``BlockingAsyncStager.stage`` (``FileSystemWriter.stage``, what ``dcp.async_save`` stages with) copies
+#: every tensor, as it does from torch 2.7 (``_create_cpu_state_dict`` then ``_copy_state_dict``). Torch 2.4-2.6 move
+#: tensors with ``.to("cpu")``, which returns a CPU tensor (or a DTensor on a CPU mesh) itself, not a copy: training
+#: that goes on after ``async_save`` returned changes what is saved. Where False, the writer stages a copy itself.
+STAGE_COPIES = TORCH >= (2, 7)
+
 __all__ = [
     "MIN_TORCH",
+    "STAGE_COPIES",
     "TORCH",
     "DTensor",
     "Shard",
@@ -107,8 +114,10 @@ __all__ = [
     "sharded_like",
     "slice_file",
     "split_by_size_and_type",
+    "stamp_dcp_version",
     "torch_zip_reader",
     "transform_descriptors",
+    "use_collectives",
 ]
 
 
@@ -121,6 +130,22 @@ def split_by_size_and_type(bins: int, items: list[WriteItem]) -> list[list[Write
     if _has((2, 0), _filesystem, "_split_by_size_and_type"):
         return _filesystem._split_by_size_and_type(bins, items)
     return [items] if bins == 1 else [items[i::bins] for i in range(bins)]
+
+
+def stamp_dcp_version(metadata: Any) -> None:
+    """``filesystem.CURRENT_DCP_VERSION`` and ``Metadata.version`` (in 2.13, not in 2.4-2.8): the DCP format version
+    ``FileSystemWriter.finish`` stamps on ``.metadata``. Where torch has no such constant, its metadata has no
+    version and its reader reads none: nothing is stamped."""
+    version = getattr(_filesystem, "CURRENT_DCP_VERSION", None)
+    if version is not None:
+        metadata.version = version
+
+
+def use_collectives(writer: Any) -> bool:
+    """``FileSystemWriter.use_collectives`` (in 2.13, not in 2.4-2.8; ``use_collectives=False``: every rank writes a
+    rank-local ``__<rank>.metadata``). Where torch has no such attribute, every save is collective, one ``.metadata``
+    for all ranks."""
+    return bool(getattr(writer, "use_collectives", True))
 
 
 def iterate_state_dict(state_dict: Any, sharded: Callable, dtensor: Callable, tensor: Callable) -> Any:
