@@ -97,6 +97,7 @@ def measure_single(state: dict, root: str, device: str, rep: int, codec: str) ->
         "load_s": load_s,
         "extra_gb": save_gb,
         "load_gb": load_gb,
+        "pinned_gb": pinned_pool_gb(device),
         "exact": exact,
     }
 
@@ -128,6 +129,7 @@ def measure(name: str, make, state: dict, root: str, fresh: callable, device: st
     future.result()
     async_done = time.perf_counter() - begin
     async_gb = peak_extra_gb(device, False)
+    pinned_gb = pinned_pool_gb(device)
 
     target = fresh()
     reader = NvcompFileSystemReader(path) if isinstance(writer, NvcompFileSystemWriter) else dcp.FileSystemReader(path)
@@ -154,8 +156,16 @@ def measure(name: str, make, state: dict, root: str, fresh: callable, device: st
         "load_s": load_s,
         "extra_gb": max(save_gb, async_gb),
         "load_gb": load_gb,
+        "pinned_gb": pinned_gb,
         "exact": exact,
     }
+
+
+def pinned_pool_gb(device: str) -> float:
+    """Pinned host memory torch's caching host allocator holds (in use + cached for reuse), GB."""
+    if device != "cuda" or not hasattr(torch.cuda, "host_memory_stats"):
+        return float("nan")
+    return torch.cuda.host_memory_stats().get("allocated_bytes.current", float("nan")) / 1e9
 
 
 def main() -> None:
@@ -214,17 +224,18 @@ def main() -> None:
         "- each method: one warm-up save, then per repetition (methods interleaved): dcp.save (files fsynced), "
         "dcp.async_save (blocked = until it returns, done = until its future is), dcp.load onto the same device; "
         "extra GPU GB = peak GPU memory allocated above the state's during the save and the async save (load: "
-        "during the load, above the state and its empty target)",
+        "during the load, above the state and its empty target); pinned pool GB = pinned host memory torch's caching "
+        "host allocator holds after the method's async save (in use + cached: reused by the next save)",
         "",
         "| method | rep | codec | dcp.save s | async blocked s | async done s | .distcp MB | vs FileSystemWriter | "
-        "dcp.load s | extra GPU GB save / load | bit-exact |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "dcp.load s | extra GPU GB save / load | pinned pool GB | bit-exact |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['method']} | {r['rep']} | {r['codec']} | {r['save_s']:.3f} | {r['blocked_s']:.3f} | "
             f"{r['async_s']:.3f} | {r['bytes'] / 1e6:.2f} | {r['bytes'] / base:.3f} | {r['load_s']:.3f} | "
-            f"{r['extra_gb']:.2f} / {r['load_gb']:.2f} | {'yes' if r['exact'] else 'NO'} |"
+            f"{r['extra_gb']:.2f} / {r['load_gb']:.2f} | {r['pinned_gb']:.2f} | {'yes' if r['exact'] else 'NO'} |"
         )
     publish(lines, args.out)
 

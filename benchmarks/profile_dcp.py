@@ -1,8 +1,8 @@
-"""Where a dcp.load through NvcompFileSystemReader spends its time (a diagnostic, not a benchmark): saves a trained
-GPT's model + AdamW state with our writer, then loads it under cProfile (main thread), next to FileSystemReader's
-load of a plain save of the same state.
+"""Where our DCP path spends its time (a diagnostic, not a benchmark): a trained GPT's model + AdamW state saved
+(``--phase save``), saved with ``dcp.async_save`` until it returns (``async``) or loaded back (``load``) through our
+writer/reader under cProfile (main thread), the second of two runs, next to DCP's own of the same state.
 
-    python benchmarks/profile_dcp_load.py --dim 1024 --layers 20 --codec ans
+    python benchmarks/profile_dcp.py --dim 1024 --layers 20 --codec ans --phase load
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument("--codec", default="ans")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dir", default="/tmp/dcp-profile")
+    parser.add_argument("--phase", choices=("save", "async", "load"), default="load")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = GPT(dim=args.dim, layers=args.layers, heads=args.dim // 64, context=256).to(args.device)
@@ -44,7 +45,7 @@ def main() -> None:
     plain, ours = os.path.join(args.dir, "plain"), os.path.join(args.dir, "ours")
     for p in (plain, ours):
         shutil.rmtree(p, ignore_errors=True)
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(plain))
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(plain))  # also the warm-up of each path
     dcp.save(state, storage_writer=NvcompFileSystemWriter(ours, codec=args.codec))
 
     def fresh() -> dict:
@@ -56,24 +57,42 @@ def main() -> None:
             },
         }
 
-    for rep in range(2):
-        for name, reader in (("FileSystemReader", dcp.FileSystemReader(plain)), ("ours", NvcompFileSystemReader(ours))):
-            target = fresh()
-            sync()
-            profile = cProfile.Profile() if name == "ours" and rep == 1 else None
-            begin = time.perf_counter()
-            if profile:
-                profile.enable()
+    def run(name: str, profile: cProfile.Profile | None) -> float:
+        ours = name == "ours"
+        target = fresh() if args.phase == "load" else state
+        path = os.path.join(args.dir, name if args.phase == "load" else f"{name}-{args.phase}")
+        if args.phase != "load":
+            shutil.rmtree(path, ignore_errors=True)
+        writer = NvcompFileSystemWriter(path, codec=args.codec) if ours else dcp.FileSystemWriter(path)
+        reader = NvcompFileSystemReader(path) if ours else dcp.FileSystemReader(path)
+        sync()
+        begin = time.perf_counter()
+        if profile:
+            profile.enable()
+        if args.phase == "load":
             dcp.load(target, storage_reader=reader)
-            sync()
-            if profile:
-                profile.disable()
-            took = time.perf_counter() - begin
+        elif args.phase == "save":
+            dcp.save(target, storage_writer=writer)
+        else:
+            future = dcp.async_save(target, storage_writer=writer)
+        sync()
+        if profile:
+            profile.disable()
+        took = time.perf_counter() - begin
+        if args.phase == "async":
+            future.result()
+        if args.phase == "load":
             exact = all(
                 torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
                 for a, b in zip(local_tensors(state), local_tensors(target))
             )
-            print(f"rep {rep} {name}: {took:.3f} s, bit-exact {exact}", flush=True)
+            assert exact, f"{name}: the load is not bit-exact"
+        return took
+
+    for rep in range(2):
+        for name in ("plain", "ours"):
+            profile = cProfile.Profile() if name == "ours" and rep == 1 else None
+            print(f"rep {rep} {name} {args.phase}: {run(name, profile):.3f} s", flush=True)
             if profile:
                 stats = pstats.Stats(profile)
                 stats.sort_stats("tottime").print_stats(25)
