@@ -27,6 +27,7 @@ from lightning_nvcomp.codec.record import (
 )
 from lightning_nvcomp.codec.schema import Layout, _padded, _segments
 from lightning_nvcomp.errors import CorruptCheckpointError
+from lightning_nvcomp.resources import shared
 
 #: Every buffer's planes (encode) and every record's bytes (decode) start at a multiple of this many bytes.
 _BATCH_ALIGN = 64
@@ -86,11 +87,18 @@ def encode_batch(
     chunks = [[piece for plane in stored for piece in plane] for stored in pieces]
     codings = [Coding(dtype, d.numel(), layout, segment) for d in datas]
     # One packed buffer (on a GPU, one copy of it to pinned host memory): each buffer's blob is its range of it.
-    host = to_host(_pack(flat, [piece for c in chunks for piece in c]))
+    packed = _pack(flat, [piece for c in chunks for piece in c])
     ready: torch.cuda.Event | None = None
-    if on_gpu:
-        ready = torch.cuda.Event()
-        ready.record()
+    if on_gpu:  # the copy runs on a stream of its own, beside the coding of the next batch
+        copier = shared(f"d2h-stream-{packed.device}", lambda: torch.cuda.Stream(packed.device))
+        copier.wait_stream(torch.cuda.current_stream(packed.device))
+        with torch.cuda.stream(copier):
+            host = to_host(packed)
+            ready = torch.cuda.Event()
+            ready.record(copier)
+        packed.record_stream(copier)  # its memory is not reused before the copy has read it
+    else:
+        host = packed
     sizes = [[c[1] if isinstance(c, tuple) else c.numel() for c in item] for item in chunks]
     blobs, at = [], 0
     for item_sizes in sizes:
