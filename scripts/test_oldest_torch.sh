@@ -4,8 +4,8 @@
 # suite; e.g. `bash scripts/test_oldest_torch.sh tests/test_dcp.py`).
 #
 # PyPI's Linux wheels of torch 2.4 are CUDA builds: they import only with the nvidia-* packages, so the venv takes
-# ~2.9 GB of downloads and ~5 GB of disk (about 2.5 minutes to build here; a second run reuses it). GPU tests skip.
-# Not part of .ci/run: install plus suite take ~8 minutes.
+# ~2.9 GB of downloads and ~5 GB of disk (~3.5 minutes to build here; a second run reuses it). GPU tests skip.
+# Not part of .ci/run: from scratch, install plus suite take ~7.5 minutes on 2 cores (the suite alone ~4).
 #   TORCH_VERSION  the torch to test (default 2.4.1)
 #   VENV           where the venv is (default ${TMPDIR:-/tmp}/lightning-nvcomp-torch-$TORCH_VERSION)
 #   PYTHON         the interpreter it is made with (default python3; torch 2.4 has wheels for Python 3.8-3.12)
