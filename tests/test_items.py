@@ -113,3 +113,20 @@ def test_decode_batch_checks_every_segment():
     recs[1][0][0][5] ^= 1
     with pytest.raises(CorruptCheckpointError, match="record 1: checksum mismatch"):
         batch.decode_batch(recs, CPU)
+
+
+def test_tiny_tensors_are_stored_raw_and_the_rest_coded():
+    """Under RAW_NBYTES a codec call per plane costs more than it saves: such tensors are raw records (still
+    checksummed); from RAW_NBYTES on they are coded."""
+    n = tensor_items.RAW_NBYTES // 4
+    tensors = [("a.bias", trained_like(n - 1, torch.float32)), ("b.bias", trained_like(n, torch.float32, 1))]
+    coded = {i: c for b in tensor_items.code_tensors(tensors, "zstd") for i, c in b}
+    assert coded[0].coding.layout.codecs == ("raw",) and coded[0].segments[0].checksum() is not None
+    assert "zstd" in coded[1].coding.layout.codecs
+    for (_, t), got in zip(
+        tensors,
+        tensor_items.read_tensors(
+            [(d, n) for d, (n, _) in zip(archives(tensors, "zstd"), tensors)], CPU, LoadState("x")
+        ),
+    ):
+        assert_bit_exact(got, t)

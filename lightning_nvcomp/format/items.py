@@ -29,6 +29,9 @@ from lightning_nvcomp.resources import shared
 
 #: Raw bytes coded per batch (and so the scratch and pinned host memory one batch borrows).
 BATCH_NBYTES = 64 << 20
+#: Tensors smaller than this are stored raw (checksummed, not coded): a codec call per byte plane costs them more
+#: time than the few bytes it could save (LayerNorm and bias vectors, optimizer steps).
+RAW_NBYTES = 4 << 10
 
 
 @dataclass
@@ -68,8 +71,8 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 def _kind(name: str, t: torch.Tensor) -> tuple:
     """Tensors coded in one batch share a layout: same device and dtype, and the same last name part (``weight``,
-    ``exp_avg_sq``...), whose values are alike."""
-    return (t.device, t.dtype, name.rsplit(".", 1)[-1])
+    ``exp_avg_sq``...), whose values are alike; tiny ones (under :data:`RAW_NBYTES`) apart, stored raw."""
+    return (t.device, t.dtype, name.rsplit(".", 1)[-1], t.numel() * t.element_size() < RAW_NBYTES)
 
 
 def code_tensors(tensors: list[tuple[str, torch.Tensor]], codec: str) -> Iterator[list[tuple[int, CodedTensor]]]:
@@ -82,16 +85,17 @@ def code_tensors(tensors: list[tuple[str, torch.Tensor]], codec: str) -> Iterato
     batches: dict[tuple, list[int]] = {}
     for index, (name, t) in enumerate(tensors):
         batches.setdefault(_kind(name, t), []).append(index)
-    for (device, dtype, _), indices in batches.items():
-        segment = records.segment_nbytes(device, coder)
+    for (device, dtype, _, tiny), indices in batches.items():
+        batch_coder = "raw" if tiny else coder
+        segment = records.segment_nbytes(device, batch_coder)
         for batch in _cut(indices, tensors, segment):
             datas = [_bytes(tensors[i][1]) for i in batch]
-            key = (codec, dtype, "batch", tuple((d.device, d.data_ptr(), d.numel()) for d in datas))
+            key = (batch_coder, dtype, "batch", tuple((d.device, d.data_ptr(), d.numel()) for d in datas))
             if datas[0].numel() > segment:  # alone in its batch
-                encoder = records.Encoder(datas[0], dtype, coder, layout=layouts.get(key))
+                encoder = records.Encoder(datas[0], dtype, batch_coder, layout=layouts.get(key))
                 coded = [(encoder.coding, list(encoder))]
             else:
-                coded = batch_coding.encode_batch(datas, dtype, coder, layouts.get(key))
+                coded = batch_coding.encode_batch(datas, dtype, batch_coder, layouts.get(key))
             if coded:
                 layouts.put(key, coded[0][0].layout)
             yield [

@@ -56,40 +56,38 @@ class ArchiveWriter:
         first_name = f"{self.name}/{first}".encode()
         entries = sorted(self._entries, key=lambda e: e[0] != first_name)
         start = self._offset
+        records = []
         for full, crc, size, offset in entries:
             extra = struct.pack("<HHQQQ", 1, 24, size, size, offset)
-            self._write(
-                struct.pack(
-                    "<IHHHHHHIIIHHHHHII",
-                    0x02014B50,
-                    _VERSION,
-                    _VERSION,
-                    0,
-                    0,
-                    0,
-                    _DOS_DATE,
-                    crc,
-                    _ZIP64,
-                    _ZIP64,
-                    len(full),
-                    len(extra),
-                    0,
-                    0,
-                    0,
-                    0,
-                    _ZIP64,
-                )
-                + full
-                + extra
+            central = struct.pack(
+                "<IHHHHHHIIIHHHHHII",
+                0x02014B50,
+                _VERSION,
+                _VERSION,
+                0,
+                0,
+                0,
+                _DOS_DATE,
+                crc,
+                _ZIP64,
+                _ZIP64,
+                len(full),
+                len(extra),
+                0,
+                0,
+                0,
+                0,
+                _ZIP64,
             )
-        end = self._offset
+            records.append(central + full + extra)
+        directory = b"".join(records)
+        end = start + len(directory)
         count = len(entries)
         self._write(
-            struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, _VERSION, _VERSION, 0, 0, count, count, end - start, start)
-        )
-        self._write(struct.pack("<IIQI", 0x07064B50, 0, end, 1))
-        self._write(
-            struct.pack(
+            directory
+            + struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, _VERSION, _VERSION, 0, 0, count, count, end - start, start)
+            + struct.pack("<IIQI", 0x07064B50, 0, end, 1)
+            + struct.pack(
                 "<IHHHHIIH",
                 0x06054B50,
                 0,
