@@ -101,7 +101,7 @@ def _check(tmp_path: Path, kind: str, codec: str, gpus: int = 1) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU run; GPU machines run the gpu test below")
 @pytest.mark.skipif(
-    TORCH < (2, 6), reason="FSDP2 (fully_shard) runs on CPU ranks from torch 2.6 (2.4-2.5 call torch.cuda streams)"
+    TORCH < (2, 7), reason="FSDP2 (fully_shard) runs on CPU ranks from torch 2.7 (before, it needs CUDA streams)"
 )
 def test_model_parallel_on_two_cpu_ranks(tmp_path):
     _check(tmp_path, "mp", "zstd")

@@ -90,10 +90,11 @@ _SHARD_UTILS = _module("torch.distributed._shard._utils")
 _STATE_DICT_UTILS = _module("torch.distributed._state_dict_utils")
 
 #: Whether ``BlockingAsyncStager.stage`` (``FileSystemWriter.stage``, what ``dcp.async_save`` stages with) copies
-#: every tensor, as it does from torch 2.7 (``_create_cpu_state_dict`` then ``_copy_state_dict``). Torch 2.4-2.6 move
-#: tensors with ``.to("cpu")``, which returns a CPU tensor (or a DTensor on a CPU mesh) itself, not a copy: training
-#: that goes on after ``async_save`` returned changes what is saved. Where False, the writer stages a copy itself.
-STAGE_COPIES = TORCH >= (2, 7)
+#: every tensor, as it does from torch 2.8 (``_create_cpu_state_dict`` then ``_copy_state_dict``). Torch 2.4-2.6 move
+#: tensors with ``.to("cpu")``, which returns a CPU tensor (or a DTensor on a CPU mesh) itself, not a copy; 2.7 copies
+#: tensors and DTensors but keeps ShardedTensors as they are: training that goes on after ``async_save`` returned
+#: changes what is saved. Where False, the writer stages a copy itself (tests/test_dcp.py's async scenarios).
+STAGE_COPIES = TORCH >= (2, 8)
 
 __all__ = [
     "MIN_TORCH",
