@@ -20,11 +20,10 @@ Every field is validated against the blobs before a byte is decoded: the dict ma
 from __future__ import annotations
 
 import json
+import struct
 import zlib
 from dataclasses import dataclass
 from typing import TypeVar
-
-import numpy as np
 
 from lightning_nvcomp.errors import CorruptCheckpointError, UnsupportedFormatError
 
@@ -97,9 +96,10 @@ def record_check(meta: dict) -> int:
     crc = canonical_crc(fields)
     for name in _PACKED_FIELDS:
         values = meta.get(name)
+        values = values if isinstance(values, list) else []
         try:
-            packed = np.asarray(values if isinstance(values, list) else [], dtype="<i8").tobytes()
-        except (TypeError, ValueError, OverflowError) as err:
+            packed = struct.pack(f"<{len(values)}q", *values)
+        except struct.error as err:
             raise CorruptCheckpointError(f"record field {name!r} is not a list of integers ({err})") from None
         crc = zlib.crc32(packed, crc)
     return crc

@@ -176,7 +176,7 @@ class _ItemPickler(pickle.Pickler):
         super().__init__(file, protocol=2)
 
     def persistent_id(self, obj: object) -> tuple | None:
-        if isinstance(obj, _StorageKey):
+        if type(obj) is _StorageKey:
             return ("storage", torch.ByteStorage, obj.key, "cpu", obj.nbytes)
         return None
 
