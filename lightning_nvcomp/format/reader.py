@@ -123,7 +123,9 @@ def read(
     except CheckpointError as err:
         raise type(err)(err.args[0] if str(err).startswith(name) else f"{name}: {err}") from None
     except pickle.UnpicklingError as err:
-        if pickle_bytes is None:  # a legacy file: its pickle has no checksum to tell damage from refusal
+        if pickle_bytes is None or any(mark in str(err) for mark in _TORCH_ZIP_ERRORS):
+            # a legacy file: its pickle has no checksum to tell damage from refusal; torch's zip reader failing:
+            # torch 2.4 re-raises every RuntimeError of a weights_only load as an UnpicklingError
             raise CorruptCheckpointError(
                 f"{name} cannot be read as a checkpoint (truncated or damaged?): {err}"
             ) from err
@@ -182,6 +184,15 @@ def _check_structure(f: BinaryIO, name: str, file_nbytes: int) -> bytes | None:
                 header = f.read(30 + len(info.orig_filename.encode()))
                 if header[:4] != b"PK\x03\x04" or header[30:] != info.orig_filename.encode():
                     raise CorruptCheckpointError(f"{name}: the header of entry {info.filename!r} is damaged")
+                # torch writes and reads stored entries only: another method or sizes that differ or reach past
+                # the file are damage (torch 2.4's reader allocates a damaged size before it fails)
+                end = info.header_offset + len(header) + struct.unpack("<H", header[28:30])[0] + info.compress_size
+                if (
+                    info.compress_type != zipfile.ZIP_STORED
+                    or info.file_size != info.compress_size
+                    or end > file_nbytes
+                ):
+                    raise CorruptCheckpointError(f"{name}: the zip directory entry {info.filename!r} is damaged")
                 if "/data/" in info.filename and not info.filename.endswith("serialization_id"):
                     continue  # storages: checked by their records, or after the load (plain torch.save files)
                 data = archive.read(info)  # raises BadZipFile on a CRC mismatch

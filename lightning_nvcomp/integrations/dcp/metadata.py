@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextvars
 import os
 import pickle
+import pickletools
 import re
 import zlib
 from dataclasses import dataclass
@@ -108,6 +109,16 @@ def _load_metadata(data: bytes, name: str) -> Metadata:
     # The checked wrapper names lightning_nvcomp.dcp._checked_metadata in its first bytes (DCP's pickle names
     # torch.distributed.checkpoint.metadata.Metadata there); damage may have changed one of the two names.
     checked = b"_checked_metadata" in data[:64] or PICKLED_MODULE.encode() in data[:64]
+    if checked:
+        # Parsed before it is loaded: a damaged length field (one flipped opcode makes the CRC's LONG1 a BINBYTES8)
+        # makes pickle.loads allocate that length before reading it (a MemoryError, not a damage report).
+        try:
+            for _ in pickletools.genops(data):
+                pass
+        except Exception as err:
+            raise CorruptCheckpointError(
+                f"{name}: the checkpoint metadata is damaged ({type(err).__name__}: {err})"
+            ) from err
     token = _metadata_name.set(name)
     try:
         metadata = pickle.loads(data)

@@ -20,7 +20,7 @@ from typing import Any, BinaryIO, cast
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, DEFAULT_SUFFIX, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, FileSystemWriter
 from torch.distributed.checkpoint.metadata import STATE_DICT_TYPE, Metadata
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
@@ -209,7 +209,7 @@ class NvcompFileSystemWriter(FileSystemWriter):
         tensors = local_tensors(state_dict)
         self._chosen = self._agree_codec(tensors, "async")
         devices = STAGE_DEVICES[self.stage_compress]
-        if not any(t.device.type in devices for t in tensors):
+        if _compat.STAGE_COPIES and not any(t.device.type in devices for t in tensors):
             staged = super().stage(state_dict)
         else:
             stager = Stager(self._chosen[0], devices)
@@ -385,10 +385,10 @@ class NvcompFileSystemWriter(FileSystemWriter):
         infos = [r.storage_data for rs in results for r in rs]
         items, raw_nbytes, stored_nbytes = _tally(infos)
         self.totals = {"raw_nbytes": raw_nbytes, "stored_nbytes": stored_nbytes, "items": items}
-        if not self.use_collectives and self.rank is not None:
+        if not _compat.use_collectives(self) and self.rank is not None:
             super().finish(metadata, results)  # rank-local metadata files: DCP's own way
             return
-        metadata.version = CURRENT_DCP_VERSION
+        _compat.stamp_dcp_version(metadata)
         metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
         metadata.storage_meta = self.storage_meta()
         checked = _CheckedMetadata(metadata)
