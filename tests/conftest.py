@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -246,3 +247,31 @@ def zip_entries(path: str | os.PathLike) -> dict[str, tuple[int, int]]:
 def tensor_data_entries(path: str | os.PathLike) -> dict[str, tuple[int, int]]:
     """The zip members holding storages (``.../data/N``), which is where compressed blobs live."""
     return {n: v for n, v in zip_entries(path).items() if "/data/" in n and not n.endswith("serialization_id")}
+
+
+def torchrun(
+    nproc: int, script: Path, args: list[str], env: Mapping[str, str], timeout_s: float, label: str
+) -> subprocess.CompletedProcess:
+    """``python -m torch.distributed.run --standalone`` of ``script`` on ``nproc`` ranks, in a session of its own, with
+    ``env`` less any launcher variables of an outer run; killed with its ranks after ``timeout_s`` (an AssertionError
+    naming ``label``, with the output so far)."""
+    child_env = dict(env)
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK"):
+        child_env.pop(key, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), str(script)]
+    proc = subprocess.Popen(
+        [*cmd, *args],
+        cwd=str(REPO_ROOT),
+        env=child_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the ranks it started
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"{label} run hung:\n{stdout[-3000:]}\n{stderr[-8000:]}") from None
+    return subprocess.CompletedProcess([*cmd, *args], proc.returncode, stdout, stderr)

@@ -12,7 +12,6 @@ import copy
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import warnings
@@ -27,7 +26,7 @@ from lightning_nvcomp.integrations.accelerate import attach
 from lightning_nvcomp.storage import ThrottledStorage
 
 import accelerate_runs as R
-from conftest import REPO_ROOT, assert_tree_bit_exact, child_json, python_child
+from conftest import REPO_ROOT, assert_tree_bit_exact, child_json, python_child, torchrun
 
 TESTS_DIR = Path(__file__).resolve().parent
 CHILD_ENV = {"PYTHONPATH": str(TESTS_DIR), "OMP_NUM_THREADS": "1"}
@@ -461,36 +460,8 @@ def test_attaching_twice_does_not_deadlock(tmp_path):
 
 def _launch_two_ranks(tmp_path: Path, timeout_s: int) -> subprocess.CompletedProcess:
     env = dict(os.environ, **CHILD_ENV, PYTHONDONTWRITEBYTECODE="1")
-    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK"):
-        env.pop(key, None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        str(TESTS_DIR / "accelerate_ddp_child.py"),
-        str(tmp_path),
-        str(tmp_path / "ck"),
-        str(timeout_s),
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=str(REPO_ROOT),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s * 6 + 60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the ranks it started
-        stdout, stderr = proc.communicate()
-        raise AssertionError(f"2-process run hung:\n{stdout[-3000:]}\n{stderr[-8000:]}") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    args = [str(tmp_path), str(tmp_path / "ck"), str(timeout_s)]
+    return torchrun(2, TESTS_DIR / "accelerate_ddp_child.py", args, env, timeout_s * 6 + 60, "2-process")
 
 
 @pytest.mark.slow  # 7-10 s on 2 cores: torch.distributed.run and two ranks importing torch

@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,7 +26,7 @@ from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompStorageInfo
 from lightning_nvcomp.integrations.dcp._compat import TORCH
 
 import accelerate_runs as R
-from conftest import REPO_ROOT
+from conftest import torchrun
 
 TESTS_DIR = Path(__file__).resolve().parent
 #: Accelerate runs FSDP2 from torch 2.6 ("FSDP2 requires PyTorch >= 2.6.0"); FSDP1 runs on every torch we support.
@@ -44,26 +41,10 @@ def _launch(mode: str, nproc: int, out: Path, timeout_s: int = 30) -> list[dict]
     """``accelerate_fsdp_child.py MODE`` on ``nproc`` ranks; each rank's JSON result."""
     path = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))  # keep where the package is
     env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
-    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK"):
-        env.pop(key, None)
-    child = str(TESTS_DIR / "accelerate_fsdp_child.py")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), child]
-    proc = subprocess.Popen(
-        [*cmd, mode, str(out), str(timeout_s)],
-        cwd=str(REPO_ROOT),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    proc = torchrun(
+        nproc, TESTS_DIR / "accelerate_fsdp_child.py", [mode, str(out), str(timeout_s)], env, timeout_s * 6 + 60, mode
     )
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s * 6 + 60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the ranks it started
-        stdout, stderr = proc.communicate()
-        raise AssertionError(f"{mode} run hung:\n{stdout[-3000:]}\n{stderr[-8000:]}") from None
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-8000:]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
