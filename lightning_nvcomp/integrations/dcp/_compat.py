@@ -208,9 +208,9 @@ def reader_init_args(path: Any, extension_registry: Any) -> tuple[Any, ...]:
 
 
 def metadata_path(reader: Any, rank: int | None) -> Any:
-    """``FileSystemReader._get_metadata_path`` (2.7+): where ``.metadata`` is (``__<rank>.metadata`` for rank-local
-    files, ``use_collectives=False``). Fallback: the same names."""
-    if _has((2, 7), reader, "_get_metadata_path"):
+    """``FileSystemReader._get_metadata_path`` (newer than 2.8: not in 2.4-2.8): where ``.metadata`` is
+    (``__<rank>.metadata`` for rank-local files, ``use_collectives=False``). Fallback: the same names."""
+    if _has((2, 9), reader, "_get_metadata_path"):
         return reader._get_metadata_path(rank)
     return reader.fs.concat_path(reader.path, ".metadata" if rank is None else f"__{rank}.metadata")
 
