@@ -23,6 +23,7 @@ moving to host memory tensor by tensor; ``state_on_gpu=False`` gives Lightning's
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 import threading
@@ -106,7 +107,7 @@ def rank_metrics(stats: DcpCheckpointStats) -> dict[str, float]:
     return metrics
 
 
-class CompressedShardedSaves:
+class CompressedShardedSaves(abc.ABC):
     """What the compressed strategies add to Lightning's: the codec, the savings, and the metrics for
     :class:`~lightning_nvcomp.NvcompSavings` (the same names as :class:`~lightning_nvcomp.NvcompCheckpointIO`'s,
     for the whole checkpoint, plus each rank's bytes and times under ``nvcomp/rank<r>/``).
@@ -139,19 +140,23 @@ class CompressedShardedSaves:
 
     # -- the state, collected where it lives ------------------------------------------------------------------
 
+    # Each strategy below says how it saves and collects its state (a subclass missing one cannot be made).
+
+    @abc.abstractmethod
     def _saves_sharded(self) -> bool:
         """Whether this strategy's saves are sharded ones (through DCP, so through the compressed writer)."""
-        raise NotImplementedError
 
     def _params_offloaded(self) -> bool:
         """Whether the parameters live on the CPU anyway (FSDP's ``cpu_offload``)."""
         return False
 
+    @abc.abstractmethod
     def _module_state_on_device(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The model's sharded state, collected where it lives (no CPU offload)."""
 
+    @abc.abstractmethod
     def _optimizer_state_on_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        raise NotImplementedError
+        """The optimizer's sharded state, collected where it lives (no CPU offload)."""
 
     def _collect_on_device(self) -> bool:
         on_device = self.state_on_gpu and self._saves_sharded() and not self._params_offloaded()
@@ -214,7 +219,8 @@ class CompressedShardedSaves:
         return drained
 
     def wait(self) -> None:
-        """Saves are synchronous: nothing to wait for."""
+        """Saves are synchronous: nothing to wait for (the savings callback calls this before it reads metrics)."""
+        return None
 
 
 class NvcompFSDPStrategy(CompressedShardedSaves, FSDPStrategy):
