@@ -181,20 +181,11 @@ class _Placed(NamedTuple):
 
 
 def _place(
-    blobs: list[torch.Tensor],
-    rec: dict,
-    index: int,
-    offset: int,
-    size: tuple[int, ...],
-    stride: tuple[int, ...],
-    requires_grad: bool,
-    parameter: bool,
-    name: str,
-    check: int | None,
-    newer: tuple,
-    state: LoadState,
+    blobs: list[torch.Tensor], rec: dict, at: Placement, check: int | None, newer: tuple, state: LoadState
 ) -> _Placed:
-    """Validate every argument of a :func:`decode_tensor` call; raise CorruptCheckpointError naming the tensor."""
+    """Validate every argument of a :func:`decode_tensor` call (``at``: its placement arguments, as given); raise
+    CorruptCheckpointError naming the tensor."""
+    index, offset, size, stride, requires_grad, parameter, name = at
     if not isinstance(name, str):
         raise CorruptCheckpointError(f"tensor name {name!r} is not a string")
     _check_blobs(blobs, name)
@@ -263,7 +254,9 @@ def decode_tensor(
         raise CorruptCheckpointError(f"tensor name {name!r} is not a string")
     _check_blobs(blobs, name)  # before the load's state is found by them
     state = _load_state(blobs)
-    placed = _place(blobs, rec, index, offset, size, stride, requires_grad, parameter, name, check, newer, state)
+    placed = _place(
+        blobs, rec, Placement(index, offset, size, stride, requires_grad, parameter, name), check, newer, state
+    )
     describe = _describe.get()
     if describe is not None:
         rec = placed.rec
@@ -280,13 +273,8 @@ def decode_tensors(calls: list[tuple], device: torch.device, state: LoadState) -
     for args in calls:
         if len(args) < 9:
             raise CorruptCheckpointError(f"a decode_tensor call with {len(args)} arguments")
-        blobs, rec, index, offset, size, stride, requires_grad, parameter, name, check = (
-            tuple(args[:10]) if len(args) >= 10 else (*args, None)  # format 1: no check
-        )
-        newer = tuple(args[10:])
-        placed.append(
-            _place(blobs, rec, index, offset, size, stride, requires_grad, parameter, name, check, newer, state)
-        )
+        check = args[9] if len(args) >= 10 else None  # format 1: no check
+        placed.append(_place(args[0], args[1], Placement(*args[2:9]), check, tuple(args[10:]), state))
     batches: dict[tuple, list[int]] = {}
     for i, p in enumerate(placed):
         layout = p.rec[_LAYOUT]
