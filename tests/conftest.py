@@ -252,17 +252,24 @@ def tensor_data_entries(path: str | os.PathLike) -> dict[str, tuple[int, int]]:
 def torchrun(
     nproc: int, script: Path, args: list[str], env: Mapping[str, str], timeout_s: float, label: str
 ) -> subprocess.CompletedProcess:
-    """``python -m torch.distributed.run --standalone`` of ``script`` on ``nproc`` ranks, in a session of its own, with
-    ``env`` less any launcher variables of an outer run; killed with its ranks after ``timeout_s`` (an AssertionError
-    naming ``label``, with the output so far)."""
+    """``python -m torch.distributed.run --standalone`` of ``script`` on ``nproc`` ranks (see :func:`run_killable`),
+    with ``env`` less any launcher variables of an outer run."""
     child_env = dict(env)
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK"):
         child_env.pop(key, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), str(script)]
+    return run_killable([*cmd, *args], child_env, REPO_ROOT, timeout_s, label)
+
+
+def run_killable(
+    cmd: list[str], env: Mapping[str, str], cwd: Path, timeout_s: float, label: str
+) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in a session of its own; after ``timeout_s`` kill it with every process it started (a launcher and
+    its ranks) and raise an AssertionError naming ``label``, with the output so far."""
     proc = subprocess.Popen(
-        [*cmd, *args],
-        cwd=str(REPO_ROOT),
-        env=child_env,
+        cmd,
+        cwd=str(cwd),
+        env=dict(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -271,7 +278,7 @@ def torchrun(
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the ranks it started
+        os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
-        raise AssertionError(f"{label} run hung:\n{stdout[-3000:]}\n{stderr[-8000:]}") from None
-    return subprocess.CompletedProcess([*cmd, *args], proc.returncode, stdout, stderr)
+        raise AssertionError(f"{label} run hung:\n{stdout[-3000:]}\n{stderr[-12000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)

@@ -11,7 +11,6 @@ import glob
 import json
 import logging
 import os
-import signal
 import struct
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 import lightning_nvcomp
 from lightning_nvcomp import NvcompCheckpointIO
 
-from conftest import CHILD_DIGEST_SRC, assert_tree_bit_exact, child_json, python_child, tensor_digest
+from conftest import CHILD_DIGEST_SRC, assert_tree_bit_exact, child_json, python_child, run_killable, tensor_digest
 from lightning_models import TinyData, TinyModule, make_classes
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -871,21 +870,10 @@ def _run_ddp(tmp_path: Path, epochs: int, mode: str) -> tuple[dict[int, dict], P
     )
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK"):
         env.pop(key, None)
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(ckdir), str(epochs), mode, CHILD_DIGEST_SRC],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    proc = run_killable(
+        [sys.executable, str(script), str(ckdir), str(epochs), mode, CHILD_DIGEST_SRC], env, tmp_path, 150, "DDP"
     )
-    try:
-        stdout, stderr = proc.communicate(timeout=150)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the rank it started
-        stdout, stderr = proc.communicate()
-        raise AssertionError(f"DDP run hung:\n{stdout[-3000:]}\n{stderr[-12000:]}") from None
+    stdout, stderr = proc.stdout, proc.stderr
     assert proc.returncode == 0, f"DDP run failed ({proc.returncode}):\n{stdout[-3000:]}\n{stderr[-12000:]}"
     results = {rank: json.loads(Path(f"{ckdir}.rank{rank}.json").read_text()) for rank in (0, 1)}
     assert [results[rank]["rank"] for rank in (0, 1)] == [0, 1]
