@@ -30,9 +30,9 @@ from accelerate import Accelerator
 from accelerate.utils import FullyShardedDataParallelPlugin, InitProcessGroupKwargs
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-from lightning_nvcomp.dcp import NvcompFileSystemReader
+from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
 from lightning_nvcomp.integrations._accelerate_compat import checkpoint_io_as
-from lightning_nvcomp.integrations.accelerate import ShardWriter, attach
+from lightning_nvcomp.integrations.accelerate import attach
 from lightning_nvcomp.options import SaveOptions
 
 import accelerate_runs as R
@@ -90,11 +90,11 @@ def cpu(out: str, group: InitProcessGroupKwargs) -> dict[str, Any]:
     train(model, optimizer, 3, lambda loss: loss.backward())
     expected = full_state(model, optimizer)
     ck = os.path.join(out, "ck")
-    writers: list[ShardWriter] = []
+    writers: list[NvcompFileSystemWriter] = []
     readers: list[str] = []
 
-    def writer(path: str, **kwargs: Any) -> ShardWriter:
-        writers.append(ShardWriter(path, SaveOptions.of("zstd"), **kwargs))
+    def writer(path: str, **kwargs: Any) -> NvcompFileSystemWriter:
+        writers.append(NvcompFileSystemWriter(path, options=SaveOptions.of("zstd"), **kwargs))
         return writers[-1]
 
     def reader(path: str, **kwargs: Any) -> NvcompFileSystemReader:
@@ -104,7 +104,7 @@ def cpu(out: str, group: InitProcessGroupKwargs) -> dict[str, Any]:
     with checkpoint_io_as(dcp_writer=writer):
         save_fsdp_model(plugin, acc, model, ck)
         save_fsdp_optimizer(plugin, acc, optimizer, model, ck)
-    saved = {os.path.basename(w.path): part(w.gather_stats(), w.devices) for w in writers}
+    saved = {os.path.basename(w.path): part(w.gather_stats(), w.shard_devices) for w in writers}
     train(model, optimizer, 2, lambda loss: loss.backward())
     changed = full_state(model, optimizer)
     with checkpoint_io_as(dcp_reader=reader):

@@ -36,11 +36,6 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
-from torch.distributed.checkpoint.storage import WriteResult
-from torch.futures import Future
-
 from lightning_nvcomp.integrations._require import MissingExtraError
 
 try:
@@ -58,34 +53,14 @@ from lightning_nvcomp.pipeline import CheckpointWriter
 from lightning_nvcomp.storage import check_local
 
 
-class ShardWriter(NvcompFileSystemWriter):
-    """The DCP writer Accelerate's FSDP functions get while an attached ``save_state`` runs: an
-    :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter` that also records where the shards it is handed live.
-
-    Args:
-        path: the part's directory.
-        options: the attachment's :class:`~lightning_nvcomp.options.SaveOptions`.
-        **kwargs: ``NvcompFileSystemWriter``'s keyword arguments.
-    """
-
-    def __init__(self, path: str | os.PathLike, options: SaveOptions, **kwargs: Any) -> None:
-        super().__init__(path, options=options, **kwargs)
-        #: Device types (``"cuda"``, ``"cpu"``) of the tensors of the last save, 0-d ones (``step``) left out.
-        self.devices: frozenset[str] = frozenset()
-
-    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        tensors = (planner.resolve_data(i) for i in plan.items if i.type != WriteItemType.BYTE_IO)
-        self.devices = frozenset(t.device.type for t in tensors if isinstance(t, torch.Tensor) and t.dim())
-        return super().write_data(plan, planner)
-
-
 @dataclasses.dataclass(frozen=True)
 class ShardedPart:
     """One DCP directory of an FSDP ``save_state`` (a model's or an optimizer's).
 
     Attributes:
         stats: the whole directory's figures, every rank's (``stats.ranks[r]``).
-        devices: where the shards this rank handed the writer lived (see :attr:`ShardWriter.devices`).
+        devices: where the shards this rank handed the writer lived (see
+            :attr:`~lightning_nvcomp.dcp.NvcompFileSystemWriter.shard_devices`).
     """
 
     stats: DcpCheckpointStats
@@ -116,16 +91,16 @@ class Attachment:
         self._check_local(output_dir)
         self.wait()  # Accelerate may prune older checkpoints now: their background writes must be done
         iteration = self.accelerator.save_iteration  # grows by one per save_state: the step metrics are logged at
-        parts: list[ShardWriter] = []
+        parts: list[NvcompFileSystemWriter] = []
 
-        def shard_writer(path: str | os.PathLike, **writer_kwargs: Any) -> ShardWriter:
-            parts.append(ShardWriter(path, self.writer.options, **writer_kwargs))
+        def shard_writer(path: str | os.PathLike, **writer_kwargs: Any) -> NvcompFileSystemWriter:
+            parts.append(NvcompFileSystemWriter(path, options=self.writer.options, **writer_kwargs))
             return parts[-1]
 
         with checkpoint_io_as(save=self._save, dcp_writer=shard_writer), self._sharded_state_on_gpu():
             location = self._save_state(output_dir, safe_serialization=False, **kwargs)
         # gather_stats is a collective: every rank made the same parts, in the same order
-        self.last_sharded = {os.path.basename(p.path): ShardedPart(p.gather_stats(), p.devices) for p in parts}
+        self.last_sharded = {os.path.basename(p.path): ShardedPart(p.gather_stats(), p.shard_devices) for p in parts}
         self.writer.commit(iteration, str(location))
         if not self.writer.options.async_save:
             self.flush()

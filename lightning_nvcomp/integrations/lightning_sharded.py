@@ -77,19 +77,6 @@ class CollectedState:
     devices: frozenset[str]
 
 
-def tensor_devices(state: Any) -> frozenset[str]:
-    """The device types of the tensors of more than 0 dimensions in a state tree (of a ShardedTensor's local shards)."""
-    if hasattr(state, "local_shards"):  # ShardedTensor: its own device says nothing about its shards'
-        return tensor_devices([shard.tensor for shard in state.local_shards()])
-    if isinstance(state, torch.Tensor):
-        return frozenset([state.device.type]) if state.dim() else frozenset()
-    if isinstance(state, dict):
-        state = list(state.values())
-    if isinstance(state, (list, tuple)):
-        return frozenset().union(*(tensor_devices(v) for v in state))
-    return frozenset()
-
-
 def rank_metrics(stats: DcpCheckpointStats) -> dict[str, float]:
     """Each rank's share of a distributed checkpoint, under ``nvcomp/rank<r>/`` (``stats.ranks[r]`` is rank r's)."""
     metrics = {}
@@ -183,9 +170,9 @@ class CompressedShardedSaves(abc.ABC):
         offloaded, self._offloaded = self._offloaded, []
 
         def compressed_save(converted_state: dict[str, Any], path: Path) -> None:
-            self.last_state = CollectedState(any(offloaded) if offloaded else None, tensor_devices(converted_state))
             writers.append(NvcompFileSystemWriter(path, options=self.options))
             dcp.save(converted_state, storage_writer=writers[-1])
+            self.last_state = CollectedState(any(offloaded) if offloaded else None, writers[-1].shard_devices)
 
         step = int(checkpoint.get("global_step", 0))
         begin = time.perf_counter()

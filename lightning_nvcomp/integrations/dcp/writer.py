@@ -53,7 +53,7 @@ STAGE_COMPRESS = tuple(STAGE_DEVICES)
 #: Data files this writer (or DCP's) may have left in a checkpoint directory.
 _DATA_FILE = re.compile(r"^__\d+_\d+(\.[0-9a-f]+)?" + re.escape(DEFAULT_SUFFIX) + "$")
 #: A file's write results and the seconds spent coding its items.
-_Outcome = tuple[list[WriteResult], float]
+_Outcome = tuple[list[WriteResult], float, frozenset[str]]  # results, coding seconds, shards' device types
 
 
 def default_policy(mode: str) -> CodecPolicy:
@@ -148,6 +148,9 @@ class NvcompFileSystemWriter(FileSystemWriter):
         self.stats: SaveStats | None = None
         #: On the coordinator after a save: ``{"raw_nbytes", "stored_nbytes", "items"}`` over all ranks.
         self.totals: dict[str, int] | None = None
+        #: Device types (``"cuda"``, ``"cpu"``) of the tensor shards of this rank's last save, 0-d ones (an
+        #: optimizer's ``step``) left out; for an async save, where they were staged from.
+        self.shard_devices: frozenset[str] = frozenset()
         self._chosen: tuple[str, Prediction | None] | None = None  # decided while staging, used by the next write
         self._stage_s = 0.0
         self._staged: dict[int, StagedShard] = {}  # placeholder storage data_ptr -> shard compressed at staging
@@ -233,9 +236,10 @@ class NvcompFileSystemWriter(FileSystemWriter):
         chosen, self._chosen = self._chosen, None
         codec, prediction = chosen if chosen is not None else self._write_codec(plan, planner)
         outcomes = self._write_files(plan, planner, codec, staged)
-        results = [r for rs, _ in outcomes for r in rs]
+        results = [r for rs, _, _ in outcomes for r in rs]
         seconds = time.perf_counter() - begin
-        encode_s = sum(e for _, e in outcomes)
+        encode_s = sum(e for _, e, _ in outcomes)
+        self.shard_devices = frozenset().union(*(devices for _, _, devices in outcomes))
         items, raw_nbytes, stored_nbytes = _tally([r.storage_data for r in results])
         self.stats = SaveStats(
             path=str(self.path),
@@ -356,9 +360,12 @@ class NvcompFileSystemWriter(FileSystemWriter):
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lnv-dcp-write") as disk:
                 ready: list[tuple[WriteItem, CodedTensor | fileformat.Snapshot]] = []  # coded while staging
                 to_code: list[tuple[WriteItem, torch.Tensor]] = []
+                devices: set[str] = set()
                 for item in (i for i in items if i.type != WriteItemType.BYTE_IO):
                     data = cast(torch.Tensor, planner.resolve_data(item)).detach()
                     coded = self._staged_shard(item, data, staged)
+                    if data.dim():
+                        devices.add(coded.device if coded is not None else data.device.type)
                     if coded is not None:
                         ready.append((item, coded))
                     elif storable(data):
@@ -377,7 +384,7 @@ class NvcompFileSystemWriter(FileSystemWriter):
             if self.sync_files:
                 stream.flush()
                 os.fsync(stream.fileno())
-        return results, encode_s
+        return results, encode_s, frozenset(devices)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Write ``.metadata`` atomically, with its CRC-32 (see ``_checked_metadata``; the new checkpoint exists from
