@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 import subprocess
 import sys
 import warnings
@@ -284,7 +283,7 @@ def test_background_write_failure_surfaces_and_the_attachment_recovers(tmp_path)
     attachment = attach(run.accelerator, codec="zstd", async_save=True, probe_mb=4)
     attachment.writer.storage = ThrottledStorage(4e6)  # the writes are still running when the directory goes
     run.accelerator.save_state(str(tmp_path / "doomed"))
-    shutil.rmtree(tmp_path / "doomed")
+    (tmp_path / "doomed").rename(tmp_path / "gone")  # not rmtree: it races with the writer's next file
     with pytest.raises(RuntimeError, match="background save of .*doomed"):
         run.accelerator.save_state(str(tmp_path / "next"))  # the failure is raised by the next save_state
     for _ in range(8):  # the doomed checkpoint's other files may fail too: each wait() raises one failure
@@ -309,7 +308,9 @@ def test_wait_after_a_failure_still_waits_for_the_rest_of_that_checkpoint(tmp_pa
     attachment.writer.storage = ThrottledStorage(1e6)  # ~0.2 s for the model file, ~0.45 s for the optimizer's
     ck = tmp_path / "ck"
     run.accelerator.save_state(str(ck))
-    shutil.rmtree(ck)  # pytorch_model.bin, being written, fails; the next files go to the re-created directory
+    # pytorch_model.bin, being written, fails; the next files go to the re-created directory. A rename, because
+    # rmtree races with the writer creating the next file in the directory it is emptying.
+    ck.rename(tmp_path / "gone")
     ck.mkdir()
     with pytest.raises(RuntimeError, match="pytorch_model.bin"):
         attachment.wait()
