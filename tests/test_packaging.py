@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from pathlib import Path
 
@@ -155,3 +157,141 @@ def test_license_and_py_typed_are_shipped() -> None:
     assert "END OF TERMS AND CONDITIONS" in text
     assert (REPO_ROOT / "lightning_nvcomp" / "py.typed").is_file()
     assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["lightning_nvcomp"]
+
+
+# the built wheel -----------------------------------------------------------------------------------------------
+
+#: What ``python -m build`` needs of the working tree: the project's metadata, its readme and license, the package.
+BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "lightning_nvcomp")
+
+
+def _package_files(root: Path) -> set[str]:
+    """Every file of the package under ``root`` (``lightning_nvcomp/...``), bytecode caches left out."""
+    return {
+        p.relative_to(root).as_posix()
+        for p in (root / "lightning_nvcomp").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    }
+
+
+@pytest.mark.slow
+def test_built_wheel_installs_and_runs(tmp_path: Path) -> None:
+    """``python -m build`` (sdist, then the wheel from the sdist, as a user or a release builds it) makes a wheel
+    that holds every module and data file of the package, installs into a fresh environment and runs there: the
+    ``lightning-nvcomp`` command, the modules of every subpackage and the Lightning entry points."""
+    import shutil
+    import subprocess
+    import sys
+    import sysconfig
+    import zipfile
+
+    source = tmp_path / "src"  # a copy: building in the working tree would leave build/ there (and reuse it)
+    for name in BUILD_INPUTS:
+        if (REPO_ROOT / name).is_dir():
+            shutil.copytree(REPO_ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            source.mkdir(exist_ok=True)
+            shutil.copy2(REPO_ROOT / name, source / name)
+    dist = tmp_path / "dist"
+    built = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(dist), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    (wheel,) = dist.glob("lightning_nvcomp-*-py3-none-any.whl")
+    (sdist,) = dist.glob("lightning_nvcomp-*.tar.gz")
+
+    expected = _package_files(source)
+    assert {"lightning_nvcomp/py.typed", "lightning_nvcomp/cli/__init__.py"} <= expected
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
+        entry_points = archive.read(f"{info}/entry_points.txt").decode()
+        metadata = archive.read(f"{info}/METADATA").decode()
+    assert {n for n in names if n.startswith("lightning_nvcomp/")} == expected
+    assert f"{info}/licenses/LICENSE" in names
+    assert "lightning-nvcomp = lightning_nvcomp.cli:main" in entry_points
+    assert "[lightning.pytorch.callbacks_factory]" in entry_points
+    for extra in ("lightning", "accelerate", "cu12", "cu13", "dev"):
+        assert f"Provides-Extra: {extra}" in metadata, extra
+    import tarfile
+
+    with tarfile.open(sdist) as archive:
+        in_sdist = {n.split("/", 1)[1] for n in archive.getnames() if "/" in n}
+    assert {"pyproject.toml", "README.md", "LICENSE"} | expected <= in_sdist
+
+    # A fresh environment without pip; the wheel installed with --no-deps by this interpreter's pip, and this
+    # environment's packages (torch, Lightning...) reachable after its own through a .pth path (not the editable
+    # install's finder: the directories a .pth names are added without their own .pth files).
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=120)
+    python = env / "bin" / "python"
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(site, "outer_environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+
+    run = dict(capture_output=True, text=True, timeout=300, cwd=str(tmp_path), env={"PATH": os.environ["PATH"]})
+    help_ = subprocess.run([str(env / "bin" / "lightning-nvcomp"), "--help"], **run)
+    assert help_.returncode == 0, help_.stderr[-3000:]
+    assert "usage: lightning-nvcomp" in help_.stdout
+    for command in ("inspect", "verify", "convert", "estimate", "bench"):
+        assert command in help_.stdout
+    modules = sorted(
+        n.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        for n in expected
+        if n.endswith(".py") and not n.endswith("/__main__.py")  # that one runs the command line: below
+    )
+    check = f"""
+import importlib, json, sys
+from importlib.metadata import entry_points
+import lightning_nvcomp
+modules = {modules!r}
+optional = {{}}
+for name in modules:
+    try:
+        importlib.import_module(name)
+    except ImportError as err:  # an optional extra's backend missing here says so; any other failure fails
+        if type(err).__name__ != "MissingExtraError":
+            raise
+        optional[name] = str(err)
+factory = [e for e in entry_points(group="lightning.pytorch.callbacks_factory") if e.name == "lightning_nvcomp"]
+print(json.dumps({{"file": lightning_nvcomp.__file__, "version": lightning_nvcomp.__version__,
+                   "callbacks": [type(c).__name__ for c in factory[0].load()()], "optional": optional}}))
+"""
+    child = subprocess.run([str(python), "-I", "-c", check], **run)
+    assert child.returncode == 0, child.stderr[-3000:]
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    assert Path(result["file"]).resolve().is_relative_to(env.resolve()), result["file"]  # the wheel, not the repo
+    assert result["version"] == lightning_nvcomp.__version__
+    assert result["callbacks"] == ["NvcompSavings"]
+    # the frameworks of the dev extra are installed here: their integrations imported
+    assert not any(".integrations." in name for name in result["optional"]), result["optional"]
+    version = subprocess.run([str(python), "-I", "-m", "lightning_nvcomp", "--version"], **run)
+    assert version.returncode == 0 and version.stdout.strip() == f"lightning-nvcomp {lightning_nvcomp.__version__}"
+
+
+def test_readme_installs_from_source_until_a_release() -> None:
+    """No release is on a package index yet: every ``pip install`` the README's Quickstart shows installs a path, a
+    built wheel or a ``git+`` URL, never a bare ``lightning-nvcomp[...]`` that no index serves."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    quickstart = readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    commands = "\n".join(re.findall(r"```bash\n(.*?)```", quickstart, flags=re.S))
+    installs = re.findall(r"pip install ([^\n#]+)", commands)
+    assert len(installs) >= 4, installs
+    for spec in installs:
+        spec = spec.strip().strip('"')
+        assert spec.startswith((".", "lightning_nvcomp-")) or " @ git+" in spec, spec
+    assert "python -m build" in quickstart
