@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import CodecUnavailableError
+from lightning_nvcomp.remote.options import RemoteOptions
 
 
 class Codec(str, enum.Enum):
@@ -73,6 +74,8 @@ class SaveOptions:
             ``auto``; bounded by the checkpoint and the free space, see :mod:`lightning_nvcomp.probe`).
         interval_s: seconds between saves, for ``auto`` in async mode.
         gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
+        remote: how checkpoints at URLs (``s3://...``) are reached and uploaded (default
+            :class:`~lightning_nvcomp.remote.RemoteOptions`: the backend's own configuration and environment).
 
     Raises:
         ValueError: an unknown codec or a size that is not positive. CodecUnavailableError: the codec cannot run
@@ -85,6 +88,7 @@ class SaveOptions:
     probe_nbytes: int = 256 * MiB
     interval_s: float | None = None
     gpu_hour_usd: float | None = None
+    remote: RemoteOptions | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "codec", Codec.parse(self.codec))
@@ -103,8 +107,9 @@ class SaveOptions:
         probe_mb: int = 256,
         interval_s: float | None = None,
         gpu_hour_usd: float | None = None,
+        remote: RemoteOptions | None = None,
     ) -> SaveOptions:
         """From the integrations' keyword arguments, whose sizes are in MiB (``staging_mb``, ``probe_mb``)."""
         if staging_mb <= 0 or probe_mb <= 0:
             raise ValueError(f"staging_mb ({staging_mb}) and probe_mb ({probe_mb}) must be positive")
-        return cls(Codec.parse(codec), async_save, staging_mb * MiB, probe_mb * MiB, interval_s, gpu_hour_usd)
+        return cls(Codec.parse(codec), async_save, staging_mb * MiB, probe_mb * MiB, interval_s, gpu_hour_usd, remote)

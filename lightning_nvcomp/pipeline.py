@@ -14,10 +14,11 @@ from typing import Any, Callable
 
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp import saving, telemetry
+from lightning_nvcomp.locations import StorageBackend, is_url, storage_for
 from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.policy import CodecPolicy, Prediction
 from lightning_nvcomp.stats import SaveStats, ratio
-from lightning_nvcomp.storage import Storage, check_local, wait_for_discards
+from lightning_nvcomp.storage import Storage, wait_for_discards
 
 log = logging.getLogger(__name__)
 
@@ -49,22 +50,31 @@ def _combined(stats: list[SaveStats], label: str) -> SaveStats:
     )
 
 
+def _same_path(path: str) -> str:
+    """``path`` in a form that compares equal for every spelling of one file: absolute, or the URL as given."""
+    return path if is_url(path) else os.path.abspath(path)
+
+
 class CheckpointWriter:
-    """Writes checkpoint files compressed, atomically, synchronously or in the background.
+    """Writes checkpoint files compressed, atomically, synchronously or in the background, to local paths or URLs
+    (``s3://...``, through :attr:`SaveOptions.remote`).
 
-    Saves are grouped: :meth:`save` each file of a checkpoint, then :meth:`commit` it, which records one set of
-    savings metrics for the group (in async mode, once its background writes are done).
+        Saves are grouped: :meth:`save` each file of a checkpoint, then :meth:`commit` it, which records one set of
+        savings metrics for the group (in async mode, once its background writes are done).
 
-    Args:
-        options: the codec, sync or async, the staging and probe sizes, the interval and the price
-            (:class:`~lightning_nvcomp.options.SaveOptions`).
-        report: called with each console summary line (default: the ``lightning_nvcomp.pipeline`` logger).
+        Args:
+            options: the codec, sync or async, the staging and probe sizes, the interval and the price
+                (:class:`~lightning_nvcomp.options.SaveOptions`).
+            report: called with each console summary line (default: the ``lightning_nvcomp.pipeline`` logger).
     """
 
     def __init__(self, options: SaveOptions | None = None, report: Callable[[str], None] | None = None) -> None:
         self.options = options = options or SaveOptions()
-        self.policy = CodecPolicy("async" if options.async_save else "sync", options.interval_s, options.probe_nbytes)
-        self.storage = Storage()
+        self.policy = CodecPolicy(
+            "async" if options.async_save else "sync", options.interval_s, options.probe_nbytes, remote=options.remote
+        )
+        #: The storage of local paths; URLs get theirs from :meth:`storage_for`.
+        self.storage: StorageBackend = Storage()
         self.savings = telemetry.Savings(options.gpu_hour_usd)
         self.report = report or log.info
         self._lock = threading.Lock()
@@ -74,19 +84,25 @@ class CheckpointWriter:
         self._group: list[Any] = []  # SaveStats, or futures of them
         self._blocked = 0.0
 
-    def save(self, obj: object, path: str | os.PathLike) -> None:
-        """Save ``obj`` to ``path`` as part of the current group (waits for an earlier write of the same path).
+    def storage_for(self, path: str | os.PathLike) -> StorageBackend:
+        """The storage ``path`` is written to and read from: :attr:`storage` for a local path, the remote storage of
+        a URL (made with the options' :class:`~lightning_nvcomp.remote.RemoteOptions`)."""
+        return storage_for(path, self.options.remote, self.storage)
 
-        A URL (``s3://...``) is refused with a ValueError before anything is created (see
-        :func:`lightning_nvcomp.storage.check_local`). The first save to a file system probes its bandwidth (the
-        savings baseline), with a probe no larger than this checkpoint and never failing the save (see
+    def save(self, obj: object, path: str | os.PathLike) -> None:
+        """Save ``obj`` to ``path`` (a local path or a URL) as part of the current group (waits for an earlier write
+        of the same path); its directory is created where needed.
+
+        The first save to a file system (or bucket) probes its bandwidth (the savings baseline), with a probe no
+        larger than this checkpoint and never failing the save (see
         :func:`lightning_nvcomp.probe.measure_bandwidth`)."""
-        path = check_local(path)
+        storage = self.storage_for(path)
+        path = os.fspath(path)
         self.wait(path)
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
+        directory = storage.parent(path)
+        storage.makedirs(directory)
         if not self.policy.knows_bandwidth(directory):  # the one-off probe of this file system, before the timing
-            self.policy.write_gbps(directory, fileformat.find_contents(obj).nbytes)
+            self.policy.write_gbps(directory, fileformat.find_contents(obj).nbytes, storage)
         begin = time.perf_counter()
         if not self.options.async_save:
             self._group.append(
@@ -95,16 +111,18 @@ class CheckpointWriter:
                     path,
                     self.options.codec.value,
                     policy=self.policy,
-                    storage=self.storage,
+                    storage=storage,
                     staging_nbytes=self.options.staging_nbytes,
                 )
             )
             self._blocked += time.perf_counter() - begin
             return
         contents = fileformat.find_contents(obj)
-        codec, prediction = saving.resolve_codec(self.options.codec.value, contents.tensors, directory, self.policy)
+        codec, prediction = saving.resolve_codec(
+            self.options.codec.value, contents.tensors, directory, self.policy, storage
+        )
         snap = fileformat.snapshot(obj, codec, contents, isolate=True, staging_nbytes=self.options.staging_nbytes)
-        future = self._background(self._write, snap, path, prediction)
+        future = self._background(self._write, snap, path, storage, prediction)
         self._inflight.append((path, future))
         self._group.append(future)
         self._blocked += time.perf_counter() - begin
@@ -125,16 +143,17 @@ class CheckpointWriter:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-nvcomp-write")
         return self._executor.submit(fn, *args)
 
-    def _write(self, snap: fileformat.Snapshot, path: str, prediction: Any) -> SaveStats:
-        stats = saving.write_snapshot(snap, path, self.storage, prediction)
-        self.policy.observe_write(os.path.dirname(os.path.abspath(path)), stats.file_nbytes, stats.write_s)
+    def _write(self, snap: fileformat.Snapshot, path: str, storage: StorageBackend, prediction: Any) -> SaveStats:
+        stats = saving.write_snapshot(snap, path, storage, prediction)
+        self.policy.observe_write(storage.parent(path), stats.file_nbytes, stats.write_s)
         return stats
 
     def _record(self, group: list[Any], blocked: float, step: int, label: str) -> None:
         if any(isinstance(s, Future) and s.exception() is not None for s in group):
             return  # a failed write is reported (once) by wait(); a failed checkpoint has no savings
         stats = _combined([s.result() if isinstance(s, Future) else s for s in group], label)
-        directory = label if os.path.isdir(label) else os.path.dirname(os.path.abspath(label))
+        storage = self.storage_for(label)
+        directory = label if storage.isdir(label) else storage.parent(label)
         metrics = self.savings.add(stats, blocked, self.policy.write_gbps(directory))
         with self._lock:
             self._metrics.append((step, metrics))
@@ -148,11 +167,11 @@ class CheckpointWriter:
 
     def wait(self, path: str | None = None) -> None:
         """Wait for background writes (only those of ``path``, when given); raise a failed one's error here."""
-        target = None if path is None else os.path.abspath(path)
+        target = None if path is None else _same_path(path)
         keep: list[tuple[str, Future]] = []
         waiting: list[tuple[str, Future]] = []
         for item in self._inflight:
-            (waiting if target is None or os.path.abspath(item[0]) == target else keep).append(item)
+            (waiting if target is None or _same_path(item[0]) == target else keep).append(item)
         self._inflight = keep
         for i, (written, future) in enumerate(waiting):
             try:

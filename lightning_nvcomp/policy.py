@@ -18,15 +18,17 @@ Uncompressed saves (``none``) have ``r = 1`` and ``E`` = the device-to-host copy
 from __future__ import annotations
 
 import math
-import os
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
 
 from lightning_nvcomp.codec import record, schema
 from lightning_nvcomp.codec.gpu import gpu_available
+from lightning_nvcomp.locations import StorageBackend, storage_for
 from lightning_nvcomp.probe import FALLBACK_GBPS, PROBE_NBYTES, measure_bandwidth
+from lightning_nvcomp.remote.options import RemoteOptions
 from lightning_nvcomp.storage import Storage
 
 #: Weight of a new measurement in the moving average of a directory's write bandwidth.
@@ -181,8 +183,8 @@ def _host_copy_gbps(samples: list[torch.Tensor]) -> float:
 class CodecPolicy:
     """Chooses the codec for each save from measured storage bandwidth and codec throughput.
 
-    Measurements are cached for the run: the storage probe per file system (a new checkpoint directory on the same
-    disk is not probed again; refined by every large real write through :meth:`observe_write`), the codec
+    Measurements are cached for the run: the storage probe per file system or bucket (a new checkpoint directory on
+    the same disk, or in the same bucket, is not probed again; refined by every large real write through :meth:`observe_write`), the codec
     calibration per (device, dtypes). A probe that had to be skipped (too little free space, a failed probe write:
     see :func:`measure_bandwidth`) leaves :data:`FALLBACK_GBPS` assumed for that file system until the first real
     write there is observed, which replaces it.
@@ -191,12 +193,14 @@ class CodecPolicy:
         mode: ``"sync"`` or ``"async"`` - which time matters (see the module docstring).
         interval_s: seconds between saves, for async mode (a write longer than that blocks the next save).
         probe_nbytes: largest size of the storage probe (it is bounded by the checkpoint's size and the free space).
-        storage: how files are written (for the probe); the default writes local files durably.
+        storage: how local files are written (for the probe); the default writes them durably. A directory that
+            is a URL (``s3://bucket/run``) is probed through its remote storage, made with ``remote``.
         write_gbps: skip the probe and use this bandwidth (e.g. known shared-storage bandwidth per writer).
         profiles: skip calibration and use these codec measurements (e.g. from an earlier run or for what-ifs).
         collective: every rank saves (sharded checkpoints): probe together (see :func:`probe_bandwidth`).
         per_tensor: the saves code every tensor by itself (DCP items): calibrate on whole tensors, one codec call
             each, so that per-call costs count as they will.
+        remote: how URL directories are reached (:class:`~lightning_nvcomp.remote.RemoteOptions`; default ones).
     """
 
     def __init__(
@@ -204,21 +208,23 @@ class CodecPolicy:
         mode: str = "sync",
         interval_s: float | None = None,
         probe_nbytes: int = PROBE_NBYTES,
-        storage: Storage | None = None,
+        storage: StorageBackend | None = None,
         write_gbps: float | None = None,
         profiles: list[CodecProfile] | None = None,
         collective: bool = False,
         per_tensor: bool = False,
+        remote: RemoteOptions | None = None,
     ) -> None:
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be 'sync' or 'async', not {mode!r}")
         if probe_nbytes <= 0 or (write_gbps is not None and write_gbps <= 0):
             raise ValueError("probe_nbytes and write_gbps must be positive")
         self.mode, self.interval_s, self.probe_nbytes = mode, interval_s, probe_nbytes
-        self.storage = storage or Storage()
+        self.storage: StorageBackend = storage or Storage()
+        self.remote = remote
         self._fixed_gbps = write_gbps
-        self._bandwidth: dict[int, float] = {}  # by file system (st_dev)
-        self._assumed: set[int] = set()  # file systems whose bandwidth is FALLBACK_GBPS, not measured
+        self._bandwidth: dict[Hashable, float] = {}  # by file system or bucket (StorageBackend.bandwidth_key)
+        self._assumed: set[Hashable] = set()  # those whose bandwidth is FALLBACK_GBPS, not measured
         self._fixed_profiles = profiles
         self.collective, self.per_tensor = collective, per_tensor
         self._profiles: dict[tuple, list[CodecProfile]] = {}
@@ -236,11 +242,12 @@ class CodecPolicy:
             self._fixed_profiles,
             self.collective,
             self.per_tensor,
+            self.remote,
         )
         other._bandwidth, other._profiles, other._assumed = self._bandwidth, self._profiles, self._assumed
         return other
 
-    def write_gbps(self, directory: str, raw_nbytes: int | None = None) -> float:
+    def write_gbps(self, directory: str, raw_nbytes: int | None = None, storage: StorageBackend | None = None) -> float:
         """The write bandwidth per writer of the file system holding ``directory`` (probed there once, then a
         moving average of real writes).
 
@@ -249,31 +256,41 @@ class CodecPolicy:
             raw_nbytes: the size of the checkpoint about to be saved, if known: the first probe writes no more
                 than that (nor less than ``MIN_PROBE_NBYTES``). With ``collective``, every rank must call this
                 together the first time, as for :func:`measure_bandwidth`.
+            storage: the storage ``directory`` is on, which the probe writes through (default:
+                :meth:`storage_of` the directory).
         """
         if self._fixed_gbps is not None:
             return self._fixed_gbps
-        key = os.stat(directory).st_dev
+        storage = storage or self.storage_of(directory)
+        key = storage.bandwidth_key(directory)
         if key not in self._bandwidth:
-            measured = measure_bandwidth(directory, self.probe_nbytes, self.storage, self.collective, raw_nbytes)
+            measured = measure_bandwidth(directory, self.probe_nbytes, storage, self.collective, raw_nbytes)
             if measured is None:
                 self._assumed.add(key)
             self._bandwidth[key] = FALLBACK_GBPS if measured is None else measured
         return self._bandwidth[key]
 
+    def storage_of(self, directory: str) -> StorageBackend:
+        """The storage ``directory`` is on: :attr:`storage` for a local path, the remote storage of a URL."""
+        return storage_for(directory, self.remote, self.storage)
+
+    def _key(self, directory: str) -> Hashable:
+        return self.storage_of(directory).bandwidth_key(directory)
+
     def knows_bandwidth(self, directory: str) -> bool:
         """Whether :meth:`write_gbps` of ``directory`` answers without probing (given, probed, or assumed)."""
-        return self._fixed_gbps is not None or os.stat(directory).st_dev in self._bandwidth
+        return self._fixed_gbps is not None or self._key(directory) in self._bandwidth
 
     def bandwidth_assumed(self, directory: str) -> bool:
         """Whether the bandwidth of ``directory``'s file system is :data:`FALLBACK_GBPS`, assumed for a skipped
         probe, and no real write there has been observed yet."""
-        return self._fixed_gbps is None and os.stat(directory).st_dev in self._assumed
+        return self._fixed_gbps is None and self._key(directory) in self._assumed
 
     def observe_write(self, directory: str, nbytes: int, seconds: float) -> None:
         """Fold a real checkpoint write into the bandwidth estimate of ``directory``'s file system: into the moving
         average when it is large enough to tell (``MIN_OBSERVED_NBYTES``); in place of an assumed bandwidth
         (:data:`FALLBACK_GBPS`) whatever its size, since any measurement beats an assumption."""
-        key = os.stat(directory).st_dev
+        key = self._key(directory)
         if seconds <= 0 or key not in self._bandwidth:
             return
         if key in self._assumed:
@@ -294,10 +311,13 @@ class CodecPolicy:
             self._profiles[key] = calibrate(sample_state(tensors, per_tensor=self.per_tensor), candidate_codecs(device))
         return self._profiles[key]
 
-    def decide(self, tensors: list[torch.Tensor], directory: str) -> tuple[Prediction, list[Prediction]]:
-        """The chosen codec's prediction and every candidate's, for saving ``tensors`` into ``directory``."""
+    def decide(
+        self, tensors: list[torch.Tensor], directory: str, storage: StorageBackend | None = None
+    ) -> tuple[Prediction, list[Prediction]]:
+        """The chosen codec's prediction and every candidate's, for saving ``tensors`` into ``directory`` (on
+        ``storage``, by default :meth:`storage_of` the directory)."""
         raw = sum(t.numel() * t.element_size() for t in tensors)
-        gbps = self.write_gbps(directory, raw)  # a first probe no larger than this checkpoint
+        gbps = self.write_gbps(directory, raw, storage)  # a first probe no larger than this checkpoint
         predictions = [predict(raw, p, gbps, self.mode, self.interval_s) for p in self.profiles(tensors)]
         self.last_decision = (choose(predictions), predictions)
         return self.last_decision

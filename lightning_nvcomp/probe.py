@@ -1,4 +1,5 @@
-"""The storage probe: the write bandwidth of a checkpoint directory, measured by writing and fsyncing a file there.
+"""The storage probe: the write bandwidth of a checkpoint directory, measured by writing a file there through the
+directory's storage (locally: written and fsynced; at a URL: uploaded until it is a complete object) and deleting it.
 
 A probe never makes a save fail: it writes no more than the checkpoint it is for nor a share of the free space, and
 where that is too little, or its write fails, it is skipped with a warning and :data:`FALLBACK_GBPS` is assumed.
@@ -13,7 +14,8 @@ import time
 
 import torch
 
-from lightning_nvcomp.storage import Storage, _own_name
+from lightning_nvcomp.locations import StorageBackend, storage_for
+from lightning_nvcomp.storage import _own_name
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ FALLBACK_GBPS = 1.0
 def probe_bandwidth(
     directory: str,
     nbytes: int = PROBE_NBYTES,
-    storage: Storage | None = None,
+    storage: StorageBackend | None = None,
     collective: bool = False,
     raw_nbytes: int | None = None,
 ) -> float:
@@ -44,18 +46,17 @@ def probe_bandwidth(
     return FALLBACK_GBPS if measured is None else measured
 
 
-def probe_nbytes_for(directory: str, nbytes: int, raw_nbytes: int | None = None) -> tuple[int, int | None]:
-    """How many bytes a probe of ``directory`` writes, and the free bytes there (None where unknown).
+def probe_nbytes_for(
+    directory: str, nbytes: int, raw_nbytes: int | None = None, storage: StorageBackend | None = None
+) -> tuple[int, int | None]:
+    """How many bytes a probe of ``directory`` writes, and the free bytes there (None where unknown: no statvfs,
+    or remote storage).
 
     ``nbytes`` bounded by the checkpoint (``max(raw_nbytes, MIN_PROBE_NBYTES)``, when its size is known) and by a
     quarter of the free space; 0 (skip the probe) when the free space leaves less than ``MIN_PROBE_NBYTES`` (or
     less than ``nbytes``, where that is smaller)."""
     wanted = nbytes if raw_nbytes is None else min(nbytes, max(raw_nbytes, MIN_PROBE_NBYTES))
-    try:
-        st = os.statvfs(directory)
-        free: int | None = st.f_bavail * st.f_frsize
-    except (AttributeError, OSError):  # no statvfs (Windows), or it failed: the probe's own errors still count
-        free = None
+    free = (storage or storage_for(directory)).free_nbytes(directory)  # unknown: the probe's own errors still count
     size = wanted if free is None else min(wanted, int(free * PROBE_FREE_SHARE))
     return (size if size >= min(wanted, MIN_PROBE_NBYTES) else 0), free
 
@@ -63,27 +64,30 @@ def probe_nbytes_for(directory: str, nbytes: int, raw_nbytes: int | None = None)
 def measure_bandwidth(
     directory: str,
     nbytes: int = PROBE_NBYTES,
-    storage: Storage | None = None,
+    storage: StorageBackend | None = None,
     collective: bool = False,
     raw_nbytes: int | None = None,
 ) -> float | None:
-    """Write and fsync a probe file in ``directory``; return the GB/s achieved, or None when it was skipped.
+    """Write a probe file in ``directory`` through ``storage`` (default: the directory's own, see
+    :func:`~lightning_nvcomp.locations.storage_for`), durably (fsynced locally, a complete object remotely), and
+    delete it; return the GB/s achieved, or None when it was skipped.
 
     The probe writes ``nbytes`` bounded by the checkpoint's size ``raw_nbytes`` and by the free space (see
     :func:`probe_nbytes_for`). It never makes a save fail: where too little space is free, or the probe's write
     fails (OSError), it is skipped with one warning on the ``lightning_nvcomp.probe`` logger naming the directory
     and the free space, and None is returned (the caller assumes :data:`FALLBACK_GBPS`). The probe file has a name
-    of the storage module's sweepable pattern and is removed when done.
+    of the storage module's sweepable pattern and is removed when done, also after a failed write (at a URL, a
+    failed upload leaves no object: see :mod:`lightning_nvcomp.remote`).
 
     With ``collective`` (under an initialised torch.distributed, when every rank writes its own checkpoint shard),
     every rank must call this together: all agree on the probe size first (the smallest any rank can write; all
     skip when one must), all write at once and each gets the bandwidth of the slowest writer, which is what each
     writer gets while all write; if one rank's write fails, all skip. Without it (one writer, e.g. rank 0 of DDP)
     no collective runs."""
-    storage = storage or Storage()
+    storage = storage or storage_for(directory)
     distributed = collective and torch.distributed.is_available() and torch.distributed.is_initialized()
     rank = torch.distributed.get_rank() if distributed else 0
-    own, free = probe_nbytes_for(directory, nbytes, raw_nbytes)
+    own, free = probe_nbytes_for(directory, nbytes, raw_nbytes, storage)
     size = own
     if distributed:  # also lines the ranks up, so that all write at once
         size = int(_all_reduce([float(own)], torch.distributed.ReduceOp.MIN)[0])
@@ -94,7 +98,7 @@ def measure_bandwidth(
         )
         return None
     block = os.urandom(min(size, 16 << 20))  # incompressible, and no RNG of the training run is touched
-    path = os.path.join(directory, _own_name(f"lightning-nvcomp-probe-{rank}", ".tmp"))
+    path = storage.join(directory, _own_name(f"lightning-nvcomp-probe-{rank}", ".tmp"))
 
     def write(f) -> None:
         left = size
@@ -109,8 +113,8 @@ def measure_bandwidth(
     except OSError as err:
         failure = err
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        with contextlib.suppress(OSError):  # FileNotFoundError: the write failed before the file existed
+            storage.remove(path)
     seconds = time.perf_counter() - begin
     failed = failure is not None
     if distributed:

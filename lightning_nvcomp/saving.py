@@ -1,5 +1,6 @@
 """The public save: the codec chosen (``auto`` asks the policy), the object coded into the archive while a disk
-thread writes it, atomically and durably (:func:`save`); :func:`write_snapshot` writes a snapshot taken earlier."""
+thread writes it, atomically and durably, to a local path or a URL (:func:`save`); :func:`write_snapshot` writes a
+snapshot taken earlier."""
 
 from __future__ import annotations
 
@@ -13,21 +14,25 @@ from lightning_nvcomp.format.contents import Contents, find_contents
 from lightning_nvcomp.format.sink import ArchiveSink
 from lightning_nvcomp.format.writer import Snapshot, snapshot
 from lightning_nvcomp.format.zip import ArchiveWriter
+from lightning_nvcomp.locations import StorageBackend, storage_for
 from lightning_nvcomp.options import Codec
 from lightning_nvcomp.policy import CodecPolicy, Prediction
 from lightning_nvcomp.resources import shared
 from lightning_nvcomp.stats import SaveStats
-from lightning_nvcomp.storage import Storage, check_local, target_directory
 
 
 def resolve_codec(
-    codec: str, tensors: list[torch.Tensor], directory: str, policy: CodecPolicy | None = None
+    codec: str,
+    tensors: list[torch.Tensor],
+    directory: str,
+    policy: CodecPolicy | None = None,
+    storage: StorageBackend | None = None,
 ) -> tuple[str, Prediction | None]:
     """The codec a save uses. ``auto`` asks ``policy`` (default: this process's :func:`default_policy`), which
-    measures the storage and the codecs and predicts the fastest save."""
+    measures the storage (``storage``, default the directory's own) and the codecs and predicts the fastest save."""
     if Codec.parse(codec) is not Codec.AUTO:
         return Codec.parse(codec).value, None
-    chosen, _ = (policy or default_policy()).decide(tensors, directory)
+    chosen, _ = (policy or default_policy()).decide(tensors, directory, storage)
     return chosen.codec, chosen
 
 
@@ -51,7 +56,7 @@ def save(
     codec: str = "auto",
     *,
     policy: CodecPolicy | None = None,
-    storage: Storage | None = None,
+    storage: StorageBackend | None = None,
     staging_nbytes: int | None = None,
 ) -> SaveStats:
     """Save ``obj`` like ``torch.save``, its tensors compressed losslessly and checksummed, atomically and durably.
@@ -59,25 +64,30 @@ def save(
     Args:
         obj: anything ``torch.save`` accepts; plain dense tensors and parameters are compressed, every other
             storage is stored checksummed too.
-        path: the file to write (a local path; a symlink is written through). It appears complete or not at all; a
-            previous file there survives failures and keeps its permissions.
+        path: the file to write: a local path (a symlink is written through; a previous file keeps its
+            permissions) or a URL (``s3://bucket/run/step-1000.ckpt``, ``gs://...``, ``memory://...``: see
+            :mod:`lightning_nvcomp.remote`). It appears complete or not at all; a previous file there survives
+            failures.
         codec: ``"ans"`` (nvCOMP gANS on the GPU: fastest, needs a GPU to load), ``"zstd"`` (GPU or CPU, loads
             anywhere), ``"none"`` (stored as is, with checksums), or ``"auto"``: the codec with the shortest
             predicted save, from this directory's measured write bandwidth and the codecs measured on this state
             (see :mod:`lightning_nvcomp.policy`; the first save to a file system probes it).
         policy: the :class:`~lightning_nvcomp.policy.CodecPolicy` behind ``"auto"`` (default: one per process).
-        storage: how the file is written (default: durably through the OS).
+        storage: how the file is written (default: :func:`~lightning_nvcomp.locations.storage_for` the path:
+            durably through the OS for a local path, through fsspec for a URL; pass
+            ``storage_for(url, RemoteOptions(...))`` for other storage options).
         staging_nbytes: how much is coded at once (GPU scratch is about three times this; default 256 MiB).
 
-    Compressed segments are written while the next ones are coded, so coding overlaps the write.
+    Compressed segments are written while the next ones are coded, so coding overlaps the write (at an ``s3://``
+    URL: uploaded in parallel parts).
     """
-    check_local(path)
+    storage = storage or storage_for(path)
     contents = find_contents(obj)
-    directory = target_directory(path)
-    codec, prediction = resolve_codec(codec, contents.tensors, directory, policy)
+    directory = storage.target_directory(os.fspath(path))
+    codec, prediction = resolve_codec(codec, contents.tensors, directory, policy, storage)
     begin = time.perf_counter()
     snaps: list[Snapshot] = []
-    size = (storage or Storage()).write(path, lambda f: snaps.append(_stream(f, obj, codec, contents, staging_nbytes)))
+    size = storage.write(os.fspath(path), lambda f: snaps.append(_stream(f, obj, codec, contents, staging_nbytes)))
     seconds = time.perf_counter() - begin
     encode_s = snaps[0].encode_s
     stats = SaveStats(os.fspath(path), codec, snaps[0].raw_nbytes, size, encode_s, seconds - encode_s, prediction)
@@ -86,11 +96,15 @@ def save(
 
 
 def write_snapshot(
-    snap: Snapshot, path: str | os.PathLike, storage: Storage | None = None, prediction: Prediction | None = None
+    snap: Snapshot,
+    path: str | os.PathLike,
+    storage: StorageBackend | None = None,
+    prediction: Prediction | None = None,
 ) -> SaveStats:
-    """Write a snapshot taken earlier (an async save's) to ``path``, atomically and durably; what the save did."""
+    """Write a snapshot taken earlier (an async save's) to ``path`` (local or a URL), atomically and durably; what
+    the save did."""
     begin = time.perf_counter()
-    size = (storage or Storage()).write(path, lambda f: snap.write_to(ArchiveWriter(f)))
+    size = (storage or storage_for(path)).write(os.fspath(path), lambda f: snap.write_to(ArchiveWriter(f)))
     return SaveStats(
         os.fspath(path), snap.codec, snap.raw_nbytes, size, snap.encode_s, time.perf_counter() - begin, prediction
     )

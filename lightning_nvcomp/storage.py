@@ -22,9 +22,11 @@ import secrets
 import socket
 import stat
 import time
+from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, Callable, cast
 
+from lightning_nvcomp.locations import COLLAPSED_URL, URL
 from lightning_nvcomp.resources import shared
 
 try:
@@ -32,34 +34,28 @@ try:
 except ImportError:  # Windows: no flock, and os.kill(pid, 0) is no liveness test there: nothing is swept
     fcntl = None  # type: ignore[assignment]
 
-#: A path that starts with a URL scheme (``s3://``, ``gs://``, ``abfs://``, ``hdfs://``, ``memory://``,
-#: ``file://``...): not a local path.
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-#: The same after pathlib collapsed the double slash (``Path("s3://b/k")`` is ``s3:/b/k``); a scheme of at least
-#: two letters, so that Windows drive letters do not match.
-_COLLAPSED_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/(?!/)")
-
 
 def check_local(path: str | os.PathLike) -> str:
     """``path`` as a string, if it is a local path (or one of a mounted file system); else ValueError naming it.
 
-    A URL (``s3://bucket/run``, ``gs://...``, ``hdfs://...``, ``memory://...``, even ``file://...``) is refused
-    at once: remote storage is not supported yet, and writing it through the OS would silently create a local
-    directory named ``s3:`` in the working directory (lost with an ephemeral node). A ``pathlib`` path made from
-    a URL (which reads ``s3:/bucket/run``) is refused too.
+    The functions of this module write through the operating system, so a URL (``s3://bucket/run``, ``gs://...``,
+    ``memory://...``, even ``file://...``) is refused at once: written through the OS it would silently create a
+    local directory named ``s3:`` in the working directory (lost with an ephemeral node). URLs go through
+    :func:`lightning_nvcomp.locations.storage_for` instead, which every save and load uses. A ``pathlib`` path made
+    from a URL (which reads ``s3:/bucket/run``) is refused too.
     """
     text = os.fsdecode(os.fspath(path))
-    if _URL.match(text) or (isinstance(path, pathlib.PurePath) and _COLLAPSED_URL.match(text)):
-        scheme = text.split(":", 1)[0]
+    if URL.match(text) or (isinstance(path, pathlib.PurePath) and COLLAPSED_URL.match(text)):
         raise ValueError(
-            f"lightning_nvcomp cannot use {text}: it is a remote URL, and remote storage ({scheme}://) is not supported "
-            f"yet, so nothing was written (not even locally); give a local path, or one where the storage is mounted"
+            f"lightning_nvcomp cannot write {text} as a local file: it is a remote URL, so nothing was written (not "
+            "even locally); URLs are written through their fsspec storage (lightning_nvcomp.locations.storage_for)"
         )
     return text
 
 
 class Storage:
-    """Writes checkpoint files durably through the operating system (local disks, network file systems).
+    """The local :class:`~lightning_nvcomp.locations.StorageBackend`: checkpoint files written durably through the
+    operating system (local disks, network file systems): see :func:`atomic_write`.
 
     Subclasses change how bytes reach the file by overriding :meth:`wrap`.
     """
@@ -71,6 +67,53 @@ class Storage:
     def wrap(self, f: BinaryIO) -> BinaryIO:
         """The file object ``write`` gets; the default is the file itself."""
         return f
+
+    def open_read(self, path: str | os.PathLike) -> BinaryIO:
+        return open(check_local(path), "rb")
+
+    def exists(self, path: str | os.PathLike) -> bool:
+        return os.path.exists(path)
+
+    def isdir(self, path: str | os.PathLike) -> bool:
+        return os.path.isdir(path)
+
+    def size(self, path: str | os.PathLike) -> int:
+        return os.path.getsize(path)
+
+    def remove(self, path: str | os.PathLike) -> None:
+        os.unlink(path)
+
+    def discard(self, path: str | os.PathLike) -> None:
+        """Remove ``path``, its data freed on a background thread (:func:`discard`)."""
+        discard(path)
+
+    def listdir(self, directory: str | os.PathLike) -> list[str]:
+        return os.listdir(directory)
+
+    def makedirs(self, directory: str | os.PathLike) -> None:
+        os.makedirs(check_local(directory), exist_ok=True)
+
+    def parent(self, path: str | os.PathLike) -> str:
+        return os.path.dirname(os.path.abspath(path))
+
+    def join(self, directory: str | os.PathLike, name: str) -> str:
+        return os.path.join(directory, name)
+
+    def target_directory(self, path: str | os.PathLike) -> str:
+        return target_directory(path)
+
+    def free_nbytes(self, directory: str | os.PathLike) -> int | None:
+        """The bytes free for an unprivileged writer where ``directory`` is (None where statvfs is missing or
+        fails)."""
+        try:
+            st = os.statvfs(directory)
+        except (AttributeError, OSError):  # no statvfs (Windows), or it failed
+            return None
+        return st.f_bavail * st.f_frsize
+
+    def bandwidth_key(self, directory: str | os.PathLike) -> Hashable:
+        """The file system holding ``directory`` (its ``st_dev``)."""
+        return os.stat(directory).st_dev
 
 
 class ThrottledStorage(Storage):

@@ -144,8 +144,11 @@ def test_pyproject_core_needs_no_framework() -> None:
     assert {_name(r) for r in extras["accelerate"]} == {"accelerate"}
     assert {_name(r) for r in extras["cu12"]} == {"nvidia-nvcomp-cu12"}
     assert {_name(r) for r in extras["cu13"]} == {"nvidia-nvcomp-cu13"}
-    # the test suite needs both frameworks
-    assert "lightning-nvcomp[lightning,accelerate]" in extras["dev"]
+    assert {_name(r) for r in extras["remote"]} == {"fsspec"}
+    assert {_name(r) for r in extras["s3"]} == {"lightning-nvcomp", "s3fs"}
+    # the test suite needs both frameworks, and S3 (s3fs against a local moto server)
+    assert "lightning-nvcomp[lightning,accelerate,s3]" in extras["dev"]
+    assert "moto" in {_name(r) for r in extras["dev"]}
 
 
 def test_license_and_py_typed_are_shipped() -> None:

@@ -16,7 +16,7 @@ from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.format.contents import find_contents
 from lightning_nvcomp.format.decode import _describe, _keep_on_gpu
 from lightning_nvcomp.format.load_state import LoadState, _load
-from lightning_nvcomp.storage import check_local
+from lightning_nvcomp.locations import StorageBackend, storage_for
 
 
 def load(
@@ -26,18 +26,20 @@ def load(
     mmap: bool | None = None,
     keep_on_gpu: bool = False,
     max_decoded_nbytes: int | None | bool = False,
+    storage: StorageBackend | None = None,
 ) -> Any:
     """Load a checkpoint written by :func:`save` (or any ``torch.save`` file), bit-exactly and verified.
 
-    The file is opened once: the load reads the file that was at ``path`` when it began, whatever replaces it
-    meanwhile. Every tensor is checked before it is returned (our records by their CRC-32s and checks, the storages
+    The file is opened once: a local load reads the file that was at ``path`` when it began, whatever replaces it
+    meanwhile. At a URL, its byte ranges are read in parallel, ahead of the decoder; an object replaced while it is
+    read fails the load (its checksums, or its size), never with wrong tensors. Every tensor is checked before it is returned (our records by their CRC-32s and checks, the storages
     of a plain ``torch.save`` file by the zip's CRC-32s), and so is the pickle. Returned tensors are in memory of
     their own, never pages of the file, unless ``mmap=True``: then tensors stored by plain ``torch.save`` share the
     file's pages, copy-on-write, as with ``torch.load(mmap=True)``. Compressed bytes go from the page cache to the
     decoder either way.
 
     Args:
-        path: the checkpoint (a local path).
+        path: the checkpoint: a local path or a URL (``s3://bucket/run/last.ckpt``).
         map_location: as ``torch.load``'s; ``"cuda"`` decodes on the GPU directly. Default: the CPU.
         weights_only: as ``torch.load``'s.
         mmap: True maps plain tensors from the file (see above); None or False: they are copied.
@@ -46,6 +48,7 @@ def load(
         max_decoded_nbytes: the most bytes the load may decode (None: unlimited). Default: 16 x the file's size +
             256 MiB, or the environment variable ``LIGHTNING_NVCOMP_MAX_DECODED_BYTES``; a guard against
             decompression bombs (:class:`DecodeLimitError`).
+        storage: where ``path`` is read from (default: :func:`~lightning_nvcomp.locations.storage_for` the path).
 
     Raises:
         CorruptCheckpointError: the file is damaged (the message names it and the tensor at fault).
@@ -53,15 +56,15 @@ def load(
         CheckpointError: anything else about the file (not a checkpoint, refused by ``weights_only``, too large
             to decode). Errors of the machine (memory, devices, threads) pass through, the file named.
     """
-    check_local(path)
+    storage = storage or storage_for(path)
     path = os.fspath(path)
-    if os.path.isdir(path):
+    if storage.isdir(path):
         raise IsADirectoryError(f"checkpoint {path} is a directory, not a checkpoint file")
-    if not os.path.exists(path):
+    if not storage.exists(path):
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     token = _keep_on_gpu.set(keep_on_gpu and map_location is None)
     try:
-        with open(path, "rb") as f:
+        with storage.open_read(path) as f:
             return read(f, path, map_location, weights_only, mmap, max_decoded_nbytes)
     finally:
         _keep_on_gpu.reset(token)
@@ -256,10 +259,11 @@ def _foreign_storages(obj: object, produced: set[int]) -> bool:
     return any(key not in produced for key in keys)
 
 
-def describe(path: str | os.PathLike) -> Any:
-    """Load ``path``'s structure with a :class:`TensorInfo` in place of each compressed tensor, decoding nothing."""
+def describe(path: str | os.PathLike, storage: StorageBackend | None = None) -> Any:
+    """Load ``path``'s structure with a :class:`TensorInfo` in place of each compressed tensor, decoding nothing
+    (``storage``: as for :func:`load`)."""
     token = _describe.set(lambda info: info)
     try:
-        return load(path, map_location="cpu", mmap=True)
+        return load(path, map_location="cpu", mmap=True, storage=storage)
     finally:
         _describe.reset(token)

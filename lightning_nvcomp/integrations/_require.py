@@ -1,13 +1,23 @@
-"""The error a framework integration raises when its framework is not installed: it names the extra to install.
+"""The error a framework integration (or a remote storage backend) raises when what it needs is not installed: it
+names the extra to install.
 
-The core of lightning_nvcomp (save/load, dcp, the CLI) needs neither Lightning nor Accelerate; each integration
-module imports its framework inside ``try`` and turns a failure into :class:`MissingExtraError`.
+The core of lightning_nvcomp (save/load, dcp, the CLI) needs neither Lightning nor Accelerate nor fsspec; each
+integration module imports its framework inside ``try`` and turns a failure into :class:`MissingExtraError`, and so
+does :func:`lightning_nvcomp.locations.storage_for` for a URL whose fsspec implementation is missing.
 """
 
 from __future__ import annotations
 
 #: The optional-dependency extra of each framework (pyproject.toml) and the name users know it by.
-FRAMEWORKS = {"lightning": "Lightning", "accelerate": "Accelerate"}
+FRAMEWORKS = {
+    "lightning": "Lightning",
+    "accelerate": "Accelerate",
+    "remote": "fsspec",
+    "s3": "s3fs",
+    "gcs": "gcsfs",
+    "azure": "adlfs",
+    "hdfs": "pyarrow",
+}
 
 
 class MissingExtraError(ImportError):

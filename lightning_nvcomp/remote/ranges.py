@@ -1,0 +1,122 @@
+"""A remote file as the loaders read it: seekable, with large reads cut into ranges fetched in parallel and the
+ranges after them fetched ahead, while the decoder works on what arrived (:class:`RangeReader`)."""
+
+from __future__ import annotations
+
+import io
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+#: Reads smaller than this (zip headers, the central directory, the pickle) fetch a window of their own instead of
+#: whole blocks, and start no read-ahead.
+SMALL_NBYTES = 256 << 10
+#: The window a small read fetches, so that the small reads that follow it (a header, then its name) are served too.
+SMALL_WINDOW = 64 << 10
+
+
+class RangeReader(io.RawIOBase):
+    """A read-only, seekable binary file over ``fetch(start, end)``, which returns bytes ``start..end`` of a remote
+    object (``fsspec``'s ``cat_file``).
+
+    The object is read in blocks of ``block_nbytes``: a large read fetches the blocks it spans in parallel (up to
+    ``max_parallel`` at once) and then the ``max_parallel`` blocks after it, which the next read of a sequential
+    load (the records of a checkpoint, one after another) finds arriving or arrived. At most about
+    ``2 * max_parallel`` blocks are kept beyond those of the read in progress. Small reads fetch a small window.
+
+    Args:
+        fetch: ``fetch(start, end)`` -> the bytes from ``start`` (inclusive) to ``end`` (exclusive).
+        nbytes: the object's size.
+        name: the object's URL, for messages.
+        block_nbytes: the size of a block.
+        max_parallel: blocks fetched at once, and fetched ahead.
+    """
+
+    def __init__(
+        self, fetch: Callable[[int, int], bytes], nbytes: int, name: str, block_nbytes: int, max_parallel: int
+    ) -> None:
+        super().__init__()
+        self._fetch, self._nbytes, self.name = fetch, nbytes, name
+        self._block, self._ahead = block_nbytes, max_parallel
+        self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="lnv-read")
+        self._blocks: OrderedDict[int, Future[bytes]] = OrderedDict()  # block index -> its bytes, least recent first
+        self._small: tuple[int, bytes] = (0, b"")
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._nbytes}[whence]
+        if base + offset < 0:
+            raise ValueError(f"{self.name}: negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        start = self._pos
+        end = min(start + view.nbytes, self._nbytes)
+        if end <= start:
+            return 0
+        small_start, small = self._small
+        if small_start <= start and end <= small_start + len(small):
+            view[: end - start] = small[start - small_start : end - small_start]
+        elif end - start >= SMALL_NBYTES or self._held(start, end):
+            self._read_blocks(view, start, end)
+        else:
+            self._small = (start, self._fetch(start, min(self._nbytes, max(end, start + SMALL_WINDOW))))
+            view[: end - start] = self._small[1][: end - start]
+        self._pos = end
+        return end - start
+
+    def readall(self) -> bytes:
+        out = bytearray(max(0, self._nbytes - self._pos))
+        got = self.readinto(out)
+        return bytes(out[:got])
+
+    def _held(self, start: int, end: int) -> bool:
+        """Whether the blocks spanning ``start..end`` are all fetched or being fetched."""
+        return all(i in self._blocks for i in range(start // self._block, (end - 1) // self._block + 1))
+
+    def _block_bytes(self, index: int) -> Future[bytes]:
+        future = self._blocks.get(index)
+        if future is None:
+            begin = index * self._block
+            future = self._blocks[index] = self._pool.submit(self._fetch, begin, min(self._nbytes, begin + self._block))
+        self._blocks.move_to_end(index)
+        return future
+
+    def _read_blocks(self, view: memoryview, start: int, end: int) -> None:
+        first, last = start // self._block, (end - 1) // self._block
+        spanned = [self._block_bytes(i) for i in range(first, last + 1)]  # in flight at once
+        if end - start >= SMALL_NBYTES:
+            for i in range(last + 1, min(last + 1 + self._ahead, -(-self._nbytes // self._block))):
+                self._block_bytes(i)
+        done = 0
+        for index, future in zip(range(first, last + 1), spanned):
+            data = future.result()
+            lo = max(start, index * self._block) - index * self._block
+            hi = min(end, (index + 1) * self._block) - index * self._block
+            if len(data) < hi:
+                raise OSError(f"{self.name} is shorter than when it was opened: it was replaced or truncated meanwhile")
+            view[done : done + hi - lo] = data[lo:hi]
+            done += hi - lo
+        while len(self._blocks) > (last - first + 1) + 2 * self._ahead:
+            _, oldest = self._blocks.popitem(last=False)
+            oldest.cancel()
+
+    def close(self) -> None:
+        if not self.closed:
+            for future in self._blocks.values():
+                future.cancel()
+            self._blocks.clear()
+            self._pool.shutdown(wait=True)
+        super().close()
