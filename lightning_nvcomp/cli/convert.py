@@ -14,9 +14,9 @@ from lightning_nvcomp.cli.common import EXIT_BAD_FILE, EXIT_UNAVAILABLE, add_com
 from lightning_nvcomp.cli.table import size
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import CodecUnavailableError
+from lightning_nvcomp.locations import is_url, storage_for
 from lightning_nvcomp.options import CONCRETE_CODECS
 from lightning_nvcomp.stats import ratio
-from lightning_nvcomp.storage import atomic_write
 
 #: What ``--codec`` accepts: every codec ``save`` writes by name, and ``torch`` for a plain torch.save file.
 CODECS = [c.value for c in CONCRETE_CODECS] + ["torch"]
@@ -34,8 +34,10 @@ DESCRIPTION = (
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``convert`` command to the top-level parser's ``subparsers``."""
     parser = add_command(subparsers, "convert", run, SUMMARY, DESCRIPTION, progress=True)
-    parser.add_argument("input", metavar="IN", help="checkpoint to read")
-    parser.add_argument("output", metavar="OUT", help="file to write (replaced atomically; must differ from IN)")
+    parser.add_argument("input", metavar="IN", help="checkpoint to read (a path or a URL)")
+    parser.add_argument(
+        "output", metavar="OUT", help="file to write, a path or a URL (replaced atomically; must differ from IN)"
+    )
     parser.add_argument(
         "--codec",
         required=True,
@@ -52,6 +54,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
 
 
+def _same_file(a: str, b: str) -> bool:
+    """Whether the paths (or URLs) ``a`` and ``b`` name one file."""
+    if is_url(a) or is_url(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def _device(args: argparse.Namespace, surveyed: Survey) -> str:
     """``--device``, or by default cuda when gANS records are re-encoded on a machine that can decode them."""
     if args.device:
@@ -63,24 +72,26 @@ def _device(args: argparse.Namespace, surveyed: Survey) -> str:
 def _save(obj: object, args: argparse.Namespace) -> tuple[int, str]:
     """Write ``obj`` to ``args.output`` with ``args.codec``: (file size, what wrote it)."""
     if args.codec == "torch":
-        return atomic_write(args.output, lambda f: torch.save(obj, f)), "plain torch.save"
+        return storage_for(args.output).write(args.output, lambda f: torch.save(obj, f)), "plain torch.save"
     stats = saving.save(obj, args.output, codec=args.codec)
     return stats.file_nbytes, stats.codec
 
 
 def run(args: argparse.Namespace) -> int:
     """Load a checkpoint (verified: damaged input is refused) and save it again with another codec."""
-    if os.path.realpath(args.input) == os.path.realpath(args.output):
+    if _same_file(args.input, args.output):
         return fail(f"{args.input} and {args.output} are the same file: convert to a new path", EXIT_BAD_FILE)
     if args.codec == "ans" and not gpu_available():
-        raise CodecUnavailableError("--codec ans needs a CUDA GPU and nvCOMP (pip install 'lightning-nvcomp[cu12]')")
+        raise CodecUnavailableError(
+            "--codec ans needs a CUDA GPU and nvCOMP (pip install nvidia-nvcomp-cu12, or -cu13 for CUDA 13)"
+        )
     if args.device == "cuda" and not torch.cuda.is_available():
         return fail("--device cuda: no CUDA GPU is available here", EXIT_UNAVAILABLE)
     begin = time.perf_counter()
     surveyed = survey(args.input)
     obj = load(surveyed, _device(args, surveyed), args.quiet)
     after, codec = _save(obj, args)
-    before = os.path.getsize(args.input)
+    before = storage_for(args.input).size(args.input)
     print(
         f"converted {args.input} -> {args.output} ({codec}): {size(before)} -> {size(after)} "
         f"({ratio(before, after):.2f}x), {time.perf_counter() - begin:.1f} s"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 from collections import Counter
 
 from lightning_nvcomp.cli.checkpoint import Survey, survey
 from lightning_nvcomp.cli.common import add_command
 from lightning_nvcomp.cli.table import size, table
+from lightning_nvcomp.locations import storage_for
 from lightning_nvcomp.stats import ratio
 
 #: Rows shown without ``--all``.
@@ -26,7 +26,9 @@ DESCRIPTION = (
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``inspect`` command to the top-level parser's ``subparsers``."""
     parser = add_command(subparsers, "inspect", run, SUMMARY, DESCRIPTION)
-    parser.add_argument("file", help="checkpoint written by lightning_nvcomp or plain torch.save")
+    parser.add_argument(
+        "file", help="checkpoint written by lightning_nvcomp or plain torch.save: a path or a URL (s3://...)"
+    )
     parser.add_argument("--all", action="store_true", help=f"list every tensor, not only the {DEFAULT_ROWS} largest")
 
 
@@ -55,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(table(["dtype", "tensors", "raw", "stored", "ratio"], _dtype_totals(surveyed), right={1, 2, 3, 4}))
     print()
-    file_nbytes = os.path.getsize(args.file)
+    file_nbytes = storage_for(args.file).size(args.file)
     print(
         f"file: {args.file}, {size(file_nbytes)}; raw tensor bytes / file size: "
         f"{surveyed.raw_nbytes() / file_nbytes:.2f}"

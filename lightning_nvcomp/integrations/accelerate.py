@@ -8,8 +8,17 @@ runs ``save_state``, that name points to the shared :class:`~lightning_nvcomp.pi
 ``load_state`` parses, automatic checkpoint naming, ``total_limit`` pruning, RNG states) stays Accelerate's own.
 ``load_state`` reads through ``accelerate.checkpointing.load`` likewise, with ``mmap=True``.
 The model is written as ``pytorch_model.bin`` (``safe_serialization=False``), the name ``load_state`` falls back to.
-Remote storage is not supported yet: ``save_state`` / ``load_state`` refuse a URL directory (``s3://...``, as the
-argument or as the project directory automatic checkpoint naming uses) before Accelerate creates anything.
+
+Remote storage: ``save_state("s3://bucket/run/step-10")`` and ``load_state`` of a URL. Accelerate works on local
+paths (``os.makedirs``, ``torch.save`` of its RNG states), so the attachment gives it a local scratch directory
+standing for the URL: every file written through ``checkpointing.save`` (and every FSDP DCP directory) goes straight
+to the URL, compressed (:class:`~lightning_nvcomp.pipeline.CheckpointWriter`, an S3 multipart upload per file), and
+what Accelerate writes itself (``random_states_N.pkl``, a scaler's, a stateful dataloader's) is uploaded from the
+scratch directory after ``save_state`` returns, each file in one put; the scratch directory is then removed.
+``load_state`` of a URL reads every file through ``checkpointing.load`` from the URL (parallel ranged reads), with
+empty stand-ins in the scratch directory for Accelerate's existence checks. Automatic checkpoint naming into a URL
+project directory (which lists and prunes the directory itself) is refused with a ValueError naming it, before
+anything is created: pass ``save_state`` the URL.
 
 FSDP with ``state_dict_type="SHARDED_STATE_DICT"``: the model and optimizer never reach ``checkpointing.save``;
 Accelerate's FSDP functions write them with ``torch.distributed.checkpoint`` and a ``FileSystemWriter`` they make
@@ -33,7 +42,9 @@ import contextlib
 import dataclasses
 import functools
 import os
-from collections.abc import Iterator
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from lightning_nvcomp.integrations._require import MissingExtraError
@@ -48,9 +59,10 @@ except ImportError as err:
     raise MissingExtraError("accelerate", "lightning_nvcomp.integrations.accelerate (attach)", err) from err
 
 from lightning_nvcomp.dcp import DcpCheckpointStats, NvcompFileSystemReader, NvcompFileSystemWriter
+from lightning_nvcomp.locations import is_url
 from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.pipeline import CheckpointWriter
-from lightning_nvcomp.storage import check_local
+from lightning_nvcomp.remote.options import RemoteOptions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,46 +98,101 @@ class Attachment:
 
     def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, **kwargs: Any) -> str:
         """``Accelerator.save_state``, compressed (``safe_serialization`` is ignored: the files are torch zips; FSDP
-        sharded parts are compressed DCP directories). ValueError naming the directory, before anything is created,
-        when it is a URL (``s3://...``)."""
-        self._check_local(output_dir)
+        sharded parts are compressed DCP directories). ``output_dir`` may be a URL (``s3://...``, see the module
+        docstring); automatic naming into a URL project directory is refused (ValueError naming it) before anything
+        is created."""
+        self._check_naming(output_dir)
         self.wait()  # Accelerate may prune older checkpoints now: their background writes must be done
         iteration = self.accelerator.save_iteration  # grows by one per save_state: the step metrics are logged at
         parts: list[NvcompFileSystemWriter] = []
+        with self._standing_in(output_dir, upload=True) as (local_dir, at):
 
-        def shard_writer(path: str | os.PathLike, **writer_kwargs: Any) -> NvcompFileSystemWriter:
-            parts.append(NvcompFileSystemWriter(path, options=self.writer.options, **writer_kwargs))
-            return parts[-1]
+            def shard_writer(path: str | os.PathLike, **writer_kwargs: Any) -> NvcompFileSystemWriter:
+                parts.append(NvcompFileSystemWriter(at(path), options=self.writer.options, **writer_kwargs))
+                return parts[-1]
 
-        with checkpoint_io_as(save=self._save, dcp_writer=shard_writer), self._sharded_state_on_gpu():
-            location = self._save_state(output_dir, safe_serialization=False, **kwargs)
+            def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
+                self._save(obj, at(f), save_on_each_node)
+
+            with checkpoint_io_as(save=save, dcp_writer=shard_writer), self._sharded_state_on_gpu():
+                location = self._save_state(local_dir, safe_serialization=False, **kwargs)
+            location = at(location)
         # gather_stats is a collective: every rank made the same parts, in the same order
-        self.last_sharded = {os.path.basename(p.path): ShardedPart(p.gather_stats(), p.shard_devices) for p in parts}
+        self.last_sharded = {
+            os.path.basename(os.fspath(p.path)): ShardedPart(p.gather_stats(), p.shard_devices) for p in parts
+        }
         self.writer.commit(iteration, str(location))
         if not self.writer.options.async_save:
             self.flush()
         return location
 
     def load_state(self, input_dir: str | None = None, **kwargs: Any) -> Any:
-        """``Accelerator.load_state``, after any background write has finished. Its files are memory-mapped
-        (``torch.load(mmap=True)``): compressed bytes go from the page cache straight to the decoder; FSDP sharded
-        parts are read by :class:`~lightning_nvcomp.dcp.NvcompFileSystemReader`. ValueError naming the directory
-        when it is a URL (``s3://...``)."""
-        self._check_local(input_dir)
+        """``Accelerator.load_state``, after any background write has finished. Local files are memory-mapped
+        (``torch.load(mmap=True)``): compressed bytes go from the page cache straight to the decoder; files at a URL
+        are read by parallel ranged requests; FSDP sharded parts are read by
+        :class:`~lightning_nvcomp.dcp.NvcompFileSystemReader`."""
+        self._check_naming(input_dir)
         self.wait()
         reads: list[str] = []
+        remote = self.writer.options.remote
+        with self._standing_in(input_dir, upload=False) as (local_dir, at):
 
-        def shard_reader(path: str | os.PathLike, **reader_kwargs: Any) -> NvcompFileSystemReader:
-            reads.append(os.path.basename(os.fspath(path)))
-            return NvcompFileSystemReader(path, **reader_kwargs)
+            def shard_reader(path: str | os.PathLike, **reader_kwargs: Any) -> NvcompFileSystemReader:
+                reads.append(os.path.basename(os.fspath(path)))
+                return NvcompFileSystemReader(at(path), remote=remote, **reader_kwargs)
+
+            def load(original: Callable[..., Any]) -> Callable[..., Any]:
+                def load_from(f: Any, map_location: Any = None, **load_kwargs: Any) -> Any:
+                    target = at(f)
+                    if not is_url(target):
+                        return original(f, map_location=map_location, mmap=True, **load_kwargs)
+                    with self.writer.storage_for(target).open_read(target) as stream:
+                        return original(stream, map_location=map_location, **load_kwargs)
+
+                return load_from
+
+            try:
+                with checkpoint_io_as(load=load, dcp_reader=shard_reader):
+                    return self._load_state(local_dir, **kwargs)
+            finally:
+                self.last_sharded_loads = tuple(reads)
+
+    @contextlib.contextmanager
+    def _standing_in(self, directory: str | None, upload: bool) -> Iterator[tuple[str | None, Callable[[Any], Any]]]:
+        """``(the directory to give Accelerate, the map from its paths to where they really are)``: ``directory``
+        and the identity for a local one (or None); for a URL, a local scratch directory and the map of its paths
+        to the URL. ``upload``: a save's scratch files are uploaded when the block ends without error; a load's
+        scratch directory gets an empty stand-in for every entry at the URL (Accelerate checks some files exist)."""
+        if directory is None or not is_url(directory):
+            yield directory, _same
+            return
+        url = str(directory).rstrip("/")
+        storage = self.writer.storage_for(url)
+        scratch = tempfile.mkdtemp(prefix="lightning-nvcomp-accelerate-")
+
+        def at(path: Any) -> Any:
+            relative = os.path.relpath(os.fspath(path), scratch)
+            if relative == ".":
+                return url
+            return path if relative.startswith("..") else f"{url}/{relative.replace(os.sep, '/')}"
 
         try:
-            with checkpoint_io_as(
-                load=lambda original: functools.partial(original, mmap=True), dcp_reader=shard_reader
-            ):
-                return self._load_state(input_dir, **kwargs)
+            if not upload:
+                for name in storage.listdir(url):
+                    stand_in = os.path.join(scratch, name)
+                    if storage.isdir(storage.join(url, name)):
+                        os.makedirs(stand_in, exist_ok=True)
+                    else:
+                        open(stand_in, "wb").close()
+            yield scratch, at
+            if upload:
+                for root, _, names in os.walk(scratch):
+                    for name in names:
+                        local = os.path.join(root, name)
+                        with open(local, "rb") as source:
+                            storage.write(at(local), functools.partial(shutil.copyfileobj, source))
         finally:
-            self.last_sharded_loads = tuple(reads)
+            shutil.rmtree(scratch, ignore_errors=True)
 
     @contextlib.contextmanager
     def _sharded_state_on_gpu(self) -> Iterator[None]:
@@ -153,19 +220,21 @@ class Attachment:
         plugin = getattr(self.accelerator.state, "fsdp_plugin", None)
         return plugin if getattr(plugin, "state_dict_type", None) == StateDictType.SHARDED_STATE_DICT else None
 
-    def _check_local(self, directory: Any) -> None:
-        """Refuse a URL as ``directory`` or, where Accelerate uses it instead (no directory given, or automatic
-        checkpoint naming), as the project directory."""
+    def _check_naming(self, directory: Any) -> None:
+        """Refuse a URL project directory where Accelerate uses it instead of ``directory`` (no directory given, or
+        automatic checkpoint naming): Accelerate lists, creates and prunes that directory itself, locally."""
         config = getattr(self.accelerator, "project_configuration", None)
         automatic = bool(getattr(config, "automatic_checkpoint_naming", False))
-        if directory is not None:
-            check_local(directory)
         if directory is None or automatic:
             project_dir = getattr(self.accelerator, "project_dir", None) or getattr(config, "project_dir", None)
-            if project_dir is not None:
-                check_local(project_dir)
+            if project_dir is not None and is_url(project_dir):
+                raise ValueError(
+                    f"lightning_nvcomp: Accelerate's automatic checkpoint naming cannot use the URL project directory "
+                    f"{project_dir} (Accelerate lists and prunes it as a local directory); nothing was written. Pass "
+                    "save_state / load_state the checkpoint's URL instead"
+                )
 
-    def _save(self, obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
+    def _save(self, obj: Any, f: Any, save_on_each_node: bool = False) -> None:
         # Same rule as accelerate.utils.save: one writer per job, or one per node.
         state = PartialState()
         if state.is_local_main_process if save_on_each_node else state.is_main_process:
@@ -192,6 +261,10 @@ class Attachment:
             self.accelerator.__dict__.pop("load_state", None)
 
 
+def _same(path: Any) -> Any:
+    return path
+
+
 def _params_offloaded(plugin: Any) -> bool:
     """Whether an FSDP plugin keeps the parameters on the CPU (FSDP1 ``CPUOffload(offload_params=True)``, FSDP2
     ``CPUOffloadPolicy``): the state is on the CPU anyway."""
@@ -214,6 +287,7 @@ def attach(
     probe_mb: int = 256,
     interval_s: float | None = None,
     state_on_gpu: bool = True,
+    remote: RemoteOptions | None = None,
 ) -> Attachment:
     """Make ``accelerator.save_state`` write compressed checkpoints and log the savings to its trackers.
 
@@ -230,9 +304,10 @@ def attach(
         interval_s: seconds between saves, for ``auto`` in async mode.
         state_on_gpu: FSDP sharded state dicts only: collect them without CPU offload for the save, so shards are
             coded on the GPU (see the module docstring); False: as the plugin says.
+        remote: how checkpoints at URLs are reached (:class:`~lightning_nvcomp.remote.RemoteOptions`).
 
     Returns:
         The :class:`Attachment`; ``detach()`` restores the Accelerator.
     """
-    options = SaveOptions.of(codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd)
+    options = SaveOptions.of(codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd, remote)
     return Attachment(accelerator, CheckpointWriter(options), state_on_gpu)

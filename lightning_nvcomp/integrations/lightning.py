@@ -9,7 +9,7 @@ points (see pyproject.toml) and stays idle unless the Trainer's checkpoint IO is
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 from lightning_nvcomp.integrations._require import MissingExtraError
 
@@ -17,14 +17,17 @@ try:
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
     from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_warn
     from lightning.pytorch import Callback as _Callback
+    from tqdm import tqdm
 except ImportError as err:
     raise MissingExtraError("lightning", "NvcompCheckpointIO and NvcompSavings", err) from err
 
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp import telemetry
+from lightning_nvcomp.integrations._config import option_errors
+from lightning_nvcomp.locations import storage_for
 from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.pipeline import CheckpointWriter
-from lightning_nvcomp.storage import check_local, discard
+from lightning_nvcomp.remote.options import RemoteOptions
 
 
 class NvcompCheckpointIO(CheckpointIO):
@@ -46,14 +49,19 @@ class NvcompCheckpointIO(CheckpointIO):
             savings are measured against, and feeds ``auto``); never more than the first checkpoint or a quarter of
             the free space, skipped (a bandwidth assumed until the first real write) where that is too little.
         interval_s: seconds between saves, used by ``auto`` in async mode.
+        remote: how checkpoints at URLs are reached (:class:`~lightning_nvcomp.remote.RemoteOptions`: fsspec
+            storage options, upload part size, parallelism); default: the backend's own configuration and
+            environment, as Lightning's ``get_filesystem`` uses.
 
     ``load_checkpoint`` (a Trainer's resume) puts compressed tensors saved from a GPU back on this process's GPU,
     decoded there, where the model and optimizer adopt them; pass ``map_location`` to choose otherwise.
 
-    Remote storage is not supported yet: a URL path (``Trainer(default_root_dir="s3://bucket/run")``, a
-    ``ModelCheckpoint(dirpath="gs://...")``, ``ckpt_path="s3://..."``) is refused with a ValueError naming it,
-    before anything is written (the savings callback checks the Trainer's checkpoint directories when ``fit``
-    sets up; ``save_checkpoint``, ``load_checkpoint`` and ``remove_checkpoint`` check their paths).
+    Remote storage: a URL path (``Trainer(default_root_dir="s3://bucket/run")``, a
+    ``ModelCheckpoint(dirpath="gs://...")``, ``ckpt_path="s3://..."``) is written, read and removed through fsspec
+    (see :mod:`lightning_nvcomp.remote` for each backend's durability: on S3 a checkpoint is a multipart upload
+    that becomes the object only once complete). A URL whose fsspec implementation is missing is refused naming the
+    extra to install, when ``fit`` sets up (the savings callback checks the Trainer's checkpoint directories),
+    before anything is written.
     """
 
     def __init__(
@@ -64,10 +72,15 @@ class NvcompCheckpointIO(CheckpointIO):
         gpu_hour_usd: float | None = None,
         probe_mb: int = 256,
         interval_s: float | None = None,
+        remote: RemoteOptions | None = None,
     ) -> None:
-        options = SaveOptions.of(codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd)
+        with option_errors(type(self).__name__):
+            options = SaveOptions.of(codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd, remote)
         self.writer = CheckpointWriter(options, report=self._report)
         self.logger_attached = False
+        #: Where each save's summary line goes (the savings callback sets it: around the progress bar); None:
+        #: Lightning's rank-zero info log.
+        self.console: Callable[[str], None] | None = None
 
     @property
     def savings(self) -> telemetry.Savings:
@@ -75,8 +88,7 @@ class NvcompCheckpointIO(CheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
         if storage_options is not None:
-            raise TypeError(f"{type(self).__name__} does not take storage_options")
-        check_local(path)
+            raise TypeError(f"{type(self).__name__} does not take storage_options (give it remote=RemoteOptions(...))")
         self.writer.wait()  # a background failure surfaces here, at the next save
         self.writer.save(checkpoint, path)
         self.writer.commit(int(checkpoint.get("global_step", 0)), os.fspath(path))
@@ -84,19 +96,19 @@ class NvcompCheckpointIO(CheckpointIO):
     def load_checkpoint(
         self, path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
-        check_local(path)
         self.writer.wait(os.fspath(path))
         # Lightning passes no map_location: GPU-saved state comes back decoded on this process's GPU, where the
         # model and optimizer take it without another copy (TorchCheckpointIO would return it on the CPU).
         # weights_only=None is Lightning's "torch's default", which is True since torch 2.6.
         safe = True if weights_only is None else weights_only
-        return fileformat.load(path, map_location=map_location, weights_only=safe, keep_on_gpu=True)
+        storage = self.writer.storage_for(path)
+        return fileformat.load(path, map_location=map_location, weights_only=safe, keep_on_gpu=True, storage=storage)
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
-        check_local(path)
+        storage = self.writer.storage_for(path)
         self.writer.wait(os.fspath(path))
-        if os.path.exists(path):
-            discard(path)
+        if storage.exists(os.fspath(path)):
+            storage.discard(os.fspath(path))
 
     def teardown(self) -> None:
         self.writer.close()
@@ -110,7 +122,7 @@ class NvcompCheckpointIO(CheckpointIO):
         return self.writer.drain_metrics()
 
     def _report(self, line: str) -> None:
-        rank_zero_info(line)
+        (self.console or rank_zero_info)(line)
         if not self.logger_attached and len(self.savings.history) == 1:
             rank_zero_warn(
                 "lightning_nvcomp: no savings callback is attached to this run, so the savings metrics reach no "
@@ -136,9 +148,10 @@ class SavingsLogging:
     the Trainer's loggers (TensorBoard, W&B, CSV, MLflow...) at each checkpoint's global step. Idle when the Trainer
     uses neither.
 
-    At setup it also refuses (ValueError naming the path) a URL where the Trainer's checkpoints would go with our
-    checkpoint IO (``default_root_dir``, the first logger's ``save_dir``, a ``ModelCheckpoint``'s ``dirpath``):
-    before ``ModelCheckpoint`` opens the remote file system or anything is written."""
+    At setup it also resolves the storage of every directory where the Trainer's checkpoints go with our checkpoint
+    IO (``default_root_dir``, the first logger's ``save_dir``, a ``ModelCheckpoint``'s ``dirpath``), so that a URL
+    whose fsspec implementation is missing (or a ``pathlib`` path made from a URL) fails naming it before anything
+    is written."""
 
     def __init__(self) -> None:
         self.sources: list[Any] = []
@@ -153,10 +166,12 @@ class SavingsLogging:
             s for s in (io, trainer.strategy) if isinstance(s, (NvcompCheckpointIO, CompressedShardedSaves))
         ]
         if self.sources:
+            remote = io.writer.options.remote if isinstance(io, NvcompCheckpointIO) else None
             for directory in _checkpoint_dirs(trainer):
-                check_local(directory)
+                storage_for(directory, remote)
         for source in self.sources:
             source.logger_attached = True
+            source.console = _console(trainer)
             source.savings.world_size = trainer.world_size
 
     def _flush(self, trainer: Any) -> None:
@@ -178,6 +193,22 @@ class SavingsLogging:
         for source in self.sources:
             source.wait()  # the last background save's metrics
         self._flush(trainer)
+
+
+def _console(trainer: Any) -> Callable[[str], None]:
+    """Where a save's summary line goes during ``fit``: with a progress bar shown, written around it as
+    ``LightningModule.print`` does (``tqdm.write`` clears tqdm's bars, writes the line on a line of its own and draws
+    them again, also from the async writer thread and after the bar closed; Rich's live display takes stdout too),
+    else Lightning's rank-zero info log."""
+
+    def show(line: str) -> None:
+        bar = trainer.progress_bar_callback
+        if bar is not None and bar.is_enabled and trainer.is_global_zero:
+            tqdm.write(line)
+        else:
+            rank_zero_info(line)
+
+    return show
 
 
 def _checkpoint_dirs(trainer: Any) -> list[Any]:

@@ -18,14 +18,12 @@ import re
 import zlib
 from dataclasses import dataclass
 from pathlib import PureWindowsPath
-from typing import Any
 
 from torch.distributed.checkpoint.metadata import Metadata
 
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.integrations.dcp._compat import StorageInfo, transform_descriptors
 from lightning_nvcomp.options import CONCRETE_CODECS
-from lightning_nvcomp.storage import check_local
 
 #: The module whose names ``.metadata`` pickles (part of the file format: files of every version name it).
 PICKLED_MODULE = "lightning_nvcomp.dcp"
@@ -38,16 +36,6 @@ ITEM_CODECS = tuple(c.value for c in CONCRETE_CODECS)
 MAX_FILE_OFFSET = 1 << 62
 #: The name ``_checked_metadata`` reports: the path while our reader reads it, else ``.metadata``.
 _metadata_name: contextvars.ContextVar[str] = contextvars.ContextVar("lnv_dcp_metadata", default=METADATA)
-
-
-def refuse_remote(path: Any, what: str) -> None:
-    """Raise ``ValueError`` naming ``what`` for a URL (``s3://...``): DCP's ``FileSystem`` would write it into a local
-    directory (see :func:`lightning_nvcomp.storage.check_local`)."""
-    if isinstance(path, (str, os.PathLike)):
-        try:
-            check_local(path)
-        except ValueError as err:
-            raise ValueError(f"{what}: {err}") from None
 
 
 # -- checked .metadata ------------------------------------------------------------------------------------------

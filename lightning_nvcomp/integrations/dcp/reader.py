@@ -23,17 +23,18 @@ from lightning_nvcomp.errors import CodecUnavailableError, CorruptCheckpointErro
 from lightning_nvcomp.format.items import read_tensors
 from lightning_nvcomp.integrations.dcp import _compat
 from lightning_nvcomp.integrations.dcp._compat import StorageInfo
+from lightning_nvcomp.integrations.dcp.filesystem import OnStorage
 from lightning_nvcomp.integrations.dcp.metadata import (
     ITEM_CODECS,
     METADATA,
     NvcompStorageInfo,
     _load_metadata,
     check_storage_info,
-    refuse_remote,
 )
+from lightning_nvcomp.remote.options import RemoteOptions
 
 
-class NvcompFileSystemReader(FileSystemReader):
+class NvcompFileSystemReader(OnStorage, FileSystemReader):
     """DCP ``FileSystemReader`` for checkpoints of :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter` (and plain
     DCP ones).
 
@@ -44,16 +45,24 @@ class NvcompFileSystemReader(FileSystemReader):
     dtype and shape against the metadata; plain ``torch.save`` items have their zip CRCs checked. Errors name the
     file and the item; damage raises :class:`~lightning_nvcomp.errors.CorruptCheckpointError`. DCP's default
     ``FileSystemReader`` reads these checkpoints too (on the CPU), see :mod:`lightning_nvcomp.integrations.dcp`.
+
+    Args:
+        path: the checkpoint directory: a local path or a URL (``s3://bucket/run/step-10``: data files read by
+            parallel ranged requests; torch's ``FsspecReader`` reads such checkpoints too).
+        remote: how a URL ``path`` is reached (:class:`~lightning_nvcomp.remote.RemoteOptions`).
     """
 
-    def __init__(self, path: str | os.PathLike, _extension_registry: Any = None) -> None:
-        refuse_remote(path, "NvcompFileSystemReader")
+    def __init__(
+        self, path: str | os.PathLike, _extension_registry: Any = None, *, remote: RemoteOptions | None = None
+    ) -> None:
         super().__init__(*_compat.reader_init_args(path, _extension_registry))
+        self.remote = remote
+        self._use_storage(path, remote)
         self._metadata: Metadata | None = None
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:
-            refuse_remote(checkpoint_id, "NvcompFileSystemReader")
+            self._use_storage(checkpoint_id, self.remote)
         super().reset(checkpoint_id)
         self._metadata = None
 

@@ -1,6 +1,7 @@
 """The storage writer, :class:`NvcompFileSystemWriter`: DCP's ``FileSystemWriter`` with each local shard stored
 compressed (``write_data``), compressed already while ``dcp.async_save`` stages (``stage``, see
-:mod:`~lightning_nvcomp.integrations.dcp.staging`), and a checked ``.metadata`` written atomically (``finish``)."""
+:mod:`~lightning_nvcomp.integrations.dcp.staging`), and a checked ``.metadata`` written atomically (``finish``), in a
+local directory or at a URL (:mod:`~lightning_nvcomp.integrations.dcp.filesystem`)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ from lightning_nvcomp.format import items as tensor_items
 from lightning_nvcomp.format.items import CodedTensor, code_tensors, storable
 from lightning_nvcomp.format.zip import ArchiveWriter
 from lightning_nvcomp.integrations.dcp import _compat
-from lightning_nvcomp.integrations.dcp.metadata import METADATA, NvcompStorageInfo, _CheckedMetadata, refuse_remote
+from lightning_nvcomp.integrations.dcp.filesystem import OnStorage
+from lightning_nvcomp.integrations.dcp.metadata import METADATA, NvcompStorageInfo, _CheckedMetadata
 from lightning_nvcomp.integrations.dcp.staging import (
     ENCODE_LOCK,
     STAGE_DEVICES,
@@ -44,9 +46,9 @@ from lightning_nvcomp.integrations.dcp.staging import (
 from lightning_nvcomp.integrations.dcp.stats import DcpCheckpointStats, gather
 from lightning_nvcomp.options import Codec, SaveOptions
 from lightning_nvcomp.policy import CodecPolicy, Prediction
+from lightning_nvcomp.remote.options import RemoteOptions
 from lightning_nvcomp.resources import shared
 from lightning_nvcomp.stats import SaveStats
-from lightning_nvcomp.storage import atomic_write
 
 #: What ``stage_compress`` may be: which shards ``dcp.async_save``'s staging compresses (the rest are copied).
 STAGE_COMPRESS = tuple(STAGE_DEVICES)
@@ -78,11 +80,13 @@ def _tally(infos: Sequence[Any]) -> tuple[int, int, int]:
     return len(ours), sum(i.raw_nbytes or 0 for i in ours), sum(i.length for i in ours)
 
 
-class NvcompFileSystemWriter(FileSystemWriter):
+class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
     """DCP ``FileSystemWriter`` that stores every local shard compressed (see :mod:`lightning_nvcomp.integrations.dcp`).
 
     Args:
-        path: the checkpoint directory (as ``FileSystemWriter``).
+        path: the checkpoint directory: a local path (as ``FileSystemWriter``) or a URL (``s3://bucket/run/step-10``:
+            each data file one upload, ``.metadata`` written last; see
+            :mod:`~lightning_nvcomp.integrations.dcp.filesystem`).
         codec: ``"ans"`` (nvCOMP gANS; GPU only, needs a GPU to load), ``"zstd"`` (nvCOMP Zstd on CUDA shards, CPU
             zstd otherwise; loads anywhere), ``"none"`` (stored as is, still our metadata and stats), or
             ``"auto"`` (the codec with the shortest predicted save: all ranks probe the storage together, rank 0
@@ -95,7 +99,9 @@ class NvcompFileSystemWriter(FileSystemWriter):
             the background on the CPU).
         staging_nbytes: GPU scratch bound per shard coding (see :func:`lightning_nvcomp.format.snapshot`).
         options: a run's :class:`~lightning_nvcomp.options.SaveOptions` (what the Lightning sharded strategies pass):
-            its ``codec`` and ``staging_nbytes`` are used, and ``codec`` / ``staging_nbytes`` must then be left out.
+            its ``codec``, ``staging_nbytes`` and ``remote`` are used, and ``codec`` / ``staging_nbytes`` /
+            ``remote`` must then be left out.
+        remote: how a URL ``path`` is reached (:class:`~lightning_nvcomp.remote.RemoteOptions`).
         process_group: the group ``"auto"`` broadcasts its decision in and :meth:`gather_stats` gathers over
             (default: the default group; must be the group DCP saves with).
         Other arguments are ``FileSystemWriter``'s; ``_extensions`` is refused (stream transforms would
@@ -111,6 +117,7 @@ class NvcompFileSystemWriter(FileSystemWriter):
         stage_compress: str = "gpu",
         staging_nbytes: int | None = None,
         options: SaveOptions | None = None,
+        remote: RemoteOptions | None = None,
         process_group: dist.ProcessGroup | None = None,
         single_file_per_rank: bool = True,
         sync_files: bool = True,
@@ -121,15 +128,14 @@ class NvcompFileSystemWriter(FileSystemWriter):
         _extensions: Sequence[Any] | None = None,
     ) -> None:
         if options is not None:
-            if codec != "auto" or staging_nbytes is not None:
-                raise ValueError("NvcompFileSystemWriter takes options= or codec=/staging_nbytes=, not both")
-            codec, staging_nbytes = options.codec.value, options.staging_nbytes
+            if codec != "auto" or staging_nbytes is not None or remote is not None:
+                raise ValueError("NvcompFileSystemWriter takes options= or codec=/staging_nbytes=/remote=, not both")
+            codec, staging_nbytes, remote = options.codec.value, options.staging_nbytes, options.remote
         codec = Codec.parse(codec).value
         if stage_compress not in STAGE_COMPRESS:
             raise ValueError(f"stage_compress must be one of {STAGE_COMPRESS}, not {stage_compress!r}")
         if _extensions:
             raise ValueError("NvcompFileSystemWriter compresses shards itself; DCP stream extensions are not supported")
-        refuse_remote(path, "NvcompFileSystemWriter")
         super().__init__(
             path,
             single_file_per_rank=single_file_per_rank,
@@ -139,6 +145,8 @@ class NvcompFileSystemWriter(FileSystemWriter):
             cache_staged_state_dict=cache_staged_state_dict,
             overwrite=overwrite,
         )
+        self.remote = remote
+        self._use_storage(path, remote)
         self.codec = codec
         self.policy = policy
         self.stage_compress = stage_compress
@@ -163,7 +171,11 @@ class NvcompFileSystemWriter(FileSystemWriter):
     def write_gbps(self) -> float:
         """Write bandwidth of one writer to this checkpoint's storage, GB/s, measured once per run and file system
         with every rank writing at once (a collective the first time: every rank calls it)."""
-        return (self.policy or default_policy("sync")).write_gbps(_existing_dir(Path(self.path)))
+        return (self.policy or default_policy("sync")).write_gbps(self._directory())
+
+    def _directory(self) -> str:
+        """The directory the storage is measured in: the checkpoint's URL, or its nearest existing local directory."""
+        return str(self.path) if self.remote_path else _existing_dir(Path(self.path))
 
     def _agree_codec(self, tensors: list[torch.Tensor], mode: str) -> tuple[str, Prediction | None]:
         """The codec of this save, and for ``auto`` the prediction behind it: every rank probes the storage together,
@@ -171,7 +183,7 @@ class NvcompFileSystemWriter(FileSystemWriter):
         if self.codec != "auto":
             return self.codec, None
         policy = self.policy or default_policy(mode)
-        directory = _existing_dir(Path(self.path))
+        directory = self._directory()
         distributed = self._distributed()
         rank = dist.get_rank(self.process_group) if distributed else 0
         policy.write_gbps(directory)  # collective the first time: all ranks write at once
@@ -225,7 +237,7 @@ class NvcompFileSystemWriter(FileSystemWriter):
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:
-            refuse_remote(checkpoint_id, "NvcompFileSystemWriter")
+            self._use_storage(checkpoint_id, self.remote)
         super().reset(checkpoint_id)
         self.totals = None
 
@@ -253,9 +265,7 @@ class NvcompFileSystemWriter(FileSystemWriter):
             items=items,
         )
         if self.codec == "auto":
-            (self.policy or default_policy("sync")).observe_write(
-                _existing_dir(Path(self.path)), stored_nbytes, seconds
-            )
+            (self.policy or default_policy("sync")).observe_write(self._directory(), stored_nbytes, seconds)
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
@@ -263,10 +273,9 @@ class NvcompFileSystemWriter(FileSystemWriter):
     def _file_names(self, prefix: str) -> Iterator[str]:
         """This rank's data file names, ``<prefix><n>.distcp``; a name already in the directory is never reused (a
         previous checkpoint may still need that file): that file gets the save id as an infix."""
-        directory = Path(self.path)
         for n in itertools.count():
             name = f"{prefix}{n}{DEFAULT_SUFFIX}"
-            if (directory / name).exists():
+            if self.fs.exists(self.fs.concat_path(self.path, name)):
                 name = f"{prefix}{n}.{self.save_id.replace('-', '')[:12]}{DEFAULT_SUFFIX}"
             yield name
 
@@ -381,7 +390,7 @@ class NvcompFileSystemWriter(FileSystemWriter):
                         writes.append(disk.submit(write, [(to_code[index][0], coded) for index, coded in batch]))
                 encode_s = time.perf_counter() - begin
                 results.extend(r for w in writes for r in w.result())
-            if self.sync_files:
+            if self.sync_files and not self.remote_path:  # a remote file is durable once its upload completes
                 stream.flush()
                 os.fsync(stream.fileno())
         return results, encode_s, frozenset(devices)
@@ -399,12 +408,13 @@ class NvcompFileSystemWriter(FileSystemWriter):
         metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
         metadata.storage_meta = self.storage_meta()
         checked = _CheckedMetadata(metadata)
-        atomic_write(Path(self.path) / METADATA, lambda f: pickle.dump(checked, f))
+        directory = os.fspath(self.path)
+        self.storage.write(self.storage.join(directory, METADATA), lambda f: pickle.dump(checked, f))
         referenced = {i.relative_path for i in infos}
-        for entry in os.listdir(self.path):
+        for entry in self.storage.listdir(directory):
             if _DATA_FILE.match(entry) and entry not in referenced:
                 try:
-                    os.unlink(os.path.join(self.path, entry))
+                    self.storage.remove(self.storage.join(directory, entry))
                 except OSError:
                     pass
 
