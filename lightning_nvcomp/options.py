@@ -50,7 +50,7 @@ class Codec(str, enum.Enum):
             prefix = f"{where}: " if where else ""
             raise CodecUnavailableError(
                 f"{prefix}codec='ans' (nvCOMP gANS) needs a CUDA GPU and nvCOMP (pip install "
-                "'lightning-nvcomp[cu12]'); it has no CPU coder: use codec='zstd' (loads anywhere) or 'auto'"
+                "nvidia-nvcomp-cu12, or -cu13 for CUDA 13); it has no CPU coder: use codec='zstd' (loads anywhere) or 'auto'"
             )
 
 

@@ -57,11 +57,25 @@ class Savings:
         return prefixed
 
 
+def _sizes(raw_nbytes: int, stored_nbytes: int) -> str:
+    """``812 -> 700 B``, ``4.12 -> 3.80 kB``, ``12.35 -> 10.02 MB``, ``1.20 -> 0.95 GB``: both in the unit of the larger
+    (decimal units, as the ``_gb`` metrics)."""
+    for scale, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if raw_nbytes >= scale:
+            return f"{raw_nbytes / scale:.2f} -> {stored_nbytes / scale:.2f} {unit}"
+    return f"{raw_nbytes} -> {stored_nbytes} B"
+
+
+def _seconds(s: float) -> str:
+    """``12.35 s``, ``0.42 s``, ``28.5 ms``, ``-3.1 ms``: milliseconds under a tenth of a second."""
+    return f"{s:.2f} s" if abs(s) >= 0.1 else f"{s * 1e3:.1f} ms"
+
+
 def summary(path: str, stats: SaveStats, metrics: dict[str, float]) -> str:
-    """The one-line console summary of a save."""
+    """The one-line console summary of a save: sizes in B, kB, MB, GB or TB, times in s or ms."""
     m = {k.removeprefix(PREFIX): v for k, v in metrics.items()}
     return (
-        f"lightning_nvcomp: {path}: {stats.codec} {m['raw_gb']:.2f} -> {m['stored_gb']:.2f} GB ({m['ratio']:.3f}x), "
-        f"training blocked {m['blocked_s']:.2f} s (uncompressed sync save: {m['baseline_s']:.2f} s), "
-        f"saved {m['saved_s_total']:.1f} s so far"
+        f"lightning_nvcomp: {path}: {stats.codec} {_sizes(stats.raw_nbytes, stats.file_nbytes)} ({m['ratio']:.3f}x), "
+        f"training blocked {_seconds(m['blocked_s'])} (uncompressed sync save: {_seconds(m['baseline_s'])}), "
+        f"saved {_seconds(m['saved_s_total'])} so far"
     )

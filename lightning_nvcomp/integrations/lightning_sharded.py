@@ -28,7 +28,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -38,6 +38,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
+from lightning_nvcomp.integrations._config import option_errors
 from lightning_nvcomp.integrations._lightning_compat import (
     distributed_checkpoint_save_as,
     fsdp_saves_sharded,
@@ -115,10 +116,12 @@ class CompressedShardedSaves(abc.ABC):
     ) -> None:
         super().__init__(*args, **kwargs)
         #: The same options object as the checkpoint IO's (an unknown or unavailable codec fails here, at once).
-        self.options = SaveOptions.of(codec, gpu_hour_usd=gpu_hour_usd)
+        with option_errors(type(self).__name__):
+            self.options = SaveOptions.of(codec, gpu_hour_usd=gpu_hour_usd)
         self.state_on_gpu = state_on_gpu
         self.savings = telemetry.Savings(self.options.gpu_hour_usd)
         self.logger_attached = False
+        self.console: Callable[[str], None] | None = None  # the savings callback's, as NvcompCheckpointIO's
         self.last_stats: DcpCheckpointStats | None = None
         #: How the last sharded save's state reached the writer (None before the first).
         self.last_state: CollectedState | None = None
@@ -198,7 +201,7 @@ class CompressedShardedSaves(abc.ABC):
         metrics = self.savings.add(whole, blocked_s, aggregate_gbps)
         metrics.update(rank_metrics(stats))
         self._metrics.append((step, metrics))
-        rank_zero_info(f"{telemetry.summary(path, whole, metrics)} ({len(stats.ranks)} ranks)")
+        (self.console or rank_zero_info)(f"{telemetry.summary(path, whole, metrics)} ({len(stats.ranks)} ranks)")
 
     def drain_metrics(self) -> list[tuple[int, dict[str, float]]]:
         """(step, metrics) of the sharded saves since the last call."""
