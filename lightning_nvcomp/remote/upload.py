@@ -42,12 +42,15 @@ PARTS_PER_SIZE = 1000
 
 
 class Upload(Protocol):
-    """A file being written to remote storage: ``write`` and ``tell`` as a binary file's, then ``commit`` (the file
-    appears whole under its name) or ``abort`` (nothing new appears)."""
+    """A file being written to remote storage: ``write``, ``tell`` and ``flush`` as a binary file's (``flush``
+    makes nothing durable), then ``commit`` (the file appears whole under its name) or ``abort`` (nothing new
+    appears)."""
 
     def write(self, data: Any) -> int: ...
 
     def tell(self) -> int: ...
+
+    def flush(self) -> None: ...
 
     def commit(self) -> None: ...
 
@@ -153,6 +156,9 @@ class MultipartUpload:
     def tell(self) -> int:
         return self._written
 
+    def flush(self) -> None:
+        """Nothing: parts go up as they fill, the rest at :meth:`commit`."""
+
     def _send(self) -> None:
         """Hand the buffered part to an upload thread (after waiting for a free slot)."""
         self._raise_failed()
@@ -239,6 +245,9 @@ class RenameUpload:
     def tell(self) -> int:
         return self._file.tell()
 
+    def flush(self) -> None:
+        self._file.flush()
+
     def commit(self) -> None:
         self._file.close()
         self._fs.mv(self._tmp, self._key)
@@ -272,6 +281,9 @@ class SpooledPut:
 
     def tell(self) -> int:
         return self._spool.tell()
+
+    def flush(self) -> None:
+        self._spool.flush()
 
     def commit(self) -> None:
         try:
