@@ -5,6 +5,7 @@ call (:func:`write_tensor`), which any ``torch.load`` reads once ``lightning_nvc
 
 from __future__ import annotations
 
+import functools
 import io
 import pickle
 import struct
@@ -142,9 +143,7 @@ def write_tensor(writer: ArchiveWriter, coded: CodedTensor, serialization_id: st
         device=coded.device,
     )
     placement = Placement(0, 0, coded.shape, _contiguous_stride(coded.shape), False, False, coded.name)
-    buffer = io.BytesIO()
-    _ItemPickler(buffer).dump(_DecodeCall((blobs, meta, *placement, tensor_check(meta, *placement))))
-    writer.add("data.pkl", buffer.getbuffer())
+    writer.add("data.pkl", _pickled_call(blobs, (meta, *placement, tensor_check(meta, *placement))))
     writer.finish("data.pkl")
 
 
@@ -156,21 +155,36 @@ def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(stride))
 
 
-class _DecodeCall:
-    """Pickles as the call ``decode_tensor(*args)``."""
+#: The start of the pickle of a ``decode_tensor(...)`` call (protocol 2, as torch.save): the function, then a mark.
+_CALL_START = b"\x80\x02clightning_nvcomp\ndecode_tensor\n("
+#: Its end: the arguments since the mark as a tuple, the call, the end of the pickle.
+_CALL_END = b"tR."
 
-    __slots__ = ("args",)
 
-    def __init__(self, args: tuple) -> None:
-        self.args = args
+def _pickled_call(blobs: list[_StoredBlob], args: tuple) -> bytes:
+    """torch.save's pickle (protocol 2) of the call ``decode_tensor(blobs, *args)``, assembled from pickles of its
+    arguments: the blobs through :class:`_ItemPickler` (their persistent ids), the others, plain values, through
+    ``pickle.dumps``, whose C pickler runs no Python hook per object (a record holds about sixty). Each argument's
+    pickle, its protocol header and stop opcode cut off, pushes that argument; the memo slots it sets are only read
+    within it."""
+    parts = [_CALL_START, _pickled_blobs(tuple((b.storage.key, b.storage.nbytes) for b in blobs))]
+    parts.extend(pickle.dumps(arg, 2)[2:-1] for arg in args)
+    parts.append(_CALL_END)
+    return b"".join(parts)
 
-    def __reduce__(self) -> tuple:
-        return decode_tensor, self.args
+
+@functools.lru_cache(maxsize=4096)
+def _pickled_blobs(blobs: tuple[tuple[str, int], ...]) -> bytes:
+    """The pickle of a list of :class:`_StoredBlob` (each ``(key, nbytes)``), header and stop cut off: the same for
+    every item whose segments have the sizes of another's (tiny tensors stored raw all do)."""
+    buffer = io.BytesIO()
+    _ItemPickler(buffer).dump([_StoredBlob(key, nbytes) for key, nbytes in blobs])
+    return buffer.getvalue()[2:-1]
 
 
 class _ItemPickler(pickle.Pickler):
-    """torch.save's pickling of an item's one :class:`_DecodeCall`: its blobs are persistent ids of ``data/<key>``
-    entries, as torch.save stores storages."""
+    """torch.save's pickling of an item's blobs: persistent ids of ``data/<key>`` entries, as torch.save stores
+    storages."""
 
     def __init__(self, file: io.BytesIO) -> None:
         super().__init__(file, protocol=2)

@@ -33,7 +33,7 @@ class ArchiveWriter:
     def __init__(self, f: BinaryIO, name: str = "archive") -> None:
         self._f, self.name = f, name
         self._offset = 0
-        self._entries: list[tuple[bytes, int, int, int]] = []  # (name, crc, size, header offset)
+        self._central: list[tuple[bytes, bytes]] = []  # (full name, central directory record), in write order
 
     def add(self, name: str, data: memoryview | bytes, crc: int | None = None) -> None:
         """Append entry ``<archive>/<name>`` holding ``data`` (CRC-32 computed unless given)."""
@@ -47,42 +47,20 @@ class ArchiveWriter:
         header = struct.pack(
             "<IHHHHHIIIHH", 0x04034B50, _VERSION, 0, 0, 0, _DOS_DATE, crc, _ZIP64, _ZIP64, len(full), len(extra)
         )
+        self._central.append((full, _central_record(full, crc, data.nbytes, self._offset)))
         self._write(header + full + extra)
-        self._entries.append((full, crc, data.nbytes, self._offset - len(header) - len(full) - len(extra)))
         self._write(data)
 
     def finish(self, first: str) -> None:
         """Write the central directory, entry ``first`` (e.g. ``data.pkl``) listed first, and the end records."""
         first_name = f"{self.name}/{first}".encode()
-        entries = sorted(self._entries, key=lambda e: e[0] != first_name)
         start = self._offset
-        records = []
-        for full, crc, size, offset in entries:
-            extra = struct.pack("<HHQQQ", 1, 24, size, size, offset)
-            central = struct.pack(
-                "<IHHHHHHIIIHHHHHII",
-                0x02014B50,
-                _VERSION,
-                _VERSION,
-                0,
-                0,
-                0,
-                _DOS_DATE,
-                crc,
-                _ZIP64,
-                _ZIP64,
-                len(full),
-                len(extra),
-                0,
-                0,
-                0,
-                0,
-                _ZIP64,
-            )
-            records.append(central + full + extra)
-        directory = b"".join(records)
+        directory = b"".join(
+            [record for full, record in self._central if full == first_name]
+            + [record for full, record in self._central if full != first_name]
+        )
         end = start + len(directory)
-        count = len(entries)
+        count = len(self._central)
         self._write(
             directory
             + struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, _VERSION, _VERSION, 0, 0, count, count, end - start, start)
@@ -108,10 +86,10 @@ class ArchiveWriter:
                 Given, at the start of the archive, the entries are bytes built once per id and name (the many small
                 archives of one DCP data file share an id).
         """
-        if serialization_id is not None and self._offset == 0 and not self._entries:
-            block, entries = _torch_metadata(self.name, serialization_id)
+        if serialization_id is not None and self._offset == 0 and not self._central:
+            block, central = _torch_metadata(self.name, serialization_id)
             self._write(block)
-            self._entries.extend(entries)
+            self._central.extend(central)
             return
         self._add_torch_entries(serialization_id or str(secrets.randbits(128)).zfill(40))
 
@@ -128,9 +106,36 @@ class ArchiveWriter:
 
 
 @functools.lru_cache(maxsize=8)
-def _torch_metadata(name: str, serialization_id: str) -> tuple[bytes, tuple[tuple[bytes, int, int, int], ...]]:
-    """The bytes and entries :meth:`ArchiveWriter.add_torch_metadata` writes at the start of an archive."""
+def _torch_metadata(name: str, serialization_id: str) -> tuple[bytes, tuple[tuple[bytes, bytes], ...]]:
+    """The bytes :meth:`ArchiveWriter.add_torch_metadata` writes at the start of an archive, and their central
+    directory records."""
     buffer = io.BytesIO()
     writer = ArchiveWriter(buffer, name)
     writer._add_torch_entries(serialization_id)
-    return buffer.getvalue(), tuple(writer._entries)
+    return buffer.getvalue(), tuple(writer._central)
+
+
+def _central_record(full: bytes, crc: int, size: int, offset: int) -> bytes:
+    """The central directory record of the entry ``full`` whose local header is at ``offset``."""
+    extra = struct.pack("<HHQQQ", 1, 24, size, size, offset)
+    central = struct.pack(
+        "<IHHHHHHIIIHHHHHII",
+        0x02014B50,
+        _VERSION,
+        _VERSION,
+        0,
+        0,
+        0,
+        _DOS_DATE,
+        crc,
+        _ZIP64,
+        _ZIP64,
+        len(full),
+        len(extra),
+        0,
+        0,
+        0,
+        0,
+        _ZIP64,
+    )
+    return central + full + extra
