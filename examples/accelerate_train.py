@@ -2,7 +2,8 @@
 
 ``attach(accelerator, ...)`` is the only change to an ordinary Accelerate loop: ``accelerator.save_state()`` then
 writes the model, the AdamW state, the scheduler and the registered objects compressed (nvCOMP on a GPU, zstd on
-the CPU), and the savings go to the Accelerator's trackers (here TensorBoard) as ``nvcomp/...`` metrics.
+the CPU), and the savings go to the Accelerator's trackers (here TensorBoard) as ``nvcomp/...`` metrics, at the step
+of the last ``accelerator.log`` (here the number of steps done, as the losses).
 Checkpoints use Accelerate's automatic naming (``PROJECT_DIR/checkpoints/checkpoint_N``), the last
 ``--total-limit`` kept.
 
@@ -171,10 +172,12 @@ def main(argv: list[str] | None = None) -> None:
         progress.step += 1
         progress.tokens += rows[:, 1:].numel() * accelerator.num_processes
 
-        if step % args.log_every == 0 or progress.step == args.steps:
+        # logged at the number of steps done, as the checkpoint below: its nvcomp/ metrics go to the step of the
+        # last accelerator.log
+        if step == 0 or progress.step % args.log_every == 0 or progress.step == args.steps:
             loss_value = accelerator.reduce(loss.detach(), reduction="mean").item()
-            accelerator.log({"train/loss": loss_value, "train/lr": scheduler.get_last_lr()[0]}, step=step)
-            accelerator.print(f"step {step:5d}  loss {loss_value:.3f}  {time.perf_counter() - begin:.1f}s")
+            accelerator.log({"train/loss": loss_value, "train/lr": scheduler.get_last_lr()[0]}, step=progress.step)
+            accelerator.print(f"step {progress.step:5d}  loss {loss_value:.3f}  {time.perf_counter() - begin:.1f}s")
         if progress.step % args.save_every == 0 or progress.step == args.steps:
             saved = time.perf_counter()
             location = accelerator.save_state()  # compressed; Accelerate prunes beyond --total-limit

@@ -4,7 +4,12 @@ Everything is set by a LightningCLI config; the configs in ``configs/`` add the 
 
     python examples/lightning_gpt.py fit --config configs/demo_cpu.yaml     # CPU, zstd, under a minute
     python examples/lightning_gpt.py fit --config configs/ans.yaml          # GPU, gANS
-    python examples/lightning_gpt.py fit --config configs/ans.yaml --ckpt_path runs/ans/version_0/checkpoints/last.ckpt
+    python examples/lightning_gpt.py fit --config configs/ans.yaml --trainer.max_steps 3000 \
+        --ckpt_path runs/ans/version_0/checkpoints/last.ckpt                # resume, on to a larger max_steps
+
+A resumed run trains on to ``trainer.max_steps``: resuming a finished run needs a larger one, or it stops at once.
+Loading a checkpoint elsewhere (``GPTModule.load_from_checkpoint``, ``torch.load``) needs ``lightning_nvcomp``
+imported, which this module does.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LightningCLI
 from torch.utils.data import DataLoader, IterableDataset
+
+import lightning_nvcomp  # noqa: F401  (registers the decoders: GPTModule.load_from_checkpoint reads the files)
 
 from gpt import GPT, stdlib_corpus
 

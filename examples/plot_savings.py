@@ -101,6 +101,12 @@ def main() -> None:
     parser.add_argument("logdirs", nargs="+", help="TensorBoard log directories")
     parser.add_argument("-o", "--output", default="savings.png", help="PNG to write (default: savings.png)")
     args = parser.parse_args()
+    missing = [root for root in args.logdirs if not os.path.isdir(root)]
+    if missing:
+        parser.error(
+            f"no such directory: {', '.join(missing)} (give a run's log directory, e.g. runs/demo_cpu/version_0, "
+            "or one above several)"
+        )
     runs = {}
     for root in args.logdirs:
         for path in event_dirs(root):

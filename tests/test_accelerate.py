@@ -579,6 +579,9 @@ def test_example_trains_saves_and_resumes_bit_exactly(tmp_path, monkeypatch):
     scalars = _tensorboard_scalars_all(tmp_path / "straight")
     assert {"train/loss", "train/lr"} | DOCUMENTED <= set(scalars)
     assert len(scalars["nvcomp/ratio"]) == 2
+    # the savings at the checkpoints' steps (2 and 4 of --save-every 2), where the example logs its losses too
+    assert [e.step for e in scalars["nvcomp/ratio"]] == [2, 4]
+    assert {2, 4} <= {e.step for e in scalars["train/loss"]}
 
 
 def _tensorboard_scalars_all(logdir: Path) -> dict[str, list]:

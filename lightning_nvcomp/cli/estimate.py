@@ -211,13 +211,16 @@ def _costs_table(header: list[str], est: Estimate, cells: list[list[str]], usd_m
 
 
 def _heading(est: Estimate) -> list[str]:
-    per_month = est.rows[0].idle.checkpoints_per_month
+    """The case estimated, and the units with this case's own uncompressed save as their example."""
+    uncompressed = est.rows[0]
+    per_month = uncompressed.idle.checkpoints_per_month
     gpus = f"{est.gpus} GPU{'s' if est.gpus > 1 else ''}"
     return [
         f"Checkpoint cost: {_count(est.params)} params, {est.precision}, optimizer {est.optimizer}, {gpus}, "
         f"storage {est.storage_gibps:g} GiB/s, every {est.interval_min:g} min ({per_month:,.6g} checkpoints per "
         f"30-day month), ${est.gpu_hour_usd:.2f}/GPU-hour",
-        "Units: GiB = 2^30 bytes; storage bandwidth is read as GiB/s (so 782 GiB at 5 GiB/s = 156 s).",
+        f"Units: GiB = 2^30 bytes; storage bandwidth is read as GiB/s (so {_num(uncompressed.nbytes / GIB)} GiB at "
+        f"{est.storage_gibps:g} GiB/s = {_num(uncompressed.idle.write_s)} s).",
         "",
     ]
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import re
 import struct
 import zipfile
 from typing import Any, BinaryIO
 
 import torch
 
-from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
+from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, RefusedObjectsError
 from lightning_nvcomp.format.contents import find_contents
 from lightning_nvcomp.format.decode import _describe, _keep_on_gpu
 from lightning_nvcomp.format.load_state import LoadState, _load
@@ -132,10 +133,12 @@ def read(
             raise CorruptCheckpointError(
                 f"{name} cannot be read as a checkpoint (truncated or damaged?): {err}"
             ) from err
-        raise CheckpointError(
+        raise RefusedObjectsError(
             f"{name} holds objects that weights_only=True does not load (its pickle is intact: this is not damage). "
             f"Allow them with torch.serialization.add_safe_globals, or, only for a file you trust, load it with "
-            f"weights_only=False.\n{err}"
+            f"weights_only=False.\n{err}",
+            name,
+            tuple(dict.fromkeys(re.findall(r"GLOBAL ([\w.]+)", str(err)))),
         ) from None
     except RuntimeError as err:
         # torch's zip reader (inline_container.cc) parses the directory itself, and fails damage we let through.

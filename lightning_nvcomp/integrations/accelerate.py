@@ -93,8 +93,13 @@ class Attachment:
         self.last_sharded_loads: tuple[str, ...] = ()
         writer.savings.world_size = accelerator.num_processes
         self._save_state, self._load_state = accelerator.save_state, accelerator.load_state
+        self._log = accelerator.log
+        #: The step of the last ``accelerator.log(..., step=N)``: a save's metrics are logged at it, beside the run's
+        #: losses (None before the first: at ``save_iteration``).
+        self.logged_step: int | None = None
         accelerator.save_state = self.save_state
         accelerator.load_state = self.load_state
+        accelerator.log = self.log
 
     def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, **kwargs: Any) -> str:
         """``Accelerator.save_state``, compressed (``safe_serialization`` is ignored: the files are torch zips; FSDP
@@ -103,7 +108,8 @@ class Attachment:
         is created."""
         self._check_naming(output_dir)
         self.wait()  # Accelerate may prune older checkpoints now: their background writes must be done
-        iteration = self.accelerator.save_iteration  # grows by one per save_state: the step metrics are logged at
+        # the metrics go where the run's own values are: at the step of its last log call
+        step = self.accelerator.save_iteration if self.logged_step is None else self.logged_step
         parts: list[NvcompFileSystemWriter] = []
         with self._standing_in(output_dir, upload=True) as (local_dir, at):
 
@@ -121,7 +127,7 @@ class Attachment:
         self.last_sharded = {
             os.path.basename(os.fspath(p.path)): ShardedPart(p.gather_stats(), p.shard_devices) for p in parts
         }
-        self.writer.commit(iteration, str(location))
+        self.writer.commit(step, str(location))
         if not self.writer.options.async_save:
             self.flush()
         return location
@@ -240,11 +246,19 @@ class Attachment:
         if state.is_local_main_process if save_on_each_node else state.is_main_process:
             self.writer.save(obj, f)
 
+    def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
+        """``Accelerator.log``, remembering ``step`` (when given): the savings metrics of the next save are logged at
+        it, beside the run's losses."""
+        if step is not None:
+            self.logged_step = step
+        self._log(values, step=step, log_kwargs=log_kwargs)
+
     def flush(self) -> None:
-        """Send the metrics of finished saves to the Accelerator's trackers (main process only)."""
+        """Send the metrics of finished saves to the Accelerator's trackers (main process only), each at the step
+        the run's last ``accelerator.log`` gave before its ``save_state`` (``save_iteration`` if none gave one)."""
         for step, metrics in self.writer.drain_metrics():
             if self.accelerator.is_main_process:
-                self.accelerator.log(metrics, step=step)
+                self._log(metrics, step=step)
 
     def wait(self) -> None:
         """Wait for background writes (raising a failed one's error) and log their metrics."""
@@ -259,6 +273,7 @@ class Attachment:
             self.writer.close()
             self.accelerator.__dict__.pop("save_state", None)
             self.accelerator.__dict__.pop("load_state", None)
+            self.accelerator.__dict__.pop("log", None)
 
 
 def _same(path: Any) -> Any:
