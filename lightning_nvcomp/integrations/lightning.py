@@ -53,6 +53,11 @@ class NvcompCheckpointIO(CheckpointIO):
             storage options, upload part size, parallelism); default: the backend's own configuration and
             environment, as Lightning's ``get_filesystem`` uses.
 
+    Raises: ValueError for an unknown codec or a size that is not positive, CodecUnavailableError for a codec that
+    cannot run here (``ans`` without a GPU and nvCOMP), at once. Made by a LightningCLI config (jsonargparse), the
+    same error ends the program with one line on stderr, exit status 2 (see ``integrations/_config.py``). Each save's
+    summary line is written above the progress bar when one is shown (the savings callback sets where it goes).
+
     ``load_checkpoint`` (a Trainer's resume) puts compressed tensors saved from a GPU back on this process's GPU,
     decoded there, where the model and optimizer adopt them; pass ``map_location`` to choose otherwise.
 
