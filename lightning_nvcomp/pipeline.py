@@ -102,7 +102,7 @@ class CheckpointWriter:
         directory = storage.parent(path)
         storage.makedirs(directory)
         if not self.policy.knows_bandwidth(directory):  # the one-off probe of this file system, before the timing
-            self.policy.write_gbps(directory, fileformat.find_contents(obj).nbytes, storage)
+            self.policy.write_gbps(directory, fileformat.find_contents(obj).nbytes)
         begin = time.perf_counter()
         if not self.options.async_save:
             self._group.append(
@@ -118,9 +118,7 @@ class CheckpointWriter:
             self._blocked += time.perf_counter() - begin
             return
         contents = fileformat.find_contents(obj)
-        codec, prediction = saving.resolve_codec(
-            self.options.codec.value, contents.tensors, directory, self.policy, storage
-        )
+        codec, prediction = saving.resolve_codec(self.options.codec.value, contents.tensors, directory, self.policy)
         snap = fileformat.snapshot(obj, codec, contents, isolate=True, staging_nbytes=self.options.staging_nbytes)
         future = self._background(self._write, snap, path, storage, prediction)
         self._inflight.append((path, future))

@@ -247,7 +247,7 @@ class CodecPolicy:
         other._bandwidth, other._profiles, other._assumed = self._bandwidth, self._profiles, self._assumed
         return other
 
-    def write_gbps(self, directory: str, raw_nbytes: int | None = None, storage: StorageBackend | None = None) -> float:
+    def write_gbps(self, directory: str, raw_nbytes: int | None = None) -> float:
         """The write bandwidth per writer of the file system holding ``directory`` (probed there once, then a
         moving average of real writes).
 
@@ -256,12 +256,10 @@ class CodecPolicy:
             raw_nbytes: the size of the checkpoint about to be saved, if known: the first probe writes no more
                 than that (nor less than ``MIN_PROBE_NBYTES``). With ``collective``, every rank must call this
                 together the first time, as for :func:`measure_bandwidth`.
-            storage: the storage ``directory`` is on, which the probe writes through (default:
-                :meth:`storage_of` the directory).
         """
         if self._fixed_gbps is not None:
             return self._fixed_gbps
-        storage = storage or self.storage_of(directory)
+        storage = self.storage_of(directory)
         key = storage.bandwidth_key(directory)
         if key not in self._bandwidth:
             measured = measure_bandwidth(directory, self.probe_nbytes, storage, self.collective, raw_nbytes)
@@ -311,13 +309,10 @@ class CodecPolicy:
             self._profiles[key] = calibrate(sample_state(tensors, per_tensor=self.per_tensor), candidate_codecs(device))
         return self._profiles[key]
 
-    def decide(
-        self, tensors: list[torch.Tensor], directory: str, storage: StorageBackend | None = None
-    ) -> tuple[Prediction, list[Prediction]]:
-        """The chosen codec's prediction and every candidate's, for saving ``tensors`` into ``directory`` (on
-        ``storage``, by default :meth:`storage_of` the directory)."""
+    def decide(self, tensors: list[torch.Tensor], directory: str) -> tuple[Prediction, list[Prediction]]:
+        """The chosen codec's prediction and every candidate's, for saving ``tensors`` into ``directory``."""
         raw = sum(t.numel() * t.element_size() for t in tensors)
-        gbps = self.write_gbps(directory, raw, storage)  # a first probe no larger than this checkpoint
+        gbps = self.write_gbps(directory, raw)  # a first probe no larger than this checkpoint
         predictions = [predict(raw, p, gbps, self.mode, self.interval_s) for p in self.profiles(tensors)]
         self.last_decision = (choose(predictions), predictions)
         return self.last_decision

@@ -22,17 +22,13 @@ from lightning_nvcomp.stats import SaveStats
 
 
 def resolve_codec(
-    codec: str,
-    tensors: list[torch.Tensor],
-    directory: str,
-    policy: CodecPolicy | None = None,
-    storage: StorageBackend | None = None,
+    codec: str, tensors: list[torch.Tensor], directory: str, policy: CodecPolicy | None = None
 ) -> tuple[str, Prediction | None]:
     """The codec a save uses. ``auto`` asks ``policy`` (default: this process's :func:`default_policy`), which
-    measures the storage (``storage``, default the directory's own) and the codecs and predicts the fastest save."""
+    measures the storage and the codecs and predicts the fastest save."""
     if Codec.parse(codec) is not Codec.AUTO:
         return Codec.parse(codec).value, None
-    chosen, _ = (policy or default_policy()).decide(tensors, directory, storage)
+    chosen, _ = (policy or default_policy()).decide(tensors, directory)
     return chosen.codec, chosen
 
 
@@ -72,7 +68,8 @@ def save(
             anywhere), ``"none"`` (stored as is, with checksums), or ``"auto"``: the codec with the shortest
             predicted save, from this directory's measured write bandwidth and the codecs measured on this state
             (see :mod:`lightning_nvcomp.policy`; the first save to a file system probes it).
-        policy: the :class:`~lightning_nvcomp.policy.CodecPolicy` behind ``"auto"`` (default: one per process).
+        policy: the :class:`~lightning_nvcomp.policy.CodecPolicy` behind ``"auto"`` (default: one per process); it
+            probes a URL's storage with its own ``remote`` options (``CodecPolicy(remote=RemoteOptions(...))``).
         storage: how the file is written (default: :func:`~lightning_nvcomp.locations.storage_for` the path:
             durably through the OS for a local path, through fsspec for a URL; pass
             ``storage_for(url, RemoteOptions(...))`` for other storage options).
@@ -84,7 +81,7 @@ def save(
     storage = storage or storage_for(path)
     contents = find_contents(obj)
     directory = storage.target_directory(os.fspath(path))
-    codec, prediction = resolve_codec(codec, contents.tensors, directory, policy, storage)
+    codec, prediction = resolve_codec(codec, contents.tensors, directory, policy)
     begin = time.perf_counter()
     snaps: list[Snapshot] = []
     size = storage.write(os.fspath(path), lambda f: snaps.append(_stream(f, obj, codec, contents, staging_nbytes)))

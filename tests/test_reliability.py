@@ -237,16 +237,16 @@ def test_out_of_memory_is_not_called_damage(tmp_path):
     assert "VERIFY 2" in out, out
 
 
-def test_remote_paths_are_refused_before_anything_is_written(tmp_path, monkeypatch):
+def test_urls_go_to_remote_storage_and_write_nothing_locally(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    for call in (
-        lambda: lightning_nvcomp.save({"w": torch.ones(2)}, "s3://bucket/run/ck.pt", codec="zstd"),
-        lambda: lightning_nvcomp.load("gs://bucket/ck.pt"),
-    ):
-        with pytest.raises(ValueError, match="s3://|gs://"):
-            call()
+    url = "memory://lnv-reliability/run/ck.pt"
+    lightning_nvcomp.save({"w": torch.ones(2)}, url, codec="zstd")
+    assert torch.equal(lightning_nvcomp.load(url)["w"], torch.ones(2))
+    with pytest.raises(FileNotFoundError, match="memory://lnv-reliability/missing.pt"):
+        lightning_nvcomp.load("memory://lnv-reliability/missing.pt")
     assert os.listdir(tmp_path) == []
-    assert cli.main(["verify", "s3://bucket/ck.pt", "-q"]) == 2
+    assert cli.main(["verify", url, "-q"]) == 0
+    assert cli.main(["verify", "memory://lnv-reliability/missing.pt", "-q"]) == 1
 
 
 def test_convert_refuses_damaged_input_and_writes_nothing(tmp_path):
