@@ -11,10 +11,12 @@ Accelerate hook; the probe's objects cleaned up.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import logging
 import multiprocessing
 import os
+import re
 import socket
 import traceback
 from pathlib import Path
@@ -32,6 +34,7 @@ from moto.server import ThreadedMotoServer  # noqa: E402
 import lightning_nvcomp  # noqa: E402
 from lightning_nvcomp import cli  # noqa: E402
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter  # noqa: E402
+from lightning_nvcomp.integrations._require import MissingExtraError  # noqa: E402
 from lightning_nvcomp.locations import storage_for  # noqa: E402
 from lightning_nvcomp.policy import CodecPolicy  # noqa: E402
 from lightning_nvcomp.remote import RemoteOptions  # noqa: E402
@@ -161,6 +164,13 @@ def test_an_unknown_protocol_is_refused_naming_it(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="nosuchfs://b/x.ckpt"):
         lightning_nvcomp.save({"w": torch.ones(2)}, "nosuchfs://b/x.ckpt", codec="none")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_backend_not_installed_names_its_extra():
+    if importlib.util.find_spec("gcsfs") is not None:
+        pytest.skip("gcsfs is installed here")
+    with pytest.raises(MissingExtraError, match=re.escape("lightning-nvcomp[gcs]")):
+        lightning_nvcomp.save({"w": torch.ones(2)}, "gs://bucket/x.ckpt", codec="none")
 
 
 # -- failures ------------------------------------------------------------------------------------------------------

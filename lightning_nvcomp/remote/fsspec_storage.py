@@ -16,8 +16,17 @@ from lightning_nvcomp.remote.ranges import RangeReader
 from lightning_nvcomp.remote.upload import Upload, open_upload
 
 #: The extra that installs the fsspec implementation of each protocol (pyproject.toml); others need ``remote``.
-EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "abfs": "azure", "abfss": "azure", "az": "azure"}
-EXTRAS.update(hdfs="hdfs", viewfs="hdfs")
+EXTRAS = {
+    "s3": "s3",
+    "s3a": "s3",
+    "gs": "gcs",
+    "gcs": "gcs",
+    "abfs": "azure",
+    "abfss": "azure",
+    "az": "azure",
+    "hdfs": "hdfs",
+    "viewfs": "hdfs",
+}
 
 
 def protocol_of(url: str) -> str:
