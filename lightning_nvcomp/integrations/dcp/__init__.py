@@ -64,8 +64,10 @@ as plain ``torch.save`` zips (byte items such as ``step``, and tensors of plain 
 CRC-32 checked before ``torch.load`` (DCP's reader checks none: a flipped byte there can change a non-tensor value
 silently). Every error names the data file and the item.
 
-Remote paths (``s3://``, ``gs://``...) are refused at construction with a ``ValueError`` naming them: DCP's
-``FileSystem`` would otherwise write them into a local directory named ``s3:`` (remote storage comes later).
+Remote paths (``s3://``, ``gs://``, ``memory://``...) go through fsspec (:mod:`~lightning_nvcomp.integrations.dcp.filesystem`,
+never torch's local ``FileSystem``, which would write them into a local directory named ``s3:``): each data file is
+one upload that appears whole or not at all (an S3 multipart upload in parallel parts), ``.metadata`` is written last
+in one put, and reads are parallel ranged reads; torch's ``FsspecReader`` reads these checkpoints too.
 
 Telemetry: after a save, ``writer.stats`` (a :class:`~lightning_nvcomp.stats.SaveStats`, as for every save) holds
 this rank's raw and stored bytes (``file_nbytes``), the items it stored and its times: ``stage_s`` (staging),
@@ -79,7 +81,8 @@ with ``collective=True``), decides on rank 0 and broadcasts the choice, so all r
 
 The package (imported as :mod:`lightning_nvcomp.dcp`): ``writer`` (:class:`NvcompFileSystemWriter`), ``staging``
 (compression while ``dcp.async_save`` stages), ``reader`` (:class:`NvcompFileSystemReader`), ``metadata`` (the checked
-``.metadata``, :class:`NvcompStorageInfo` and the checks of an item's storage info), ``stats``
+``.metadata``, :class:`NvcompStorageInfo` and the checks of an item's storage info), ``filesystem`` (checkpoints at
+URLs), ``stats``
 (:class:`DcpCheckpointStats`) and ``_compat``, the one module that names torch's private DCP, DTensor and
 ShardedTensor internals, each with its reason and a version gate.
 """
