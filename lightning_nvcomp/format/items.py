@@ -10,8 +10,9 @@ import io
 import pickle
 import struct
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,8 @@ BATCH_NBYTES = 64 << 20
 #: Tensors smaller than this are stored raw (checksummed, not coded): a codec call per byte plane costs them more
 #: time than the few bytes it could save (LayerNorm and bias vectors, optimizer steps).
 RAW_NBYTES = 4 << 10
+#: CPU batches coded at once (each holds its planes and packed bytes, about twice :data:`BATCH_NBYTES`, meanwhile).
+BATCHES_AHEAD = 4
 
 
 @dataclass
@@ -80,29 +83,50 @@ def code_tensors(tensors: list[tuple[str, torch.Tensor]], codec: str) -> Iterato
     """Code each ``(name, tensor)`` of ``tensors`` (each :func:`storable`) with ``codec`` (``ans``, ``zstd``;
     ``none`` stores raw, checksummed), yielding each batch as it is done, as ``(index, coded)`` pairs: tensors of
     one kind in batches of up to :data:`BATCH_NBYTES`, a tensor larger than a segment alone (in several
-    segments). The tensors are read when their batch is coded, not after."""
+    segments). The tensors are read when their batch is coded, not after. Batches of CPU tensors are coded on
+    CPU threads, :data:`BATCHES_AHEAD` at a time, and yielded in order; GPU batches one after another (they queue
+    on the GPU)."""
     coder = "raw" if codec == "none" else codec
-    layouts = shared("layouts", _LayoutCache)
     batches: dict[tuple, list[int]] = {}
     for index, (name, t) in enumerate(tensors):
         batches.setdefault(_kind(name, t), []).append(index)
-    for (device, dtype, _, tiny), indices in batches.items():
-        batch_coder = "raw" if tiny else coder
-        segment = records.segment_nbytes(device, batch_coder)
-        for batch in _cut(indices, tensors, segment):
-            datas = [_bytes(tensors[i][1]) for i in batch]
-            key = (batch_coder, dtype, "batch", tuple((d.device, d.data_ptr(), d.numel()) for d in datas))
-            if datas[0].numel() > segment:  # alone in its batch
-                encoder = records.Encoder(datas[0], dtype, batch_coder, layout=layouts.get(key))
-                coded = [(encoder.coding, list(encoder))]
-            else:
-                coded = batch_coding.encode_batch(datas, dtype, batch_coder, layouts.get(key))
-            if coded:
-                layouts.put(key, coded[0][0].layout)
-            yield [
-                (i, CodedTensor(tensors[i][0], tensors[i][1].dtype, tuple(tensors[i][1].shape), device.type, *c))
-                for i, c in zip(batch, coded)
-            ]
+    jobs = [
+        (device, functools.partial(_code_batch, tensors, batch, "raw" if tiny else coder))
+        for (device, _, _, tiny), indices in batches.items()
+        for batch in _cut(indices, tensors, records.segment_nbytes(device, "raw" if tiny else coder))
+    ]
+    pool = shared("items-pool", lambda: ThreadPoolExecutor(BATCHES_AHEAD, thread_name_prefix="lnv-items"))
+    pending: deque[Future[list[tuple[int, CodedTensor]]]] = deque()
+    for device, job in jobs:
+        if device.type != "cpu":
+            while pending:
+                yield pending.popleft().result()
+            yield job()
+            continue
+        if len(pending) >= BATCHES_AHEAD:
+            yield pending.popleft().result()
+        pending.append(pool.submit(job))
+    while pending:
+        yield pending.popleft().result()
+
+
+def _code_batch(tensors: list[tuple[str, torch.Tensor]], batch: list[int], coder: str) -> list[tuple[int, CodedTensor]]:
+    """Code the tensors ``batch`` indexes (one kind, see :func:`_cut`) together with ``coder``."""
+    datas = [_bytes(tensors[i][1]) for i in batch]
+    dtype, device = tensors[batch[0]][1].dtype, datas[0].device
+    layouts = shared("layouts", _LayoutCache)
+    key = (coder, dtype, "batch", tuple((d.device, d.data_ptr(), d.numel()) for d in datas))
+    if datas[0].numel() > records.segment_nbytes(device, coder):  # alone in its batch
+        encoder = records.Encoder(datas[0], dtype, coder, layout=layouts.get(key))
+        coded = [(encoder.coding, list(encoder))]
+    else:
+        coded = batch_coding.encode_batch(datas, dtype, coder, layouts.get(key))
+    if coded:
+        layouts.put(key, coded[0][0].layout)
+    return [
+        (i, CodedTensor(tensors[i][0], tensors[i][1].dtype, tuple(tensors[i][1].shape), device.type, *c))
+        for i, c in zip(batch, coded)
+    ]
 
 
 def _cut(indices: list[int], tensors: list[tuple[str, torch.Tensor]], segment: int) -> Iterator[list[int]]:

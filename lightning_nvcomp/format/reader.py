@@ -221,8 +221,9 @@ def _check_structure(f: BinaryIO, name: str, file_nbytes: int) -> bytes | None:
         RuntimeError,
         OSError,
     ) as err:  # zipfile's ways to fail damage
+        detail = str(err) if len(str(err)) <= 300 else f"{str(err)[:300]}..."  # zipfile quotes damaged headers whole
         raise CorruptCheckpointError(
-            f"{name}: the checkpoint's structure is damaged ({type(err).__name__}: {err})"
+            f"{name}: the checkpoint's structure is damaged ({type(err).__name__}: {detail})"
         ) from None
     finally:
         f.seek(0)
