@@ -73,12 +73,16 @@ def _segments(nbytes: int, segment: int) -> list[tuple[int, int]]:
     return [(start, min(segment, nbytes - start)) for start in range(0, nbytes, segment)]
 
 
+#: The canonical JSON form (one encoder for all: ``json.dumps`` with options builds one per call).
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
 def canonical_crc(value: object) -> int:
     """CRC-32 of the canonical JSON form of ``value`` (ints, strings, bools, None, lists): what checks cover.
 
     Raises CorruptCheckpointError for values that have none (a hostile record may hold anything)."""
     try:
-        return zlib.crc32(json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode())
+        return zlib.crc32(_CANONICAL_JSON.encode(value).encode())
     except (TypeError, ValueError, RecursionError) as err:
         raise CorruptCheckpointError(f"a record field holds a value no checkpoint holds ({err})") from None
 
