@@ -20,6 +20,7 @@ import torch
 
 from lightning_nvcomp.codec import batch as batch_coding
 from lightning_nvcomp.codec import record as records
+from lightning_nvcomp.codec.cpu import cpu_threads
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.format.contents import DTYPES
 from lightning_nvcomp.format.decode import Placement, _keep_on_gpu, decode_tensor, decode_tensors, tensor_check
@@ -34,7 +35,9 @@ BATCH_NBYTES = 64 << 20
 #: Tensors smaller than this are stored raw (checksummed, not coded): a codec call per byte plane costs them more
 #: time than the few bytes it could save (LayerNorm and bias vectors, optimizer steps).
 RAW_NBYTES = 4 << 10
-#: CPU batches coded at once (each holds its planes and packed bytes, about twice :data:`BATCH_NBYTES`, meanwhile).
+#: Most CPU batches coded at once (each holds its planes and packed bytes, about twice :data:`BATCH_NBYTES`,
+#: meanwhile); one per four cores (a batch's zstd runs on all of them): on a machine of fewer than eight cores,
+#: batches are coded one after another (on two cores, four at once took 15% more time).
 BATCHES_AHEAD = 4
 
 
@@ -84,8 +87,8 @@ def code_tensors(tensors: list[tuple[str, torch.Tensor]], codec: str) -> Iterato
     ``none`` stores raw, checksummed), yielding each batch as it is done, as ``(index, coded)`` pairs: tensors of
     one kind in batches of up to :data:`BATCH_NBYTES`, a tensor larger than a segment alone (in several
     segments). The tensors are read when their batch is coded, not after. Batches of CPU tensors are coded on
-    CPU threads, :data:`BATCHES_AHEAD` at a time, and yielded in order; GPU batches one after another (they queue
-    on the GPU)."""
+    CPU threads, up to :data:`BATCHES_AHEAD` at a time, and yielded in order; GPU batches one after another (they
+    queue on the GPU)."""
     coder = "raw" if codec == "none" else codec
     batches: dict[tuple, list[int]] = {}
     for index, (name, t) in enumerate(tensors):
@@ -95,15 +98,16 @@ def code_tensors(tensors: list[tuple[str, torch.Tensor]], codec: str) -> Iterato
         for (device, _, _, tiny), indices in batches.items()
         for batch in _cut(indices, tensors, records.segment_nbytes(device, "raw" if tiny else coder))
     ]
+    ahead = min(BATCHES_AHEAD, cpu_threads() // 4)
     pool = shared("items-pool", lambda: ThreadPoolExecutor(BATCHES_AHEAD, thread_name_prefix="lnv-items"))
     pending: deque[Future[list[tuple[int, CodedTensor]]]] = deque()
     for device, job in jobs:
-        if device.type != "cpu":
+        if device.type != "cpu" or ahead < 2:
             while pending:
                 yield pending.popleft().result()
             yield job()
             continue
-        if len(pending) >= BATCHES_AHEAD:
+        if len(pending) >= ahead:
             yield pending.popleft().result()
         pending.append(pool.submit(job))
     while pending:
