@@ -173,6 +173,54 @@ def test_a_backend_not_installed_names_its_extra():
         lightning_nvcomp.save({"w": torch.ones(2)}, "gs://bucket/x.ckpt", codec="none")
 
 
+def test_range_reader_reads_every_range_right_and_fetches_ahead_in_parallel():
+    """The reader under every load at a URL, over an in-memory object: any seek and read returns the right bytes;
+    a small object is fetched once, whole; a large one in blocks, each fetched once on a sequential read, with
+    several in flight at once and at most about 2 x max_parallel kept."""
+    import random
+    import threading
+    import time
+
+    from lightning_nvcomp.remote.ranges import RangeReader
+
+    data = bytes(random.Random(0).randbytes(3 * MiB + 12345))
+    fetched: list[tuple[int, int]] = []
+    active, peak = [0], [0]
+    lock = threading.Lock()
+
+    def fetch(start: int, end: int) -> bytes:
+        with lock:
+            fetched.append((start, end))
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.01)
+        with lock:
+            active[0] -= 1
+        return data[start:end]
+
+    with RangeReader(fetch, len(data), "memory://x", 1 * MiB, 8) as small:  # 4 blocks <= 8: fetched whole
+        for start, n in [(len(data) - 22, 22), (0, 4), (2 * MiB - 10, 300_000), (100, 3 * MiB)]:
+            small.seek(start)
+            assert small.read(n) == data[start : start + n]
+    assert sorted(fetched) == [(i * MiB, min(len(data), (i + 1) * MiB)) for i in range(4)]
+
+    fetched.clear()
+    with RangeReader(fetch, len(data), "memory://x", 256 << 10, 4) as large:  # 13 blocks > 4
+        assert large.read(30) == data[:30]  # a small window
+        large.seek(len(data) - 100)
+        assert large.read() == data[-100:]
+        large.seek(0)
+        got = bytearray()
+        while chunk := large.read(300_000):  # sequential large reads, as a load's records
+            got += chunk
+        assert bytes(got) == data
+        block = 256 << 10
+        blocks = [(a, b) for a, b in fetched if a % block == 0 and b == min(len(data), a + block)]
+        assert len(blocks) == len(set(blocks)) == 13  # every block once
+        assert peak[0] > 1  # in parallel
+        assert len(large._blocks) <= 2 * 4 + 2
+
+
 # -- failures ------------------------------------------------------------------------------------------------------
 
 

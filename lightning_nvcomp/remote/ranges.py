@@ -14,6 +14,8 @@ from typing import Any
 SMALL_NBYTES = 256 << 10
 #: The window a small read fetches, so that the small reads that follow it (a header, then its name) are served too.
 SMALL_WINDOW = 64 << 10
+#: Small windows kept (the zip's headers are read twice: by the structure check, then by torch's reader).
+SMALL_WINDOWS = 256
 
 
 class RangeReader(io.RawIOBase):
@@ -23,7 +25,10 @@ class RangeReader(io.RawIOBase):
     The object is read in blocks of ``block_nbytes``: a large read fetches the blocks it spans in parallel (up to
     ``max_parallel`` at once) and then the ``max_parallel`` blocks after it, which the next read of a sequential
     load (the records of a checkpoint, one after another) finds arriving or arrived. At most about
-    ``2 * max_parallel`` blocks are kept beyond those of the read in progress. Small reads fetch a small window.
+    ``2 * max_parallel`` blocks are kept beyond those of the read in progress. An object of at most
+    ``max_parallel`` blocks is fetched whole, in parallel, at its first read (every later read is served from
+    memory); in a larger one, small reads (zip headers, the central directory) fetch small windows, the last
+    :data:`SMALL_WINDOWS` of which are kept.
 
     Args:
         fetch: ``fetch(start, end)`` -> the bytes from ``start`` (inclusive) to ``end`` (exclusive).
@@ -41,7 +46,9 @@ class RangeReader(io.RawIOBase):
         self._block, self._ahead = block_nbytes, max_parallel
         self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="lnv-read")
         self._blocks: OrderedDict[int, Future[bytes]] = OrderedDict()  # block index -> its bytes, least recent first
-        self._small: tuple[int, bytes] = (0, b"")
+        self._windows: OrderedDict[int, bytes] = OrderedDict()  # small windows by start, least recent first
+        self._nblocks = -(-nbytes // block_nbytes)
+        self._whole = self._nblocks <= max_parallel  # small enough to fetch whole at once
         self._pos = 0
 
     def readable(self) -> bool:
@@ -66,16 +73,24 @@ class RangeReader(io.RawIOBase):
         end = min(start + view.nbytes, self._nbytes)
         if end <= start:
             return 0
-        small_start, small = self._small
-        if small_start <= start and end <= small_start + len(small):
-            view[: end - start] = small[start - small_start : end - small_start]
-        elif end - start >= SMALL_NBYTES or self._held(start, end):
+        if self._whole or end - start >= SMALL_NBYTES or self._held(start, end):
             self._read_blocks(view, start, end)
         else:
-            self._small = (start, self._fetch(start, min(self._nbytes, max(end, start + SMALL_WINDOW))))
-            view[: end - start] = self._small[1][: end - start]
+            view[: end - start] = self._window(start, end)
         self._pos = end
         return end - start
+
+    def _window(self, start: int, end: int) -> bytes:
+        """Bytes ``start..end`` from a kept small window, or from a new one fetched from ``start``."""
+        for begin, data in reversed(self._windows.items()):
+            if begin <= start and end <= begin + len(data):
+                self._windows.move_to_end(begin)
+                return data[start - begin : end - begin]
+        data = self._fetch(start, min(self._nbytes, max(end, start + SMALL_WINDOW)))
+        self._windows[start] = data
+        while len(self._windows) > SMALL_WINDOWS:
+            self._windows.popitem(last=False)
+        return data[: end - start]
 
     def readall(self) -> bytes:
         out = bytearray(max(0, self._nbytes - self._pos))
@@ -97,8 +112,11 @@ class RangeReader(io.RawIOBase):
     def _read_blocks(self, view: memoryview, start: int, end: int) -> None:
         first, last = start // self._block, (end - 1) // self._block
         spanned = [self._block_bytes(i) for i in range(first, last + 1)]  # in flight at once
-        if end - start >= SMALL_NBYTES:
-            for i in range(last + 1, min(last + 1 + self._ahead, -(-self._nbytes // self._block))):
+        if self._whole:
+            for i in range(self._nblocks):
+                self._block_bytes(i)
+        elif end - start >= SMALL_NBYTES:
+            for i in range(last + 1, min(last + 1 + self._ahead, self._nblocks)):
                 self._block_bytes(i)
         done = 0
         for index, future in zip(range(first, last + 1), spanned):
@@ -118,5 +136,6 @@ class RangeReader(io.RawIOBase):
             for future in self._blocks.values():
                 future.cancel()
             self._blocks.clear()
+            self._windows.clear()
             self._pool.shutdown(wait=True)
         super().close()
