@@ -125,7 +125,7 @@ class RangeReader(io.RawIOBase):
             hi = min(end, (index + 1) * self._block) - index * self._block
             if len(data) < hi:
                 raise OSError(f"{self.name} is shorter than when it was opened: it was replaced or truncated meanwhile")
-            view[done : done + hi - lo] = data[lo:hi]
+            view[done : done + hi - lo] = memoryview(data)[lo:hi]
             done += hi - lo
         while len(self._blocks) > (last - first + 1) + 2 * self._ahead:
             _, oldest = self._blocks.popitem(last=False)
