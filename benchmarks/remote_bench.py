@@ -5,9 +5,9 @@ bandwidth the storage probe reports there.
 
     python benchmarks/remote_bench.py --out benchmarks/results/remote/remote.md
 
-The moto server runs in this process on the same CPU cores as the coder, so its figures are those of a local S3
-emulator, not of a real object store: they show the code path (multipart parts in parallel, parallel ranged reads)
-and its relative cost, not a cloud's bandwidth.
+The moto server runs in a process of its own (``python -m moto.server``) on the same CPU cores as the coder, so its
+figures are those of a local S3 emulator, not of a real object store: they show the code path (multipart parts in
+parallel, parallel ranged reads) and its relative cost, not a cloud's bandwidth.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pathlib
 import platform
 import socket
 import statistics
+import subprocess
 import sys
 import time
 
@@ -35,6 +36,17 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _wait_for(port: int, timeout_s: float = 60) -> None:
+    """Wait until the server accepts connections on ``port``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"moto did not start on port {port}")
 
 
 def _tensors(checkpoint: dict) -> list[torch.Tensor]:
@@ -54,12 +66,14 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
-    from moto.server import ThreadedMotoServer
-
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _wait_for(port)
     os.environ.update(
         AWS_ACCESS_KEY_ID="bench",
         AWS_SECRET_ACCESS_KEY="bench",
@@ -126,7 +140,8 @@ def main() -> None:
         rows.append((name, size_mb, save_s, load_s, saves[0]))
         print(name, f"{size_mb:.1f} MB", f"save {save_s:.3f} s", f"load {load_s:.3f} s", flush=True)
     uploads = fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", [])
-    server.stop()
+    server.terminate()
+    server.wait(30)
 
     lines = [
         "# Remote storage: Lightning checkpoints on S3 (moto on localhost)",
@@ -139,7 +154,7 @@ def main() -> None:
         f"fsspec {fsspec.__version__}, s3fs {s3fs.__version__}, moto {moto.__version__}",
         f"- state: byte-level GPT, {n_params / 1e6:.1f}M parameters, {args.steps} AdamW steps on the standard "
         f"library's sources (fp32 weights and moments): {raw_mb:.1f} MB of tensors",
-        f"- storage: moto's ThreadedMotoServer in the benchmark's own process (HTTP on 127.0.0.1), s3fs; our "
+        f"- storage: moto's server in a process of its own (`python -m moto.server`, HTTP on 127.0.0.1), s3fs; our "
         f"uploads in {args.part_mb} MiB parts, {args.parallel} at once; reads in {args.part_mb} MiB ranges",
         f"- probe (`CodecPolicy.write_gbps` of the bucket, bounded by the checkpoint's size): "
         f"**{probe_gbps * 1e3:.0f} MB/s** ({probe_s:.2f} s, including the object's delete); objects left after it: "
@@ -155,7 +170,7 @@ def main() -> None:
         lines.append(f"| {name} | {size_mb:.1f} | {base / size_mb:.3f} | {save_s:.3f} | {load_s:.3f} | {first_s:.3f} |")
     lines += [
         "",
-        "The server shares the 2 CPU cores with the coder and with the client: zstd's coding time counts fully "
+        "The server shares the CPU cores with the coder and with the client: zstd's coding time counts fully "
         "here, where a real object store's bandwidth would make the smaller object the faster one only when the "
         "link is slower than the coder (see README, *Choosing the codec*).",
     ]
