@@ -40,7 +40,7 @@ from lightning_nvcomp.policy import CodecPolicy  # noqa: E402
 from lightning_nvcomp.remote import RemoteOptions  # noqa: E402
 from lightning_nvcomp.remote.upload import retry_failed_aborts  # noqa: E402
 
-from conftest import assert_tree_bit_exact, trained_like  # noqa: E402
+from conftest import assert_tree_bit_exact, python_child, trained_like  # noqa: E402
 
 MiB = 1 << 20
 #: The smallest S3 part: a few MB of state makes multipart uploads of several parts.
@@ -219,6 +219,35 @@ def test_range_reader_reads_every_range_right_and_fetches_ahead_in_parallel():
         assert len(blocks) == len(set(blocks)) == 13  # every block once
         assert peak[0] > 1  # in parallel
         assert len(large._blocks) <= 2 * 4 + 2
+
+
+def test_the_core_imports_without_fsspec():
+    """With fsspec unimportable, the core, the DCP storage and local saves work; a URL names the extra."""
+    code = """
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name == "fsspec" or name.startswith(("fsspec.", "s3fs")):
+                    raise ImportError(f"blocked: {name}")
+        sys.meta_path.insert(0, Block())
+        import torch, lightning_nvcomp, lightning_nvcomp.dcp, lightning_nvcomp.pipeline
+        lightning_nvcomp.save({"w": torch.ones(3)}, sys.argv[1], codec="zstd")
+        assert torch.equal(lightning_nvcomp.load(sys.argv[1])["w"], torch.ones(3))
+        try:
+            lightning_nvcomp.save({"w": torch.ones(3)}, "memory://b/x.ckpt", codec="zstd")
+        except ImportError as err:
+            print("MISSING", type(err).__name__, err)
+        print("FSSPEC", "fsspec" in sys.modules)
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        proc = python_child(code, os.path.join(directory, "x.ckpt"), check=True)
+    assert (
+        'MISSING MissingExtraError remote storage (memory://b/x.ckpt) needs fsspec: pip install "lightning-nvcomp[remote]"'
+        in proc.stdout
+    ), proc.stdout
+    assert "FSSPEC False" in proc.stdout
 
 
 # -- failures ------------------------------------------------------------------------------------------------------
