@@ -54,6 +54,35 @@ class Codec(str, enum.Enum):
             )
 
 
+class Durability(str, enum.Enum):
+    """When a checkpoint is on stable storage (survives a power loss or a kernel crash), not only in the page cache.
+
+    ``BACKGROUND`` (the default): training does not wait for it. The file is written (a sync save waits for that,
+    at page-cache speed), then flushed to the disk and renamed into place on the writer thread, behind training;
+    an older checkpoint is pruned only once every newer save is durable, and a file is replaced only by a durable
+    one, so one durable checkpoint always exists. ``SYNC``: durable when the save returns (a sync save waits for
+    the flush; an async save's background write flushes before it is done). ``OS``: as ``torch.save`` and
+    Lightning's ``TorchCheckpointIO``: written and renamed, never flushed; the page cache decides when the bytes
+    reach the disk, and a crash can lose the newest checkpoints. Remote storage (``s3://``...) is durable when an
+    upload completes, whatever is chosen.
+    """
+
+    BACKGROUND = "background"
+    SYNC = "sync"
+    OS = "os"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, value: str | Durability) -> Durability:
+        """The durability called ``value``; ValueError naming the choices otherwise."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"durable must be one of {[d.value for d in cls]}, not {value!r}") from None
+
+
 #: The codecs a save chooses between (``auto`` picks one of them).
 CONCRETE_CODECS = (Codec.ANS, Codec.ZSTD, Codec.NONE)
 
@@ -76,6 +105,10 @@ class SaveOptions:
         gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
         remote: how checkpoints at URLs (``s3://...``) are reached and uploaded (default
             :class:`~lightning_nvcomp.remote.RemoteOptions`: the backend's own configuration and environment).
+        durable: when a checkpoint is on stable storage (:class:`Durability`; default ``background``).
+        host_buffer_nbytes: most bytes of async snapshots held in host memory while earlier ones are written (the
+            compressed bytes); a save that would exceed it waits for the oldest writes (and says so: storage slower
+            than the save interval). Default (None): two checkpoints, the one being written and the new one.
 
     Raises:
         ValueError: an unknown codec or a size that is not positive. CodecUnavailableError: the codec cannot run
@@ -89,9 +122,14 @@ class SaveOptions:
     interval_s: float | None = None
     gpu_hour_usd: float | None = None
     remote: RemoteOptions | None = None
+    durable: Durability = Durability.BACKGROUND
+    host_buffer_nbytes: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "codec", Codec.parse(self.codec))
+        object.__setattr__(self, "durable", Durability.parse(self.durable))
+        if self.host_buffer_nbytes is not None and self.host_buffer_nbytes <= 0:
+            raise ValueError(f"host_buffer_nbytes ({self.host_buffer_nbytes}) must be positive")
         if self.staging_nbytes <= 0 or self.probe_nbytes <= 0:
             raise ValueError(
                 f"the staging ({self.staging_nbytes} bytes) and probe ({self.probe_nbytes} bytes) sizes must be positive"
@@ -108,8 +146,23 @@ class SaveOptions:
         interval_s: float | None = None,
         gpu_hour_usd: float | None = None,
         remote: RemoteOptions | None = None,
+        durable: str | Durability = Durability.BACKGROUND,
+        host_buffer_mb: int | None = None,
     ) -> SaveOptions:
-        """From the integrations' keyword arguments, whose sizes are in MiB (``staging_mb``, ``probe_mb``)."""
-        if staging_mb <= 0 or probe_mb <= 0:
-            raise ValueError(f"staging_mb ({staging_mb}) and probe_mb ({probe_mb}) must be positive")
-        return cls(Codec.parse(codec), async_save, staging_mb * MiB, probe_mb * MiB, interval_s, gpu_hour_usd, remote)
+        """From the integrations' keyword arguments, whose sizes are in MiB (``staging_mb``, ``probe_mb``,
+        ``host_buffer_mb``)."""
+        if staging_mb <= 0 or probe_mb <= 0 or (host_buffer_mb is not None and host_buffer_mb <= 0):
+            raise ValueError(
+                f"staging_mb ({staging_mb}), probe_mb ({probe_mb}) and host_buffer_mb ({host_buffer_mb}) must be positive"
+            )
+        return cls(
+            Codec.parse(codec),
+            async_save,
+            staging_mb * MiB,
+            probe_mb * MiB,
+            interval_s,
+            gpu_hour_usd,
+            remote,
+            Durability.parse(durable),
+            None if host_buffer_mb is None else host_buffer_mb * MiB,
+        )

@@ -9,16 +9,18 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from dataclasses import replace
+from typing import Any, BinaryIO, Callable
 
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp import saving, telemetry
 from lightning_nvcomp.locations import StorageBackend, is_url, storage_for
-from lightning_nvcomp.options import SaveOptions
+from lightning_nvcomp.options import Durability, SaveOptions
 from lightning_nvcomp.policy import CodecPolicy, Prediction
 from lightning_nvcomp.stats import SaveStats, ratio
-from lightning_nvcomp.storage import Storage, wait_for_discards
+from lightning_nvcomp.storage import StagedWrite, Storage, wait_for_discards
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,7 @@ def _combined(stats: list[SaveStats], label: str) -> SaveStats:
             sum(p.write_s for p in predictions),
             sum(p.blocked_s for p in predictions),
         )
+    durable = [s.durable_s for s in stats]
     return SaveStats(
         label,
         codec,
@@ -47,7 +50,23 @@ def _combined(stats: list[SaveStats], label: str) -> SaveStats:
         sum(s.encode_s for s in stats),
         sum(s.write_s for s in stats),
         prediction,
+        durable_s=None if None in durable else max(d for d in durable if d is not None),
     )
+
+
+def _flushes(storage: StorageBackend) -> bool:
+    """Whether a completed write to ``storage`` is on stable storage (remote storage: when the upload completes)."""
+    return not isinstance(storage, Storage) or storage.fsync
+
+
+def _discard_after(earlier: list[Future], path: str, storage: StorageBackend) -> None:
+    """Delete ``path`` if the writes queued before (``earlier``, done by now: one writer thread runs both) all
+    succeeded; else keep it: it may be the newest durable checkpoint."""
+    failed = [f for f in earlier if f.exception() is not None]
+    if failed:
+        log.warning("lightning_nvcomp: kept %s (not pruned): a newer save failed: %s", path, failed[0].exception())
+    elif storage.exists(path):
+        storage.discard(path)
 
 
 def _same_path(path: str) -> str:
@@ -57,15 +76,17 @@ def _same_path(path: str) -> str:
 
 class CheckpointWriter:
     """Writes checkpoint files compressed, atomically, synchronously or in the background, to local paths or URLs
-    (``s3://...``, through :attr:`SaveOptions.remote`).
+    (``s3://...``, through :attr:`SaveOptions.remote`), as durably as :attr:`SaveOptions.durable` says.
 
-        Saves are grouped: :meth:`save` each file of a checkpoint, then :meth:`commit` it, which records one set of
-        savings metrics for the group (in async mode, once its background writes are done).
+    Saves are grouped: :meth:`save` each file of a checkpoint, then :meth:`commit` it, which records one set of
+    savings metrics for the group (once its background writes are done). All background work (async writes,
+    ``background`` durability's flush and rename, :meth:`discard` of old checkpoints) runs in order on one writer
+    thread: an old checkpoint is deleted only after every save queued before its deletion is durable.
 
-        Args:
-            options: the codec, sync or async, the staging and probe sizes, the interval and the price
-                (:class:`~lightning_nvcomp.options.SaveOptions`).
-            report: called with each console summary line (default: the ``lightning_nvcomp.pipeline`` logger).
+    Args:
+        options: the codec, sync or async, durability, the staging, probe and host buffer sizes, the interval and
+            the price (:class:`~lightning_nvcomp.options.SaveOptions`).
+        report: called with each console summary line (default: the ``lightning_nvcomp.pipeline`` logger).
     """
 
     def __init__(self, options: SaveOptions | None = None, report: Callable[[str], None] | None = None) -> None:
@@ -73,16 +94,21 @@ class CheckpointWriter:
         self.policy = CodecPolicy(
             "async" if options.async_save else "sync", options.interval_s, options.probe_nbytes, remote=options.remote
         )
-        #: The storage of local paths; URLs get theirs from :meth:`storage_for`.
-        self.storage: StorageBackend = Storage()
+        #: The storage of local paths (flushed to the disk unless durability is ``os``); URLs get theirs from
+        #: :meth:`storage_for`.
+        self.storage: StorageBackend = Storage(fsync=options.durable is not Durability.OS)
         self.savings = telemetry.Savings(options.gpu_hour_usd)
         self.report = report or log.info
         self._lock = threading.Lock()
         self._metrics: list[tuple[int, dict[str, float]]] = []
         self._executor: ThreadPoolExecutor | None = None
         self._inflight: list[tuple[str, Future]] = []
+        # Background writes not known to be done: (future, host bytes it holds, its checkpoint's number).
+        self._held: deque[tuple[Future, int, int]] = deque()
+        self._checkpoints = 0  # checkpoints committed so far: the number of the current one
+        self._last_held = 0  # the host bytes the last committed checkpoint's async snapshots held
         self._group: list[Any] = []  # SaveStats, or futures of them
-        self._blocked = 0.0
+        self._blocked = self._waited = 0.0
 
     def storage_for(self, path: str | os.PathLike) -> StorageBackend:
         """The storage ``path`` is written to and read from: :attr:`storage` for a local path, the remote storage of
@@ -90,69 +116,136 @@ class CheckpointWriter:
         return storage_for(path, self.options.remote, self.storage)
 
     def save(self, obj: object, path: str | os.PathLike) -> None:
-        """Save ``obj`` to ``path`` (a local path or a URL) as part of the current group (waits for an earlier write
-        of the same path); its directory is created where needed.
+        """Save ``obj`` to ``path`` (a local path or a URL) as part of the current group; its directory is created
+        where needed. Earlier checkpoints' background writes are not waited for while the host buffer can hold
+        this checkpoint's snapshots besides theirs (by default: while at most one earlier checkpoint is still being
+        written; in sync mode, flushed); past that, this save waits for the oldest and says so (a warning and the
+        ``waited_s`` metric): the storage is slower than the saves.
 
         The first save to a file system (or bucket) probes its bandwidth (the savings baseline), with a probe no
         larger than this checkpoint and never failing the save (see
         :func:`lightning_nvcomp.probe.measure_bandwidth`)."""
         storage = self.storage_for(path)
         path = os.fspath(path)
-        self.wait(path)
         directory = storage.parent(path)
         storage.makedirs(directory)
         if not self.policy.knows_bandwidth(directory):  # the one-off probe of this file system, before the timing
             self.policy.write_gbps(directory, fileformat.find_contents(obj).nbytes)
         begin = time.perf_counter()
-        if not self.options.async_save:
-            self._group.append(
-                saving.save(
-                    obj,
-                    path,
-                    self.options.codec.value,
-                    policy=self.policy,
-                    storage=storage,
-                    staging_nbytes=self.options.staging_nbytes,
-                )
+        self._make_room(path)
+        if self.options.async_save:
+            contents = fileformat.find_contents(obj)
+            codec, prediction = saving.resolve_codec(self.options.codec.value, contents.tensors, directory, self.policy)
+            snap = fileformat.snapshot(obj, codec, contents, isolate=True, staging_nbytes=self.options.staging_nbytes)
+            self._queue(path, self._background(self._write, snap, path, storage, prediction, begin), snap.held_nbytes)
+        elif self.options.durable is Durability.BACKGROUND and isinstance(storage, Storage):
+            staged: list[StagedWrite] = []
+
+            def stage(target: str, fill: Callable[[BinaryIO], None]) -> int:
+                staged.append(storage.write_staged(target, fill))
+                return staged[0].size
+
+            stats = saving.save_file(
+                obj, path, self.options.codec.value, self.policy, stage, directory, self.options.staging_nbytes
             )
-            self._blocked += time.perf_counter() - begin
-            return
-        contents = fileformat.find_contents(obj)
-        codec, prediction = saving.resolve_codec(self.options.codec.value, contents.tensors, directory, self.policy)
-        snap = fileformat.snapshot(obj, codec, contents, isolate=True, staging_nbytes=self.options.staging_nbytes)
-        future = self._background(self._write, snap, path, storage, prediction)
-        self._inflight.append((path, future))
-        self._group.append(future)
+            self._queue(path, self._background(self._flush, staged[0], stats, directory, begin), 0)
+        else:
+            stats = saving.save(
+                obj,
+                path,
+                self.options.codec.value,
+                policy=self.policy,
+                storage=storage,
+                staging_nbytes=self.options.staging_nbytes,
+            )
+            self._group.append(replace(stats, durable_s=stats.seconds if _flushes(storage) else None))
         self._blocked += time.perf_counter() - begin
+
+    def discard(self, path: str | os.PathLike) -> None:
+        """Delete the checkpoint file ``path`` (pruning): at once when nothing is being written, else on the writer
+        thread after the saves queued before it, and only if they all succeeded (so that an older checkpoint is
+        never deleted before a newer one is durable)."""
+        path = os.fspath(path)
+        storage = self.storage_for(path)
+        earlier = [future for _, future in self._inflight]  # a failure stays here until wait() has raised it
+        if any(not future.done() for future in earlier):
+            self._inflight.append((path, self._background(_discard_after, earlier, path, storage)))
+        else:
+            _discard_after(earlier, path, storage)
 
     def commit(self, step: int, label: str) -> None:
         """Close the current group of saves (checkpoint ``label`` at training ``step``) and record its savings."""
-        group, blocked = self._group, self._blocked
-        self._group, self._blocked = [], 0.0
+        group, blocked, waited = self._group, self._blocked, self._waited
+        self._group, self._blocked, self._waited = [], 0.0, 0.0
         if not group:
             return
-        if self.options.async_save:  # the single writer thread runs this after the group's writes
-            self._inflight.append((label, self._background(self._record, group, blocked, step, label)))
+        self._last_held = sum(nbytes for _, nbytes, checkpoint in self._held if checkpoint == self._checkpoints)
+        self._checkpoints += 1
+        if any(isinstance(s, Future) for s in group):  # the writer thread runs this after the group's writes
+            self._inflight.append((label, self._background(self._record, group, blocked, waited, step, label)))
         else:
-            self._record(group, blocked, step, label)
+            self._record(group, blocked, waited, step, label)
+
+    def _make_room(self, path: str) -> None:
+        """Wait for earlier writes of ``path``, then for the oldest earlier checkpoint's background writes while the
+        host buffer cannot hold this checkpoint's besides theirs (in sync mode: while two are still being
+        flushed)."""
+        if self.options.async_save:
+            self.wait(path)
+        self._held = deque(item for item in self._held if not item[0].done())
+        begin = time.perf_counter()
+        while not self._room():
+            self._held.popleft()[0].exception()  # its error, if any, is raised by wait(), with its path
+        waited = time.perf_counter() - begin
+        if waited > 0.01:
+            self._waited += waited
+            log.warning(
+                "lightning_nvcomp: the save of %s waited %.2f s for earlier checkpoints still being written: the "
+                "storage is slower than the saves (save less often, give a larger host_buffer_mb, or use faster storage)",
+                path,
+                waited,
+            )
+
+    def _room(self) -> bool:
+        earlier = [(nbytes, n) for future, nbytes, n in self._held if n < self._checkpoints and not future.done()]
+        if not earlier:
+            return True
+        if not self.options.async_save:
+            return len({n for _, n in earlier}) < 2
+        bound = self.options.host_buffer_nbytes or 2 * self._last_held
+        return sum(nbytes for nbytes, _ in earlier) + self._last_held <= bound
+
+    def _queue(self, path: str, future: Future, held_nbytes: int) -> None:
+        self._inflight.append((path, future))
+        self._held.append((future, held_nbytes, self._checkpoints))
+        self._group.append(future)
 
     def _background(self, fn: Callable, *args: Any) -> Future:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-nvcomp-write")
         return self._executor.submit(fn, *args)
 
-    def _write(self, snap: fileformat.Snapshot, path: str, storage: StorageBackend, prediction: Any) -> SaveStats:
+    def _write(
+        self, snap: fileformat.Snapshot, path: str, storage: StorageBackend, prediction: Any, begin: float
+    ) -> SaveStats:
         stats = saving.write_snapshot(snap, path, storage, prediction)
         self.policy.observe_write(storage.parent(path), stats.file_nbytes, stats.write_s)
-        return stats
+        return replace(stats, durable_s=time.perf_counter() - begin if _flushes(storage) else None)
 
-    def _record(self, group: list[Any], blocked: float, step: int, label: str) -> None:
+    def _flush(self, staged: StagedWrite, stats: SaveStats, directory: str, begin: float) -> SaveStats:
+        """``background`` durability: flush a file written by a sync save to the disk and rename it into place."""
+        flush_begin = time.perf_counter()
+        staged.commit(fsync=True)
+        self.policy.observe_write(directory, stats.file_nbytes, stats.seconds + time.perf_counter() - flush_begin)
+        return replace(stats, durable_s=time.perf_counter() - begin)
+
+    def _record(self, group: list[Any], blocked: float, waited: float, step: int, label: str) -> None:
         if any(isinstance(s, Future) and s.exception() is not None for s in group):
             return  # a failed write is reported (once) by wait(); a failed checkpoint has no savings
         stats = _combined([s.result() if isinstance(s, Future) else s for s in group], label)
         storage = self.storage_for(label)
         directory = label if storage.isdir(label) else storage.parent(label)
-        metrics = self.savings.add(stats, blocked, self.policy.write_gbps(directory))
+        metrics = self.savings.add(stats, blocked, self.policy.write_gbps(directory), waited)
         with self._lock:
             self._metrics.append((step, metrics))
         self.report(telemetry.summary(label, stats, metrics))
@@ -162,6 +255,18 @@ class CheckpointWriter:
         with self._lock:
             drained, self._metrics = self._metrics, []
         return drained
+
+    def pending(self) -> int:
+        """How many background writes, flushes and deletions are not done yet (0: every checkpoint saved so far is
+        as durable as :attr:`SaveOptions.durable` makes it)."""
+        return sum(not future.done() for _, future in self._inflight)
+
+    def raise_failures(self) -> None:
+        """Raise the error of a background write that has failed (as :meth:`wait` would), without waiting for the
+        writes still running."""
+        failed = [path for path, future in self._inflight if future.done() and future.exception() is not None]
+        if failed:
+            self.wait(failed[0])
 
     def wait(self, path: str | None = None) -> None:
         """Wait for background writes (only those of ``path``, when given); raise a failed one's error here."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 import torch
 
@@ -79,17 +79,31 @@ def save(
     URL: uploaded in parallel parts).
     """
     storage = storage or storage_for(path)
-    contents = find_contents(obj)
     directory = storage.target_directory(os.fspath(path))
+    stats = save_file(obj, path, codec, policy, storage.write, directory, staging_nbytes)
+    (policy or default_policy()).observe_write(directory, stats.file_nbytes, stats.seconds)
+    return stats
+
+
+def save_file(
+    obj: object,
+    path: str | os.PathLike,
+    codec: str,
+    policy: CodecPolicy | None,
+    write: Callable[[str, Callable[[BinaryIO], None]], int],
+    directory: str,
+    staging_nbytes: int | None = None,
+) -> SaveStats:
+    """:func:`save` through ``write(path, fill)`` (a storage's ``write``, or ``write_staged`` and its size), into
+    ``directory``, with no write bandwidth learnt: what the save did."""
+    contents = find_contents(obj)
     codec, prediction = resolve_codec(codec, contents.tensors, directory, policy)
     begin = time.perf_counter()
     snaps: list[Snapshot] = []
-    size = storage.write(os.fspath(path), lambda f: snaps.append(_stream(f, obj, codec, contents, staging_nbytes)))
+    size = write(os.fspath(path), lambda f: snaps.append(_stream(f, obj, codec, contents, staging_nbytes)))
     seconds = time.perf_counter() - begin
     encode_s = snaps[0].encode_s
-    stats = SaveStats(os.fspath(path), codec, snaps[0].raw_nbytes, size, encode_s, seconds - encode_s, prediction)
-    (policy or default_policy()).observe_write(directory, stats.file_nbytes, seconds)
-    return stats
+    return SaveStats(os.fspath(path), codec, snaps[0].raw_nbytes, size, encode_s, seconds - encode_s, prediction)
 
 
 def write_snapshot(

@@ -26,6 +26,8 @@ class SaveStats:
         prediction: the policy's forecast when the codec was chosen automatically.
         stage_s: time ``dcp.async_save``'s staging blocked training before the write (0 for other saves).
         items: how many items the save stored (DCP write items; 0 where not counted).
+        durable_s: seconds from the save's start until the file was on stable storage (None: the page cache
+            decides, durability ``os``).
     """
 
     path: str
@@ -37,6 +39,7 @@ class SaveStats:
     prediction: Prediction | None = None
     stage_s: float = 0.0
     items: int = 0
+    durable_s: float | None = None
 
     @property
     def seconds(self) -> float:

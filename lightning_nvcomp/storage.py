@@ -24,7 +24,7 @@ import stat
 import time
 from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
-from typing import BinaryIO, Callable, cast
+from typing import BinaryIO, Callable, NoReturn, cast
 
 from lightning_nvcomp.locations import COLLAPSED_URL, URL
 from lightning_nvcomp.resources import shared
@@ -58,11 +58,25 @@ class Storage:
     operating system (local disks, network file systems): see :func:`atomic_write`.
 
     Subclasses change how bytes reach the file by overriding :meth:`wrap`.
+
+    Args:
+        fsync: flush each file (and its directory) to the disk before it counts as written; False leaves that to
+            the page cache, as ``torch.save`` does (:class:`~lightning_nvcomp.options.Durability` ``os``).
     """
+
+    fsync: bool = True  # (a class default too: subclasses need not call __init__)
+
+    def __init__(self, fsync: bool = True) -> None:
+        self.fsync = fsync
 
     def write(self, path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> int:
         """Atomically write ``path`` through ``write(f)`` (see :func:`atomic_write`); returns the size in bytes."""
-        return atomic_write(path, lambda f: write(self.wrap(f)))
+        return atomic_write(path, lambda f: write(self.wrap(f)), self.fsync)
+
+    def write_staged(self, path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> StagedWrite:
+        """Write ``path``'s bytes through ``write(f)`` under a temporary name, not yet fsynced nor under its name
+        (see :func:`stage_write`): its :meth:`~StagedWrite.commit` finishes the write later."""
+        return stage_write(path, lambda f: write(self.wrap(f)))
 
     def wrap(self, f: BinaryIO) -> BinaryIO:
         """The file object ``write`` gets; the default is the file itself."""
@@ -122,11 +136,13 @@ class ThrottledStorage(Storage):
 
     Args:
         bytes_per_s: the write rate to hold to (bytes per second: every size in this package is in bytes).
+        fsync: as for :class:`Storage`.
     """
 
-    def __init__(self, bytes_per_s: float) -> None:
+    def __init__(self, bytes_per_s: float, fsync: bool = True) -> None:
         if bytes_per_s <= 0:
             raise ValueError(f"bytes_per_s must be positive, not {bytes_per_s}")
+        super().__init__(fsync)
         self.bytes_per_s = bytes_per_s
 
     def wrap(self, f: BinaryIO) -> BinaryIO:
@@ -160,9 +176,10 @@ def target_directory(path: str | os.PathLike) -> str:
     return directory
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> int:
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], fsync: bool = True) -> int:
     """Write a file through ``write(f)`` into a temporary name beside ``path``, fsync it, rename it over
-    ``path`` and fsync the directory. Returns the file's size in bytes.
+    ``path`` and fsync the directory (with ``fsync=False``: rename it only, as ``torch.save`` would leave it to
+    the page cache). Returns the file's size in bytes. :func:`stage_write` then :meth:`StagedWrite.commit`.
 
     If anything fails (or the process dies) before the rename, no file exists under ``path`` that was not
     there before and a previous file at ``path`` is untouched; the temporary file is removed on errors (or, after
@@ -177,6 +194,15 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         FileNotFoundError: the directory does not exist.
         OSError: the write failed (permissions, disk full, ...); the message names ``path``.
     """
+    staged = stage_write(path, write)
+    staged.commit(fsync)
+    return staged.size
+
+
+def stage_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> StagedWrite:
+    """The first half of :func:`atomic_write`: the file written through ``write(f)`` under its temporary name and
+    flushed to the operating system (not to the disk), still open and locked; nothing is under ``path`` yet.
+    :meth:`StagedWrite.commit` puts it there, :meth:`StagedWrite.abandon` removes it. Raises as atomic_write."""
     path = check_local(path)
     final = _link_target(path)
     directory = target_directory(final)
@@ -187,33 +213,65 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     except OSError as err:
         raise OSError(err.errno, f"cannot save {path}: {err.strerror} (directory {directory})") from None
-    old = None
+    f = os.fdopen(fd, "wb")
     try:
-        with os.fdopen(fd, "wb") as f:
-            if fcntl is not None:  # ours while we write: a sweep of another process leaves it alone
-                with contextlib.suppress(OSError):  # no locks here (ENOLCK): the sweep skips unlockable files
-                    fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            _keep_mode(f.fileno(), final)
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-            size = f.tell()
-        old = _keep_for_discard(final)
-        os.replace(tmp, final)
+        if fcntl is not None:  # ours while we write: a sweep of another process leaves it alone
+            with contextlib.suppress(OSError):  # no locks here (ENOLCK): the sweep skips unlockable files
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        _keep_mode(f.fileno(), final)
+        write(f)
+        f.flush()
+        return StagedWrite(path, final, tmp, f, f.tell())
     except BaseException as err:
-        for leftover in filter(None, (tmp, old)):
-            with contextlib.suppress(OSError):
-                os.unlink(leftover)
-        cause = _os_error(err)  # torch.save wraps a failed write (disk full, quota) in a RuntimeError
-        if cause is not None:
-            raise OSError(
-                cause.errno, f"cannot save {path}: {cause.strerror}; any previous file there is intact"
-            ) from err
-        raise
-    fsync_path(directory)
-    if old is not None:
-        _discard_later(old)
-    return size
+        f.close()
+        _failed(path, err, tmp)
+
+
+class StagedWrite:
+    """A file :func:`stage_write` wrote under a temporary name beside its final place, not yet under its name.
+
+    Args:
+        path: the name it is saved as; final: the file that name leads to (the end of its symbolic links);
+        tmp: the temporary name; f: the open, locked temporary file; size: its size in bytes.
+    """
+
+    def __init__(self, path: str, final: str, tmp: str, f: BinaryIO, size: int) -> None:
+        self.path, self.size = path, size
+        self._final, self._tmp, self._f = final, tmp, f
+
+    def commit(self, fsync: bool = True) -> None:
+        """Put the file under its name: fsync it (with ``fsync``), rename it over a previous file there, fsync the
+        directory (with ``fsync``). A failure removes it, names the path, and leaves a previous file intact."""
+        old = None
+        try:
+            with self._f:
+                if fsync:
+                    os.fsync(self._f.fileno())
+            old = _keep_for_discard(self._final)
+            os.replace(self._tmp, self._final)
+        except BaseException as err:
+            _failed(self.path, err, self._tmp, old)
+        if fsync:
+            fsync_path(os.path.dirname(self._final))
+        if old is not None:
+            _discard_later(old)
+
+    def abandon(self) -> None:
+        """Remove the temporary file: nothing is saved."""
+        self._f.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._tmp)
+
+
+def _failed(path: str, err: BaseException, *leftovers: str | None) -> NoReturn:
+    """Remove a failed save's ``leftovers`` and raise: an OSError naming ``path`` for a failed write."""
+    for leftover in filter(None, leftovers):
+        with contextlib.suppress(OSError):
+            os.unlink(leftover)
+    cause = _os_error(err)  # torch.save wraps a failed write (disk full, quota) in a RuntimeError
+    if cause is not None:
+        raise OSError(cause.errno, f"cannot save {path}: {cause.strerror}; any previous file there is intact") from err
+    raise err
 
 
 def discard(path: str | os.PathLike) -> None:

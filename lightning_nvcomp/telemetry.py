@@ -2,7 +2,9 @@
 running total in seconds, GPU-hours and dollars. Shared by the Lightning and Accelerate integrations.
 
 Metric names (all under :data:`PREFIX`): ``raw_gb``, ``stored_gb``, ``ratio``, ``codec_id`` (0 none, 1 zstd, 2 ans),
-``blocked_s`` (training waited), ``write_s``, ``baseline_s`` (raw bytes / measured storage bandwidth: an
+``blocked_s`` (training waited, ``waited_s`` of it for earlier saves still being written: storage slower than
+the saves), ``write_s``, ``durable_s`` (from the save's start until the checkpoint was on stable storage: its
+slowest file; absent with durability ``os``), ``baseline_s`` (raw bytes / measured storage bandwidth: an
 uncompressed synchronous save), ``predicted_blocked_s`` (auto only), ``saved_s`` (= baseline - blocked), and the
 run's totals ``saved_s_total``, ``saved_gpu_hours_total`` (x world size) and ``saved_usd_total`` (x price).
 """
@@ -31,8 +33,9 @@ class Savings:
     saved_s_total: float = 0.0
     history: list[dict[str, float]] = field(default_factory=list)
 
-    def add(self, stats: SaveStats, blocked_s: float, write_gbps: float) -> dict[str, float]:
-        """Record one save; return its metrics (prefixed) including the running totals."""
+    def add(self, stats: SaveStats, blocked_s: float, write_gbps: float, waited_s: float = 0.0) -> dict[str, float]:
+        """Record one save (``waited_s`` of ``blocked_s`` waiting for earlier writes); return its metrics (prefixed)
+        including the running totals."""
         baseline_s = stats.raw_nbytes / (write_gbps * 1e9)
         saved_s = baseline_s - blocked_s
         self.saved_s_total += saved_s
@@ -42,12 +45,15 @@ class Savings:
             "ratio": stats.ratio,
             "codec_id": float(Codec(stats.codec).telemetry_id),
             "blocked_s": blocked_s,
+            "waited_s": waited_s,
             "write_s": stats.write_s,
             "baseline_s": baseline_s,
             "saved_s": saved_s,
             "saved_s_total": self.saved_s_total,
             "saved_gpu_hours_total": self.saved_s_total * self.world_size / 3600,
         }
+        if stats.durable_s is not None:
+            metrics["durable_s"] = stats.durable_s
         if stats.prediction is not None:
             metrics["predicted_blocked_s"] = stats.prediction.blocked_s
         if self.gpu_hour_usd is not None:

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -224,7 +225,8 @@ def test_total_limit_keeps_the_last_two_complete_checkpoints(tmp_path, async_sav
 
     config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2)
     run = R.build(seed=6, project_config=config)
-    attachment = attach(run.accelerator, codec="zstd", async_save=async_save, probe_mb=4)
+    # sync saves durable when they return (with "background" durability, their files would appear once flushed)
+    attachment = attach(run.accelerator, codec="zstd", async_save=async_save, probe_mb=4, durable="sync")
     # ~0.8 MB a checkpoint at 4 MB/s: each background write outlasts the next training steps by far, so every
     # save_state after the first meets a write still in flight in the directory it is about to prune or beside it
     attachment.writer.storage = ThrottledStorage(4e6)
@@ -284,6 +286,8 @@ def test_background_write_failure_surfaces_and_the_attachment_recovers(tmp_path)
     attachment.writer.storage = ThrottledStorage(4e6)  # the writes are still running when the directory goes
     run.accelerator.save_state(str(tmp_path / "doomed"))
     (tmp_path / "doomed").rename(tmp_path / "gone")  # not rmtree: it races with the writer's next file
+    while attachment.writer.pending():  # the next save_state does not wait for them: it raises a failure done
+        time.sleep(0.01)
     with pytest.raises(RuntimeError, match="background save of .*doomed"):
         run.accelerator.save_state(str(tmp_path / "next"))  # the failure is raised by the next save_state
     for _ in range(8):  # the doomed checkpoint's other files may fail too: each wait() raises one failure

@@ -34,7 +34,8 @@ from lightning_models import TinyData, TinyModule, make_classes
 
 TESTS_DIR = Path(__file__).resolve().parent
 
-#: Every metric a save logs (``predicted_blocked_s`` only with codec="auto", ``saved_usd_total`` only with a price).
+#: Every metric a save logs (``predicted_blocked_s`` only with codec="auto", ``saved_usd_total`` only with a price,
+#: ``durable_s`` unless durability is "os").
 METRICS = {
     f"nvcomp/{name}"
     for name in [
@@ -43,7 +44,9 @@ METRICS = {
         "ratio",
         "codec_id",
         "blocked_s",
+        "waited_s",
         "write_s",
+        "durable_s",
         "baseline_s",
         "saved_s",
         "saved_s_total",
@@ -463,6 +466,7 @@ def test_fabric_save_load_round_trip(tmp_path: Path, namespace: str) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fabric.save(path, {"model": net, "optimizer": opt, "step": 3, "note": "x"})
+        fabric.strategy.checkpoint_io.writer.wait()  # durable (flushed behind the save) and its metrics recorded
     # no Trainer, so no savings callback: the plugin says where its metrics went (the console only)
     assert any("no savings callback" in str(w.message) for w in caught)
     assert is_compressed(path) and hidden_files(tmp_path) == []
@@ -535,6 +539,12 @@ def test_async_background_failure_fails_fit(tmp_path: Path, failing_epoch: int) 
         assert torch.load(ckdir / "epoch=0.ckpt", weights_only=True)["global_step"] == STEPS_PER_EPOCH
 
 
+def _until_written(plugin: NvcompCheckpointIO) -> None:
+    """Wait, without surfacing their errors, until the plugin's background writes are done."""
+    while plugin.writer.pending():
+        time.sleep(0.01)
+
+
 def test_async_failure_raised_once_by_plugin(tmp_path: Path) -> None:
     """The plugin API directly: a failed background write raises at the next save and only once; the plugin goes
     on working, and teardown raises a failure not yet reported."""
@@ -550,7 +560,8 @@ def test_async_failure_raised_once_by_plugin(tmp_path: Path) -> None:
             pytest.fail(f"one failed background save was reported a second time: {err}")
 
     plugin.save_checkpoint(state, blocked)  # returns: the write runs in the background
-    with pytest.raises(RuntimeError, match="blocked.ckpt"):
+    _until_written(plugin)
+    with pytest.raises(RuntimeError, match="blocked.ckpt"):  # the next save does not wait: it raises a failure done
         plugin.save_checkpoint(state, tmp_path / "good.ckpt")
     again(plugin.save_checkpoint, state, tmp_path / "good.ckpt")
     plugin.teardown()
@@ -562,10 +573,18 @@ def test_async_failure_raised_once_by_plugin(tmp_path: Path) -> None:
     again(plugin.teardown)
     assert hidden_files(tmp_path) == []
 
-    # a synchronous save fails where it happens, with the OS error naming the file
-    sync = NvcompCheckpointIO(codec="zstd", probe_mb=4)
+    # a synchronous save with durable="sync" fails where it happens, with the OS error naming the file; with
+    # "background" durability its rename runs behind training, and its failure is raised by the next save
+    sync = NvcompCheckpointIO(codec="zstd", probe_mb=4, durable="sync")
     with pytest.raises(OSError, match="blocked.ckpt"):
         sync.save_checkpoint(state, blocked)
+    background = NvcompCheckpointIO(codec="zstd", probe_mb=4)
+    background.save_checkpoint(state, blocked)
+    _until_written(background)
+    with pytest.raises(RuntimeError, match="blocked.ckpt"):
+        background.save_checkpoint(state, tmp_path / "good.ckpt")
+    background.teardown()
+    assert hidden_files(tmp_path) == []
 
 
 def test_async_failure_file_size_limit_in_child(tmp_path: Path) -> None:
@@ -611,20 +630,31 @@ def test_async_remove_and_load_wait_for_the_write(tmp_path: Path) -> None:
     assert_tree_bit_exact(state, loaded)
 
     plugin.save_checkpoint(state, path)
-    plugin.remove_checkpoint(path)  # waits for the write, then removes the file
-    assert not path.exists()
+    plugin.remove_checkpoint(path)  # returns at once: the file is removed after its write
+    assert plugin.writer.pending()
     plugin.teardown()
     time.sleep(0.2)
     assert os.listdir(tmp_path) == []  # not re-created by a write still running, no temp file
 
-    # removing another file does not wait for (or disturb) the write in flight
+    # pruning another file waits for (and never disturbs) the write in flight: the older checkpoint is deleted
+    # once the newer one is durable, and kept if that save fails
     other = tmp_path / "other.ckpt"
     other.write_bytes(b"x")
     plugin.save_checkpoint(state, path)
     plugin.remove_checkpoint(other)
-    assert not other.exists()
+    assert other.exists() and plugin.writer.pending()
     plugin.teardown()
+    assert not other.exists()
     assert_tree_bit_exact(state, torch.load(path, weights_only=True))
+
+    blocked = tmp_path / "blocked.ckpt"
+    _block_path(blocked)
+    other.write_bytes(b"x")
+    plugin.save_checkpoint(state, blocked)
+    plugin.remove_checkpoint(other)
+    with pytest.raises(RuntimeError, match="blocked.ckpt"):
+        plugin.teardown()
+    assert other.read_bytes() == b"x"  # the newer save failed: the older checkpoint stays
 
 
 class _BigModule(TinyModule):

@@ -31,6 +31,11 @@ class MemorySink:
     def put(self, key: str, segment: Segment) -> None:
         self._segments.append((key, segment))
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the segments held."""
+        return sum(segment.blob.numel() for _, segment in self._segments)
+
     def write_to(self, writer: ArchiveWriter) -> None:
         """Write the segments kept so far, then let them go."""
         segments, self._segments = self._segments, []

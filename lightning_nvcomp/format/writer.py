@@ -225,6 +225,11 @@ class Snapshot:
         self.obj, self.codec, self.raw_nbytes, self.encode_s = obj, codec, raw_nbytes, encode_s
         self._placements, self._storages, self._coded, self._kept = placements, storages, coded, kept
 
+    @property
+    def held_nbytes(self) -> int:
+        """The bytes of coded segments this snapshot holds in host memory until it is written."""
+        return self._kept.nbytes if self._kept is not None else 0
+
     def write_to(self, writer: ArchiveWriter) -> None:
         """Write the segments kept in memory (if any), the pickle and the rest of the archive."""
         if self._kept is not None:

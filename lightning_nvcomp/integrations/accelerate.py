@@ -107,7 +107,11 @@ class Attachment:
         docstring); automatic naming into a URL project directory is refused (ValueError naming it) before anything
         is created."""
         self._check_naming(output_dir)
-        self.wait()  # Accelerate may prune older checkpoints now: their background writes must be done
+        if self._prunes():  # Accelerate deletes older checkpoints now: they stay until the newer are durable
+            self.wait()
+        else:
+            self.writer.raise_failures()
+            self.flush()
         # the metrics go where the run's own values are: at the step of its last log call
         step = self.accelerator.save_iteration if self.logged_step is None else self.logged_step
         parts: list[NvcompFileSystemWriter] = []
@@ -253,6 +257,11 @@ class Attachment:
             self.logged_step = step
         self._log(values, step=step, log_kwargs=log_kwargs)
 
+    def _prunes(self) -> bool:
+        """Whether ``save_state`` deletes older checkpoints (automatic naming with a ``total_limit``)."""
+        config = self.accelerator.project_configuration
+        return bool(config.automatic_checkpoint_naming and config.total_limit is not None)
+
     def flush(self) -> None:
         """Send the metrics of finished saves to the Accelerator's trackers (main process only), each at the step
         the run's last ``accelerator.log`` gave before its ``save_state`` (``save_iteration`` if none gave one)."""
@@ -303,6 +312,8 @@ def attach(
     interval_s: float | None = None,
     state_on_gpu: bool = True,
     remote: RemoteOptions | None = None,
+    durable: str = "background",
+    host_buffer_mb: int | None = None,
 ) -> Attachment:
     """Make ``accelerator.save_state`` write compressed checkpoints and log the savings to its trackers.
 
@@ -320,9 +331,16 @@ def attach(
         state_on_gpu: FSDP sharded state dicts only: collect them without CPU offload for the save, so shards are
             coded on the GPU (see the module docstring); False: as the plugin says.
         remote: how checkpoints at URLs are reached (:class:`~lightning_nvcomp.remote.RemoteOptions`).
+        durable: when a checkpoint is on stable storage: ``"background"`` (default), ``"sync"`` or ``"os"`` (see
+            :class:`~lightning_nvcomp.options.Durability`). Accelerate prunes old checkpoints itself (automatic
+            naming with ``total_limit``): then each ``save_state`` first waits until the earlier ones are durable.
+        host_buffer_mb: async saves: most MiB of compressed snapshots held in host memory (default: two
+            checkpoints).
 
     Returns:
         The :class:`Attachment`; ``detach()`` restores the Accelerator.
     """
-    options = SaveOptions.of(codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd, remote)
+    options = SaveOptions.of(
+        codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd, remote, durable, host_buffer_mb
+    )
     return Attachment(accelerator, CheckpointWriter(options), state_on_gpu)

@@ -52,6 +52,12 @@ class NvcompCheckpointIO(CheckpointIO):
         remote: how checkpoints at URLs are reached (:class:`~lightning_nvcomp.remote.RemoteOptions`: fsspec
             storage options, upload part size, parallelism); default: the backend's own configuration and
             environment, as Lightning's ``get_filesystem`` uses.
+        durable: when a checkpoint is on stable storage (:class:`~lightning_nvcomp.options.Durability`):
+            ``"background"`` (default: flushed behind training; top-k pruning deletes an older checkpoint only once
+            every newer save is durable), ``"sync"`` (before the save returns; for async saves, before the
+            background write is done) or ``"os"`` (never flushed, as ``TorchCheckpointIO``).
+        host_buffer_mb: async saves: most MiB of compressed snapshots held in host memory while earlier ones are
+            written (default: two checkpoints); a save past it waits, with a warning.
 
     Raises: ValueError for an unknown codec or a size that is not positive, CodecUnavailableError for a codec that
     cannot run here (``ans`` without a GPU and nvCOMP), at once. Made by a LightningCLI config (jsonargparse), the
@@ -78,9 +84,13 @@ class NvcompCheckpointIO(CheckpointIO):
         probe_mb: int = 256,
         interval_s: float | None = None,
         remote: RemoteOptions | None = None,
+        durable: str = "background",
+        host_buffer_mb: int | None = None,
     ) -> None:
         with option_errors(type(self).__name__):
-            options = SaveOptions.of(codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd, remote)
+            options = SaveOptions.of(
+                codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd, remote, durable, host_buffer_mb
+            )
         self.writer = CheckpointWriter(options, report=self._report)
         self.logger_attached = False
         #: Where each save's summary line goes (the savings callback sets it: around the progress bar); None:
@@ -94,7 +104,7 @@ class NvcompCheckpointIO(CheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} does not take storage_options (give it remote=RemoteOptions(...))")
-        self.writer.wait()  # a background failure surfaces here, at the next save
+        self.writer.raise_failures()  # a background failure surfaces here, at the next save
         self.writer.save(checkpoint, path)
         self.writer.commit(int(checkpoint.get("global_step", 0)), os.fspath(path))
 
@@ -110,10 +120,7 @@ class NvcompCheckpointIO(CheckpointIO):
         return fileformat.load(path, map_location=map_location, weights_only=safe, keep_on_gpu=True, storage=storage)
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
-        storage = self.writer.storage_for(path)
-        self.writer.wait(os.fspath(path))
-        if storage.exists(os.fspath(path)):
-            storage.discard(os.fspath(path))
+        self.writer.discard(path)  # after the saves still being written, and only if they succeed
 
     def teardown(self) -> None:
         self.writer.close()
