@@ -88,7 +88,7 @@ def plot(runs: dict[str, Run], output: str) -> None:
     shade = colors[0] if len(runs) == 1 else "grey"
     blocked.legend(
         [Patch(color=shade, alpha=0.35), Patch(color=shade)],
-        ["uncompressed sync save (baseline)", "training blocked"],
+        ["torch.save, same durability (baseline)", "training blocked"],
         fontsize="small",
     )
     for ax in (total, ratio, blocked):

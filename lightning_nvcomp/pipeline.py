@@ -16,6 +16,7 @@ from typing import Any, BinaryIO, Callable
 
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp import saving, telemetry
+from lightning_nvcomp.baseline import Baseline
 from lightning_nvcomp.locations import StorageBackend, is_url, storage_for
 from lightning_nvcomp.options import Durability, SaveOptions
 from lightning_nvcomp.policy import CodecPolicy, Prediction
@@ -98,6 +99,8 @@ class CheckpointWriter:
         #: :meth:`storage_for`.
         self.storage: StorageBackend = Storage(fsync=options.durable is not Durability.OS)
         self.savings = telemetry.Savings(options.gpu_hour_usd)
+        #: What the savings are measured against: an uncompressed ``torch.save`` with the same durability.
+        self.baseline = Baseline(fsync=options.durable is not Durability.OS, max_nbytes=options.probe_nbytes)
         self.report = report or log.info
         self._lock = threading.Lock()
         self._metrics: list[tuple[int, dict[str, float]]] = []
@@ -108,7 +111,7 @@ class CheckpointWriter:
         self._checkpoints = 0  # checkpoints committed so far: the number of the current one
         self._last_held = 0  # the host bytes the last committed checkpoint's async snapshots held
         self._group: list[Any] = []  # SaveStats, or futures of them
-        self._blocked = self._waited = 0.0
+        self._blocked = self._waited = self._probe_s = 0.0
 
     def storage_for(self, path: str | os.PathLike) -> StorageBackend:
         """The storage ``path`` is written to and read from: :attr:`storage` for a local path, the remote storage of
@@ -122,15 +125,21 @@ class CheckpointWriter:
         written; in sync mode, flushed); past that, this save waits for the oldest and says so (a warning and the
         ``waited_s`` metric): the storage is slower than the saves.
 
-        The first save to a file system (or bucket) probes its bandwidth (the savings baseline), with a probe no
-        larger than this checkpoint and never failing the save (see
-        :func:`lightning_nvcomp.probe.measure_bandwidth`)."""
+        The first save to a file system (or bucket) probes its bandwidth, with a probe no larger than this
+        checkpoint and never failing the save (see :func:`lightning_nvcomp.probe.measure_bandwidth`), and on a local
+        file system times the savings baseline on this checkpoint (:class:`~lightning_nvcomp.baseline.Baseline`);
+        their time is not the save's: it is reported once, as ``probe_s``."""
         storage = self.storage_for(path)
         path = os.fspath(path)
         directory = storage.parent(path)
         storage.makedirs(directory)
         if not self.policy.knows_bandwidth(directory):  # the one-off probe of this file system, before the timing
-            self.policy.write_gbps(directory, fileformat.find_contents(obj).nbytes)
+            probe_begin = time.perf_counter()
+            nbytes = fileformat.find_contents(obj).nbytes
+            self.policy.write_gbps(directory, nbytes)
+            if isinstance(storage, Storage):
+                self.baseline.measure(obj, nbytes, directory)
+            self._probe_s += time.perf_counter() - probe_begin
         begin = time.perf_counter()
         self._make_room(path)
         if self.options.async_save:
@@ -175,16 +184,16 @@ class CheckpointWriter:
 
     def commit(self, step: int, label: str) -> None:
         """Close the current group of saves (checkpoint ``label`` at training ``step``) and record its savings."""
-        group, blocked, waited = self._group, self._blocked, self._waited
-        self._group, self._blocked, self._waited = [], 0.0, 0.0
+        group, blocked, waited, probe_s = self._group, self._blocked, self._waited, self._probe_s
+        self._group, self._blocked, self._waited, self._probe_s = [], 0.0, 0.0, 0.0
         if not group:
             return
         self._last_held = sum(nbytes for _, nbytes, checkpoint in self._held if checkpoint == self._checkpoints)
         self._checkpoints += 1
         if any(isinstance(s, Future) for s in group):  # the writer thread runs this after the group's writes
-            self._inflight.append((label, self._background(self._record, group, blocked, waited, step, label)))
+            self._inflight.append((label, self._background(self._record, group, blocked, waited, probe_s, step, label)))
         else:
-            self._record(group, blocked, waited, step, label)
+            self._record(group, blocked, waited, probe_s, step, label)
 
     def _make_room(self, path: str) -> None:
         """Wait for earlier writes of ``path``, then for the oldest earlier checkpoint's background writes while the
@@ -239,13 +248,14 @@ class CheckpointWriter:
         self.policy.observe_write(directory, stats.file_nbytes, stats.seconds + time.perf_counter() - flush_begin)
         return replace(stats, durable_s=time.perf_counter() - begin)
 
-    def _record(self, group: list[Any], blocked: float, waited: float, step: int, label: str) -> None:
+    def _record(self, group: list[Any], blocked: float, waited: float, probe_s: float, step: int, label: str) -> None:
         if any(isinstance(s, Future) and s.exception() is not None for s in group):
             return  # a failed write is reported (once) by wait(); a failed checkpoint has no savings
         stats = _combined([s.result() if isinstance(s, Future) else s for s in group], label)
         storage = self.storage_for(label)
         directory = label if storage.isdir(label) else storage.parent(label)
-        metrics = self.savings.add(stats, blocked, self.policy.write_gbps(directory), waited)
+        baseline_s = self.baseline.seconds(stats.raw_nbytes, self.policy.write_gbps(directory))
+        metrics = self.savings.add(stats, blocked, baseline_s, waited, probe_s)
         with self._lock:
             self._metrics.append((step, metrics))
         self.report(telemetry.summary(label, stats, metrics))

@@ -1,12 +1,14 @@
-"""Savings telemetry: what each checkpoint cost, what an uncompressed synchronous save would have cost, and the
+"""Savings telemetry: what each checkpoint cost, what the framework's own uncompressed save would have cost, and the
 running total in seconds, GPU-hours and dollars. Shared by the Lightning and Accelerate integrations.
 
 Metric names (all under :data:`PREFIX`): ``raw_gb``, ``stored_gb``, ``ratio``, ``codec_id`` (0 none, 1 zstd, 2 ans),
-``blocked_s`` (training waited, ``waited_s`` of it for earlier saves still being written: storage slower than
-the saves), ``write_s``, ``durable_s`` (from the save's start until the checkpoint was on stable storage: its
-slowest file; absent with durability ``os``), ``baseline_s`` (raw bytes / measured storage bandwidth: an
-uncompressed synchronous save), ``predicted_blocked_s`` (auto only), ``saved_s`` (= baseline - blocked), and the
-run's totals ``saved_s_total``, ``saved_gpu_hours_total`` (x world size) and ``saved_usd_total`` (x price).
+``blocked_s`` (training waited; ``waited_s`` of it for earlier saves still being written: storage slower than the
+saves), ``write_s``, ``durable_s`` (from the save's start until the checkpoint was on stable storage, its slowest
+file; absent with durability ``os``), ``baseline_s`` (an uncompressed ``torch.save`` of the checkpoint with the same
+durability, timed on the first checkpoint: see :mod:`lightning_nvcomp.baseline`), ``probe_s`` (0 but on a save that
+probed: the one-off bandwidth probe and baseline timing, which training waited for besides ``blocked_s``),
+``predicted_blocked_s`` (auto only), ``saved_s`` (= baseline - blocked), and the run's totals ``saved_s_total``,
+``saved_gpu_hours_total`` (x world size) and ``saved_usd_total`` (x price).
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ class Savings:
     saved_s_total: float = 0.0
     history: list[dict[str, float]] = field(default_factory=list)
 
-    def add(self, stats: SaveStats, blocked_s: float, write_gbps: float, waited_s: float = 0.0) -> dict[str, float]:
-        """Record one save (``waited_s`` of ``blocked_s`` waiting for earlier writes); return its metrics (prefixed)
-        including the running totals."""
-        baseline_s = stats.raw_nbytes / (write_gbps * 1e9)
+    def add(
+        self, stats: SaveStats, blocked_s: float, baseline_s: float, waited_s: float = 0.0, probe_s: float = 0.0
+    ) -> dict[str, float]:
+        """Record one save that blocked training ``blocked_s`` (``waited_s`` of it for earlier writes) where the
+        baseline save would have taken ``baseline_s``, after a one-off probe of ``probe_s``; return its metrics
+        (prefixed) including the running totals."""
         saved_s = baseline_s - blocked_s
         self.saved_s_total += saved_s
         metrics = {
@@ -46,6 +50,7 @@ class Savings:
             "codec_id": float(Codec(stats.codec).telemetry_id),
             "blocked_s": blocked_s,
             "waited_s": waited_s,
+            "probe_s": probe_s,
             "write_s": stats.write_s,
             "baseline_s": baseline_s,
             "saved_s": saved_s,
@@ -82,6 +87,7 @@ def summary(path: str, stats: SaveStats, metrics: dict[str, float]) -> str:
     m = {k.removeprefix(PREFIX): v for k, v in metrics.items()}
     return (
         f"lightning_nvcomp: {path}: {stats.codec} {_sizes(stats.raw_nbytes, stats.file_nbytes)} ({m['ratio']:.3f}x), "
-        f"training blocked {_seconds(m['blocked_s'])} (uncompressed sync save: {_seconds(m['baseline_s'])}), "
+        f"training blocked {_seconds(m['blocked_s'])} (torch.save: {_seconds(m['baseline_s'])}), "
         f"saved {_seconds(m['saved_s_total'])} so far"
+        + (f"; the one-off storage probe took {_seconds(m['probe_s'])}" if m.get("probe_s") else "")
     )

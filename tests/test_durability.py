@@ -162,3 +162,38 @@ def test_durability_is_an_option_of_the_integrations():
     assert NvcompCheckpointIO(codec="zstd", durable="os").writer.storage.fsync is False
     with pytest.raises(ValueError, match="durable must be one of"):
         NvcompCheckpointIO(codec="zstd", durable="never")
+
+
+# -- the savings baseline: torch.save of this state, with the same durability -----------------------------------
+
+
+def test_the_baseline_is_a_timed_torch_save_of_the_first_checkpoint(tmp_path, monkeypatch):
+    w = writer("background")
+    spy = FsyncSpy(monkeypatch)
+    save(w, state(seed=1), tmp_path / "a.ckpt")
+    save(w, state(seed=2), tmp_path / "b.ckpt")
+    w.close()
+    assert w.baseline.measured
+    assert any(".lightning-nvcomp-baseline-" in path for path, _, _ in spy.calls)  # flushed: same durability
+    first, second = w.savings.history
+    assert first["nvcomp/probe_s"] > 0 and second["nvcomp/probe_s"] == 0  # reported once, as what it is
+    raw = first["nvcomp/raw_gb"] * 1e9
+    assert second["nvcomp/baseline_s"] == pytest.approx(first["nvcomp/baseline_s"])  # same state, same cost
+    assert first["nvcomp/baseline_s"] != pytest.approx(raw / (w.policy.write_gbps(str(tmp_path)) * 1e9))
+    assert sorted(os.listdir(tmp_path)) == ["a.ckpt", "b.ckpt"]  # the timed save and the probe are gone
+
+
+def test_the_baseline_of_os_durability_does_not_flush_and_large_states_use_the_bandwidth(tmp_path, monkeypatch):
+    spy = FsyncSpy(monkeypatch)
+    w = writer("os")
+    save(w, state(seed=1), tmp_path / "a.ckpt")
+    w.close()
+    assert w.baseline.measured and not any(".lightning-nvcomp-baseline-" in p for p, _, _ in spy.calls)
+
+    big = CheckpointWriter(SaveOptions(codec="zstd", probe_nbytes=64 << 10))  # the state is larger than this
+    save(big, state(seed=1), tmp_path / "big.ckpt")
+    big.close()
+    metrics = big.savings.history[0]
+    assert not big.baseline.measured
+    gbps = big.policy.write_gbps(str(tmp_path))
+    assert metrics["nvcomp/baseline_s"] == pytest.approx(metrics["nvcomp/raw_gb"] / gbps)

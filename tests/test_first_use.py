@@ -161,13 +161,13 @@ def test_summary_units() -> None:
 
     def line(raw: int, stored: int, blocked: float) -> str:
         stats = SaveStats("f.ckpt", "zstd", raw, stored, 0.0, 0.0)
-        return telemetry.summary("f.ckpt", stats, telemetry.Savings().add(stats, blocked, 1.0))
+        return telemetry.summary("f.ckpt", stats, telemetry.Savings().add(stats, blocked, raw / 1e9))
 
     assert "zstd 812 -> 700 B (1.160x), training blocked 2.5 ms" in line(812, 700, 0.0025)
     assert "zstd 257.73 -> 236.60 kB" in line(257_730, 236_600, 0.1)
     assert "zstd 12.35 -> 10.02 MB" in line(12_345_678, 10_020_000, 0.5)
     big = line(3_630_000_000, 3_010_000_000, 2.5)
-    assert "zstd 3.63 -> 3.01 GB" in big and "training blocked 2.50 s (uncompressed sync save: 3.63 s)" in big
+    assert "zstd 3.63 -> 3.01 GB" in big and "training blocked 2.50 s (torch.save: 3.63 s)" in big
     assert "saved 1.13 s so far" in big
 
 

@@ -198,7 +198,7 @@ class CompressedShardedSaves(abc.ABC):
         )
         # As one writer at the aggregate rate: the slowest rank's raw bytes take raw / gbps at the per-writer rate.
         aggregate_gbps = per_writer_gbps * stats.raw_nbytes / slowest_raw if slowest_raw else per_writer_gbps
-        metrics = self.savings.add(whole, blocked_s, aggregate_gbps)
+        metrics = self.savings.add(whole, blocked_s, whole.raw_nbytes / (aggregate_gbps * 1e9))
         metrics.update(rank_metrics(stats))
         self._metrics.append((step, metrics))
         (self.console or rank_zero_info)(f"{telemetry.summary(path, whole, metrics)} ({len(stats.ranks)} ranks)")
