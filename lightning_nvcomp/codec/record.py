@@ -88,7 +88,7 @@ def engine_for(codec: str, device: torch.device) -> ChunkEngine | None:
     if codec == "ans":
         if not gpu_available():
             raise CodecUnavailableError(
-                "gANS needs a CUDA GPU and nvCOMP (pip install 'lightning-nvcomp[cu12]'); it has no CPU coder"
+                "gANS needs a CUDA GPU and nvCOMP (pip install nvidia-nvcomp-cu12, or -cu13 for CUDA 13); it has no CPU coder"
             )
         return _nvcomp_engine()
     if codec == "zstd":
