@@ -78,3 +78,23 @@ def cli_main() -> None:
     from lightning.pytorch.cli import LightningCLI
 
     LightningCLI(TinyModule, TinyData, save_config_kwargs={"overwrite": True})
+
+
+def quiet_trainer(root, **kwargs):
+    """A quiet, deterministic CPU ``lightning`` Trainer without validation (checkpoints are saved at each training
+    epoch end), two epochs; ``kwargs`` override or add Trainer arguments."""
+    import lightning as L
+
+    options = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+        limit_val_batches=0,
+        default_root_dir=root,
+        max_epochs=2,
+    )
+    options.update(kwargs)
+    return L.Trainer(**options)

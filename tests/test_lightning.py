@@ -30,7 +30,7 @@ import lightning_nvcomp
 from lightning_nvcomp import NvcompCheckpointIO
 
 from conftest import CHILD_DIGEST_SRC, assert_tree_bit_exact, child_json, python_child, run_killable, tensor_digest
-from lightning_models import TinyData, TinyModule, make_classes
+from lightning_models import TinyData, TinyModule, make_classes, quiet_trainer
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -61,19 +61,7 @@ STEPS_PER_EPOCH = 4
 
 def trainer(root: Path, **kwargs) -> L.Trainer:
     """A quiet, deterministic CPU Trainer without validation (checkpoints are saved at each training epoch end)."""
-    options = dict(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        deterministic=True,
-        limit_val_batches=0,
-        default_root_dir=root,
-        max_epochs=2,
-    )
-    options.update(kwargs)
-    return L.Trainer(**options)
+    return quiet_trainer(root, **kwargs)
 
 
 def every_epoch(dirpath: Path, **kwargs) -> ModelCheckpoint:

@@ -344,27 +344,15 @@ def test_the_probe_writes_through_s3_and_cleans_up(bucket):
 
 
 def _trainer(root: str, **kwargs):
-    import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from lightning_nvcomp import NvcompCheckpointIO
 
+    from lightning_models import quiet_trainer
+
     checkpoint = ModelCheckpoint(filename="{epoch}-{step}", monitor="step", mode="max", save_top_k=2, save_last=True)
-    options = dict(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        deterministic=True,
-        limit_val_batches=0,
-        default_root_dir=root,
-        max_epochs=3,
-        plugins=[NvcompCheckpointIO(codec="zstd", probe_mb=4)],
-        callbacks=[checkpoint],
-    )
-    options.update(kwargs)
-    return L.Trainer(**options)
+    options = dict(max_epochs=3, plugins=[NvcompCheckpointIO(codec="zstd", probe_mb=4)], callbacks=[checkpoint])
+    return quiet_trainer(root, **{**options, **kwargs})
 
 
 def _is_compressed(url: str) -> bool:
