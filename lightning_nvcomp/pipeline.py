@@ -157,6 +157,7 @@ class CheckpointWriter:
             stats = saving.save_file(
                 obj, path, self.options.codec.value, self.policy, stage, directory, self.options.staging_nbytes
             )
+            self._learn(stats)
             self._queue(path, self._background(self._flush, staged[0], stats, directory, begin), 0)
         else:
             stats = saving.save(
@@ -239,7 +240,14 @@ class CheckpointWriter:
     ) -> SaveStats:
         stats = saving.write_snapshot(snap, path, storage, prediction)
         self.policy.observe_write(storage.parent(path), stats.file_nbytes, stats.write_s)
+        self._learn(stats)
         return replace(stats, durable_s=time.perf_counter() - begin if _flushes(storage) else None)
+
+    def _learn(self, stats: SaveStats) -> None:
+        """``auto``: the codec's profile learns the save's real ratio and coding time (sync saves through
+        :func:`~lightning_nvcomp.saving.save` learn there)."""
+        if stats.prediction is not None:
+            self.policy.observe_save(stats.codec, stats.raw_nbytes, stats.file_nbytes, stats.encode_s)
 
     def _flush(self, staged: StagedWrite, stats: SaveStats, directory: str, begin: float) -> SaveStats:
         """``background`` durability: flush a file written by a sync save to the disk and rename it into place."""

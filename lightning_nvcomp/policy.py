@@ -17,6 +17,7 @@ Uncompressed saves (``none``) have ``r = 1`` and ``E`` = the device-to-host copy
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Hashable
@@ -31,8 +32,17 @@ from lightning_nvcomp.probe import FALLBACK_GBPS, PROBE_NBYTES, measure_bandwidt
 from lightning_nvcomp.remote.options import RemoteOptions
 from lightning_nvcomp.storage import Storage
 
+log = logging.getLogger(__name__)
+
 #: Weight of a new measurement in the moving average of a directory's write bandwidth.
 EMA_WEIGHT = 0.3
+#: Weight of a real save's ratio and coding time in its codec's profile: a calibration that was wrong is mostly
+#: corrected by the next save (80%) and within 4% of its error by the one after.
+PROFILE_WEIGHT = 0.8
+#: A runner-up predicted within this fraction of the chosen codec's blocked time is tried, once, when it has not
+#: been used for :data:`RETRY_EVERY` decisions: its profile is refined by a real save too (only used codecs are).
+RETRY_CLOSE = 0.10
+RETRY_EVERY = 10
 #: Writes smaller than this do not refine the estimate: their time is mostly fsync latency, not bandwidth.
 MIN_OBSERVED_NBYTES = 64 << 20
 _TIE = 0.05
@@ -230,6 +240,9 @@ class CodecPolicy:
         self._profiles: dict[tuple, list[CodecProfile]] = {}
         #: The last :meth:`decide`'s result (the chosen codec's prediction, every candidate's): why auto chose.
         self.last_decision: tuple[Prediction, list[Prediction]] | None = None
+        self._last_key: tuple | None = None  # the calibration the last decision used
+        self._decisions = 0
+        self._used: dict[str, int] = {}  # codec -> the number of the last decision that chose it
 
     def in_mode(self, mode: str, interval_s: float | None = None) -> CodecPolicy:
         """A policy for ``mode`` that shares this one's measurements (probe and calibration happen once)."""
@@ -301,18 +314,73 @@ class CodecPolicy:
     def profiles(self, tensors: list[torch.Tensor]) -> list[CodecProfile]:
         """Codec calibration on a sample of ``tensors`` (cached per device and dtypes)."""
         if self._fixed_profiles is not None:
-            return self._fixed_profiles
-        device = bulk_device(tensors)
-        tensors = [t for t in tensors if t.device == device]  # e.g. AdamW's CPU step counters: too small to matter
-        key = (str(device), tuple(sorted({str(t.dtype) for t in tensors})))
-        if key not in self._profiles:
-            self._profiles[key] = calibrate(sample_state(tensors, per_tensor=self.per_tensor), candidate_codecs(device))
+            key: tuple = ("given",)
+            self._profiles.setdefault(key, list(self._fixed_profiles))
+        else:
+            device = bulk_device(tensors)
+            tensors = [t for t in tensors if t.device == device]  # e.g. AdamW's CPU step counters: too small to matter
+            key = (str(device), tuple(sorted({str(t.dtype) for t in tensors})))
+            if key not in self._profiles:
+                samples = sample_state(tensors, per_tensor=self.per_tensor)
+                self._profiles[key] = calibrate(samples, candidate_codecs(device))
+        self._last_key = key
         return self._profiles[key]
+
+    def observe_save(self, codec: str, raw_nbytes: int, stored_nbytes: int, encode_s: float) -> None:
+        """Fold a real save's figures into its codec's profile (the calibration the last :meth:`decide` used), with
+        weight :data:`PROFILE_WEIGHT`: its ratio, and its coding time per byte (what training waited for to have
+        the coded bytes)."""
+        profiles = self._profiles.get(self._last_key) if self._last_key is not None else None
+        if not profiles or raw_nbytes <= 0 or stored_nbytes <= 0:
+            return
+        for i, old in enumerate(profiles):
+            if old.codec != codec:
+                continue
+            w = PROFILE_WEIGHT
+            ratio = (1 - w) * old.ratio + w * raw_nbytes / stored_nbytes
+            # In seconds per byte, where an instant coder (none on the CPU: inf GB/s) is 0.
+            per_byte = (1 - w) / (old.encode_gbps * 1e9) + w * max(encode_s, 0.0) / raw_nbytes
+            gbps = 1 / per_byte / 1e9 if per_byte > 0 else math.inf
+            profiles[i] = CodecProfile(codec, ratio, gbps)
+            if abs(ratio / old.ratio - 1) > 0.1 or (
+                math.isfinite(old.encode_gbps) and not 0.5 < gbps / old.encode_gbps < 2
+            ):
+                log.info(
+                    "auto: %s measured %.3fx at %.2f GB/s in a real save, calibrated %.3fx at %.2f GB/s: corrected",
+                    codec,
+                    raw_nbytes / stored_nbytes,
+                    raw_nbytes / max(encode_s, 1e-12) / 1e9,
+                    old.ratio,
+                    old.encode_gbps,
+                )
 
     def decide(self, tensors: list[torch.Tensor], directory: str) -> tuple[Prediction, list[Prediction]]:
         """The chosen codec's prediction and every candidate's, for saving ``tensors`` into ``directory``."""
         raw = sum(t.numel() * t.element_size() for t in tensors)
         gbps = self.write_gbps(directory, raw)  # a first probe no larger than this checkpoint
         predictions = [predict(raw, p, gbps, self.mode, self.interval_s) for p in self.profiles(tensors)]
-        self.last_decision = (choose(predictions), predictions)
+        chosen = choose(predictions)
+        self._decisions += 1
+        close = [
+            p
+            for p in predictions
+            if p.codec != chosen.codec
+            and p.blocked_s <= chosen.blocked_s * (1 + RETRY_CLOSE) + 1e-9
+            and self._decisions - self._used.get(p.codec, 0) >= RETRY_EVERY
+        ]
+        if close:
+            runner_up = min(close, key=lambda p: p.blocked_s)
+            log.info(
+                "auto: trying %s (predicted %.3f s blocked) instead of %s (%.3f s) to measure it: within %d%%, "
+                "unused for %d saves",
+                runner_up.codec,
+                runner_up.blocked_s,
+                chosen.codec,
+                chosen.blocked_s,
+                round(RETRY_CLOSE * 100),
+                RETRY_EVERY,
+            )
+            chosen = runner_up
+        self._used[chosen.codec] = self._decisions
+        self.last_decision = (chosen, predictions)
         return self.last_decision

@@ -82,6 +82,8 @@ def save(
     directory = storage.target_directory(os.fspath(path))
     stats = save_file(obj, path, codec, policy, storage.write, directory, staging_nbytes)
     (policy or default_policy()).observe_write(directory, stats.file_nbytes, stats.seconds)
+    if stats.prediction is not None:  # auto chose: its model learns from what the save really did
+        (policy or default_policy()).observe_save(stats.codec, stats.raw_nbytes, stats.file_nbytes, stats.encode_s)
     return stats
 
 

@@ -227,3 +227,39 @@ def test_cpu_state_candidates(tmp_path):
     _, predictions = CodecPolicy(write_gbps=1.0).decide(state, str(tmp_path))
     assert [p.codec for p in predictions] == (["ans", "zstd", "none"] if gpu_available() else ["zstd", "none"])
     assert all(p.ratio > 1.05 for p in predictions if p.codec != "none"), predictions
+
+
+# -- learning online: every auto save refines the model ---------------------------------------------------------
+
+
+def test_a_wrong_calibration_corrects_itself_within_two_saves(tmp_path):
+    """zstd calibrated 300x too fast: auto picks it on a fast disk; the real saves' coding time corrects the profile,
+    and the next decision is the right one (none), after one save here and at most two."""
+    from conftest import trained_like
+
+    wrong = [CodecProfile("zstd", 1.15, 100.0), CodecProfile("none", 1.0, math.inf)]
+    policy = CodecPolicy(write_gbps=5.0, profiles=wrong)
+    state = {"w": trained_like(1 << 21, torch.float32)}  # 8 MB
+    chosen = []
+    for i in range(4):
+        stats = lightning_nvcomp.save(state, tmp_path / f"{i}.ckpt", codec="auto", policy=policy)
+        chosen.append(stats.codec)
+    assert chosen[0] == "zstd" and chosen[2:] == ["none", "none"], chosen
+    zstd = next(p for p in policy.profiles([state["w"]]) if p.codec == "zstd")
+    assert zstd.encode_gbps < 10 and 1.05 < zstd.ratio < 1.3, zstd  # what a CPU zstd save really does
+
+
+def test_decisions_do_not_flip_flop_and_the_close_runner_up_is_retried_bounded(caplog):
+    import logging
+
+    close = [CodecProfile("zstd", 1.20, math.inf), CodecProfile("none", 1.0, math.inf)]
+    policy = CodecPolicy(write_gbps=1.0, profiles=close)  # none predicted 1.2x zstd's time: not close
+    tensors = [torch.zeros(1 << 20)]
+    assert {policy.decide(tensors, "/")[0].codec for _ in range(25)} == {"zstd"}
+
+    near = [CodecProfile("zstd", 1.05, math.inf), CodecProfile("none", 1.0, math.inf)]
+    policy = CodecPolicy(write_gbps=1.0, profiles=near)  # none within 10%: tried now and then to be measured
+    with caplog.at_level(logging.INFO, logger="lightning_nvcomp.policy"):
+        chosen = [policy.decide(tensors, "/")[0].codec for _ in range(25)]
+    assert [i + 1 for i, c in enumerate(chosen) if c == "none"] == [10, 20], chosen
+    assert sum("trying none" in r.getMessage() for r in caplog.records) == 2
