@@ -11,12 +11,15 @@ its baseline is its raw bytes over the file system's measured write bandwidth, w
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
 import torch
 
 from lightning_nvcomp.storage import atomic_write
+
+log = logging.getLogger(__name__)
 
 
 class Baseline:
@@ -37,21 +40,25 @@ class Baseline:
         """Whether a save was timed (else :meth:`seconds` is raw bytes over bandwidth)."""
         return self._per_byte is not None
 
-    def measure(self, obj: object, raw_nbytes: int, directory: str) -> float:
+    def measure(self, obj: object, raw_nbytes: int, directory: str, free_nbytes: int | None) -> None:
         """Time ``torch.save(obj)`` into a temporary file in the local ``directory`` (removed after), once, if
-        ``raw_nbytes`` is at most :attr:`max_nbytes`; returns the seconds this took (0 if nothing was timed)."""
-        if self.measured or not 0 < raw_nbytes <= self.max_nbytes:
-            return 0.0
+        ``raw_nbytes`` is at most :attr:`max_nbytes` and a quarter of ``free_nbytes`` (as the probe is bounded).
+        Never fails the save: a failed write (a full disk, say) leaves the baseline to the bandwidth, with a
+        warning."""
+        fits = free_nbytes is None or raw_nbytes <= free_nbytes // 4
+        if self.measured or not 0 < raw_nbytes <= self.max_nbytes or not fits:
+            return
         path = os.path.join(directory, f".lightning-nvcomp-baseline-{os.getpid()}.pt")
         begin = time.perf_counter()
         try:
             atomic_write(path, lambda f: torch.save(obj, f), fsync=self.fsync)
-            seconds = time.perf_counter() - begin
-        finally:
-            if os.path.exists(path):
-                os.unlink(path)
-        self._per_byte = seconds / raw_nbytes
-        return time.perf_counter() - begin
+        except OSError as err:
+            log.warning(
+                "lightning_nvcomp: the savings baseline was not timed in %s (%s): raw bytes / bandwidth", directory, err
+            )
+            return
+        self._per_byte = (time.perf_counter() - begin) / raw_nbytes
+        os.unlink(path)
 
     def seconds(self, raw_nbytes: int, write_gbps: float) -> float:
         """The baseline save's seconds for a checkpoint of ``raw_nbytes``: the timed save scaled by bytes, else

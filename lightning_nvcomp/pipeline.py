@@ -138,7 +138,7 @@ class CheckpointWriter:
             nbytes = fileformat.find_contents(obj).nbytes
             self.policy.write_gbps(directory, nbytes)
             if isinstance(storage, Storage):
-                self.baseline.measure(obj, nbytes, directory)
+                self.baseline.measure(obj, nbytes, directory, storage.free_nbytes(directory))
             self._probe_s += time.perf_counter() - probe_begin
         begin = time.perf_counter()
         self._make_room(path)
