@@ -4,13 +4,37 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TypeVar
 
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import CodecUnavailableError
 from lightning_nvcomp.remote.options import RemoteOptions
 
 
-class Codec(str, enum.Enum):
+class _Choice(str, enum.Enum):
+    """An option's values, as configs, files and the command line spell them (``OPTION`` names the option)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls: type[_C], value: str | _C) -> _C:
+        """The value called ``value``; ValueError naming the option and its choices otherwise."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"{cls.option()} must be one of {[c.value for c in cls]}, not {value!r}") from None
+
+    @classmethod
+    def option(cls) -> str:
+        """The name of the option these are the values of."""
+        raise NotImplementedError
+
+
+_C = TypeVar("_C", bound=_Choice)
+
+
+class Codec(_Choice):
     """How a save codes tensors. The values are the names configs, files and the command line use.
 
     ``ANS``: nvCOMP gANS on the GPU (fastest; decodes on a GPU only). ``ZSTD``: nvCOMP Zstd on CUDA state, zstd on
@@ -23,16 +47,9 @@ class Codec(str, enum.Enum):
     ZSTD = "zstd"
     NONE = "none"
 
-    def __str__(self) -> str:
-        return self.value
-
     @classmethod
-    def parse(cls, value: str | Codec) -> Codec:
-        """The codec called ``value``; ValueError naming the choices otherwise."""
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"codec must be one of {[c.value for c in cls]}, not {value!r}") from None
+    def option(cls) -> str:
+        return "codec"
 
     @property
     def needs_gpu(self) -> bool:
@@ -54,7 +71,7 @@ class Codec(str, enum.Enum):
             )
 
 
-class Durability(str, enum.Enum):
+class Durability(_Choice):
     """When a checkpoint is on stable storage (survives a power loss or a kernel crash), not only in the page cache.
 
     ``BACKGROUND`` (the default): training does not wait for it. The file is written (a sync save waits for that,
@@ -71,16 +88,9 @@ class Durability(str, enum.Enum):
     SYNC = "sync"
     OS = "os"
 
-    def __str__(self) -> str:
-        return self.value
-
     @classmethod
-    def parse(cls, value: str | Durability) -> Durability:
-        """The durability called ``value``; ValueError naming the choices otherwise."""
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"durable must be one of {[d.value for d in cls]}, not {value!r}") from None
+    def option(cls) -> str:
+        return "durable"
 
 
 #: The codecs a save chooses between (``auto`` picks one of them).

@@ -37,7 +37,8 @@ BATCH_NBYTES = 64 << 20
 RAW_NBYTES = 4 << 10
 #: Most CPU batches coded at once (each holds its planes and packed bytes, about twice :data:`BATCH_NBYTES`,
 #: meanwhile); one per four cores (a batch's zstd runs on all of them): on a machine of fewer than eight cores,
-#: batches are coded one after another (on two cores, four at once took 15% more time).
+#: batches are coded one after another (on two cores, coding them ahead competed with the writer thread and the
+#: zstd threads and made the save slower).
 BATCHES_AHEAD = 4
 
 

@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 from lightning_nvcomp.remote.options import RemoteOptions
-from lightning_nvcomp.storage import _own_name
+from lightning_nvcomp.temp_names import own_name
 
 log = logging.getLogger(__name__)
 
@@ -221,10 +221,25 @@ class MultipartUpload:
             _abort(self._fs, self._bucket, self._key, self._upload_id)
 
 
+class _ThroughFile:
+    """An upload whose bytes are written to a file first (``_file``): a temporary object, or a local spool."""
+
+    _file: Any
+
+    def write(self, data: Any) -> int:
+        return self._file.write(data)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def flush(self) -> None:
+        self._file.flush()
+
+
 # -- a temporary name, then a rename -------------------------------------------------------------------------------
 
 
-class RenameUpload:
+class RenameUpload(_ThroughFile):
     """A file streamed to a hidden temporary name beside ``key`` (``.NAME.lnv-<host>-<pid>-<token>.tmp``, as local
     saves name theirs), renamed over ``key`` once complete (atomic on HDFS and local file systems).
 
@@ -236,17 +251,8 @@ class RenameUpload:
     def __init__(self, fs: Any, key: str) -> None:
         self._fs, self._key = fs, key
         parent, _, base = key.rpartition("/")
-        self._tmp = f"{parent}/{_own_name(base, '.tmp')}"
+        self._tmp = f"{parent}/{own_name(base, '.tmp')}"
         self._file = fs.open(self._tmp, "wb")
-
-    def write(self, data: Any) -> int:
-        return self._file.write(data)
-
-    def tell(self) -> int:
-        return self._file.tell()
-
-    def flush(self) -> None:
-        self._file.flush()
 
     def commit(self) -> None:
         self._file.close()
@@ -263,7 +269,7 @@ class RenameUpload:
 # -- spooled, then one upload ----------------------------------------------------------------------------------------
 
 
-class SpooledPut:
+class SpooledPut(_ThroughFile):
     """A file spooled to a local temporary file (in ``TMPDIR``) while it is written, then uploaded with one
     ``put_file``: the store makes it visible once the upload is complete.
 
@@ -274,24 +280,15 @@ class SpooledPut:
 
     def __init__(self, fs: Any, key: str) -> None:
         self._fs, self._key = fs, key
-        self._spool = tempfile.NamedTemporaryFile(prefix="lightning-nvcomp-", suffix=".upload")
-
-    def write(self, data: Any) -> int:
-        return self._spool.write(data)
-
-    def tell(self) -> int:
-        return self._spool.tell()
-
-    def flush(self) -> None:
-        self._spool.flush()
+        self._file = tempfile.NamedTemporaryFile(prefix="lightning-nvcomp-", suffix=".upload")
 
     def commit(self) -> None:
         try:
-            self._spool.flush()
-            self._fs.put_file(self._spool.name, self._key)
+            self._file.flush()
+            self._fs.put_file(self._file.name, self._key)
         finally:
-            self._spool.close()
+            self._file.close()
         self._fs.invalidate_cache(self._key)
 
     def abort(self) -> None:
-        self._spool.close()
+        self._file.close()
