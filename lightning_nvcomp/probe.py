@@ -15,7 +15,7 @@ import time
 import torch
 
 from lightning_nvcomp.locations import StorageBackend, storage_for
-from lightning_nvcomp.storage import _own_name
+from lightning_nvcomp.temp_names import own_name
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def measure_bandwidth(
         )
         return None
     block = os.urandom(min(size, 16 << 20))  # incompressible, and no RNG of the training run is touched
-    path = storage.join(directory, _own_name(f"lightning-nvcomp-probe-{rank}", ".tmp"))
+    path = storage.join(directory, own_name(f"lightning-nvcomp-probe-{rank}", ".tmp"))
 
     def write(f) -> None:
         left = size

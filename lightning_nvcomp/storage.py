@@ -1,25 +1,17 @@
 """Durable file writes: a checkpoint appears under its final name complete, or not at all.
 
-Temporary names. A write goes to ``.NAME.lnv-<host>-<pid>-<token>.tmp`` beside the file's final place, and a file
-being replaced or discarded keeps a second name ``.NAME.lnv-<host>-<pid>-<token>.lnv-old`` until a background
-thread has freed it. ``<host>`` is :data:`HOST_ID` (8 hex digits of the SHA-1 of the host name), ``<pid>`` the
-writing process and ``<token>`` 8 random hex digits. The writer holds an exclusive ``flock`` on its temporary file
-while it writes. Every save sweeps its directory of such names left by a process that died (``kill -9``, out of
-memory) before it could rename or free them: only names of exactly this pattern, made on this host, by a process
-that no longer exists, and whose lock can be taken at once. Anything else is left alone: another program's files
-(``.x.lnv-old``, ``.model.ckpt.1234.tmp``), another host's (its process ids mean nothing here) and a live save's.
+A write goes to a temporary name beside the file's final place, and a file being replaced or discarded keeps a
+second name until a background thread has freed it (:mod:`lightning_nvcomp.temp_names`: the names, and which of
+them a process that died left). The writer holds an exclusive ``flock`` on its temporary file while it writes.
+Every save sweeps its directory of the names a dead process left (:func:`lightning_nvcomp.temp_names.stale_files`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import pathlib
-import re
-import secrets
-import socket
 import stat
 import time
 from collections.abc import Hashable
@@ -28,6 +20,7 @@ from typing import BinaryIO, Callable, NoReturn, cast
 
 from lightning_nvcomp.locations import COLLAPSED_URL, URL
 from lightning_nvcomp.resources import shared
+from lightning_nvcomp.temp_names import TMP_SUFFIX, own_name, stale_files, trash_name
 
 try:
     import fcntl
@@ -207,7 +200,7 @@ def stage_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> S
     final = _link_target(path)
     directory = target_directory(final)
     _sweep(directory)
-    tmp = os.path.join(directory, _own_name(os.path.basename(final), ".tmp"))
+    tmp = os.path.join(directory, own_name(os.path.basename(final), TMP_SUFFIX))
     try:
         # Mode 0o666 filtered by the umask, like any file open() creates (mkstemp would make it owner-only).
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
@@ -278,7 +271,7 @@ def discard(path: str | os.PathLike) -> None:
     """Remove the file ``path``: its name is gone when this returns, its data is freed on a background thread.
     ValueError for a URL (:func:`check_local`)."""
     path = check_local(path)
-    trash = _trash_name(path)
+    trash = trash_name(path)
     os.rename(path, trash)
     _discard_later(trash)
 
@@ -317,95 +310,16 @@ def _keep_mode(fd: int, path: str) -> None:
 # A save that replaces a checkpoint, or a pruned checkpoint, need not wait for it: the old file gets a second, hidden
 # name and is unlinked on a background thread. Names left behind by a process that died first are removed by the
 # next save into the same directory (:func:`_sweep`).
-_TRASH = ".lnv-old"
-_TMP = ".tmp"
-#: Who wrote a temporary or trash name: 8 hex digits of the SHA-1 of this host's name (short, file-name safe).
-HOST_ID = hashlib.sha1(socket.gethostname().encode("utf-8", "surrogateescape")).hexdigest()[:8]
-#: ``.NAME.lnv-<host>-<pid>-<token>.tmp`` / ``.lnv-old``: the only names :func:`_sweep` ever removes.
-_OWN = re.compile(
-    r"^\..*\.lnv-(?P<host>[0-9a-f]{8})-(?P<pid>[1-9][0-9]{0,9})-[0-9a-f]{8}(?:\.tmp|\.lnv-old)$", re.DOTALL
-)
-_NAME_MAX = 255
-
-
-def _own_name(name: str, suffix: str) -> str:
-    """A hidden name for ``name``'s temporary (``suffix`` ``.tmp``) or trash (``.lnv-old``) file, in our pattern.
-    A long ``name`` is shortened so that the whole stays within the 255 bytes a file name may have."""
-    tail = f".lnv-{HOST_ID}-{os.getpid()}-{secrets.token_hex(4)}{suffix}"
-    room = _NAME_MAX - 1 - len(tail)
-    encoded = os.fsencode(name)
-    if len(encoded) > room:
-        name = os.fsdecode(encoded[:room].decode("utf-8", "ignore").encode("utf-8"))
-    return f".{name}{tail}"
-
-
-def _trash_name(path: str) -> str:
-    return os.path.join(os.path.dirname(path), _own_name(os.path.basename(path), _TRASH))
-
-
 def _keep_for_discard(path: str) -> str | None:
     """Give the file at ``path`` (if any) a second name to free it by after ``path`` is replaced."""
     if not os.path.isfile(path):
         return None
-    trash = _trash_name(path)
+    trash = trash_name(path)
     try:
         os.link(path, trash)
     except OSError:  # no hard links on this file system: the replace frees the old file itself
         return None
     return trash
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: it exists, under another user; anything else: assume it does
-        return True
-    return True
-
-
-def _stale(path: str) -> bool:
-    """Whether ``path`` (a name of our pattern, made on this host by a dead process) is unlocked: its writer is gone.
-    A pid reused by a new process reads as alive; a lock still held (a writer in another pid namespace) too."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
-        return False
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def stale_files(directory: str) -> list[str]:
-    """The temporary and trash files in ``directory`` that crashed saves of this host left (see the module
-    docstring): the ones the next save there removes."""
-    if fcntl is None:
-        return []
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    found = []
-    for name in names:
-        if not (name.endswith(_TMP) or name.endswith(_TRASH)):
-            continue
-        match = _OWN.match(name)
-        if match is None or match["host"] != HOST_ID:
-            continue
-        pid = int(match["pid"])
-        if pid == os.getpid() or _pid_alive(pid):
-            continue
-        path = os.path.join(directory, name)
-        if _stale(path):
-            found.append(path)
-    return found
 
 
 def _sweep(directory: str) -> None:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import lightning_nvcomp
 from lightning_nvcomp import format as fileformat
-from lightning_nvcomp import storage
+from lightning_nvcomp import storage, temp_names
 from lightning_nvcomp.codec import record
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.format import DTYPES, TensorInfo, describe
@@ -281,7 +281,7 @@ def test_replaced_and_discarded_files_are_freed_and_stale_names_swept(tmp_path):
     old_inode = path.stat().st_ino
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # a process id that no longer runs: the stale name below is of a process of this host that died
-    stale = tmp_path / f".epoch=7.ckpt.lnv-{storage.HOST_ID}-{dead.pid}-0123abcd.lnv-old"
+    stale = tmp_path / f".epoch=7.ckpt.lnv-{temp_names.HOST_ID}-{dead.pid}-0123abcd.lnv-old"
     stale.write_bytes(b"old checkpoint")
     storage.discard(pruned)
     assert not pruned.exists()  # the name is gone at once

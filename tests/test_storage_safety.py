@@ -33,13 +33,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import lightning_nvcomp
-from lightning_nvcomp import storage
+from lightning_nvcomp import storage, temp_names
 from lightning_nvcomp.format import find_contents
 from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.pipeline import CheckpointWriter
 from lightning_nvcomp.policy import CodecPolicy, CodecProfile
 from lightning_nvcomp.probe import FALLBACK_GBPS, MIN_PROBE_NBYTES, measure_bandwidth
-from lightning_nvcomp.storage import HOST_ID, Storage
+from lightning_nvcomp.storage import Storage
+from lightning_nvcomp.temp_names import HOST_ID
 
 from conftest import REPO_ROOT
 
@@ -320,7 +321,7 @@ def test_a_save_killed_mid_write_leaves_a_temp_the_next_save_removes(tmp_path):
     assert (tmp_path / temp).exists() and not path.exists()
     dead_trash = tmp_path / f".epoch=3.ckpt.lnv-{HOST_ID}-{proc.pid}-0123abcd.lnv-old"  # died before freeing it
     dead_trash.write_bytes(b"old checkpoint")
-    assert sorted(storage.stale_files(str(tmp_path))) == sorted([str(tmp_path / temp), str(dead_trash)])
+    assert sorted(temp_names.stale_files(str(tmp_path))) == sorted([str(tmp_path / temp), str(dead_trash)])
     storage.atomic_write(path, _payload)  # today: never swept (54 partial files, 6.7 GB after 84 kills)
     storage.wait_for_discards()
     assert os.listdir(tmp_path) == ["model.ckpt"]
@@ -567,6 +568,7 @@ def test_a_full_small_file_system_skips_the_probe_and_saves(small_fs, caplog):
             writer.commit(1, str(small_fs / "a.ckpt"))
         warnings = [r.getMessage() for r in caplog.records if r.name == "lightning_nvcomp.probe"]
         assert len(warnings) == 1 and str(small_fs) in warnings[0] and "MiB" in warnings[0], warnings
+        assert not writer.baseline.measured  # too little space to time a torch.save of it: bandwidth instead
         writer.wait()  # durable: flushed behind the save, and then observed
         assert not writer.policy.bandwidth_assumed(str(small_fs))  # the real write replaced the assumption
         assert writer.policy.write_gbps(str(small_fs)) != FALLBACK_GBPS
