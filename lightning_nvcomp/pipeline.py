@@ -109,7 +109,7 @@ class CheckpointWriter:
         # Background writes not known to be done: (future, host bytes it holds, its checkpoint's number).
         self._held: deque[tuple[Future, int, int]] = deque()
         self._checkpoints = 0  # checkpoints committed so far: the number of the current one
-        self._last_held = 0  # the host bytes the last committed checkpoint's async snapshots held
+        self._last_held = self._group_held = 0  # host bytes the last committed / this checkpoint's snapshots hold
         self._group: list[Any] = []  # SaveStats, or futures of them
         self._blocked = self._waited = self._probe_s = 0.0
 
@@ -189,7 +189,7 @@ class CheckpointWriter:
         self._group, self._blocked, self._waited, self._probe_s = [], 0.0, 0.0, 0.0
         if not group:
             return
-        self._last_held = sum(nbytes for _, nbytes, checkpoint in self._held if checkpoint == self._checkpoints)
+        self._last_held, self._group_held = self._group_held, 0
         self._checkpoints += 1
         if any(isinstance(s, Future) for s in group):  # the writer thread runs this after the group's writes
             self._inflight.append((label, self._background(self._record, group, blocked, waited, probe_s, step, label)))
@@ -228,6 +228,7 @@ class CheckpointWriter:
     def _queue(self, path: str, future: Future, held_nbytes: int) -> None:
         self._inflight.append((path, future))
         self._held.append((future, held_nbytes, self._checkpoints))
+        self._group_held += held_nbytes
         self._group.append(future)
 
     def _background(self, fn: Callable, *args: Any) -> Future:
