@@ -8,10 +8,11 @@ throughput ``E`` to storage that takes ``W`` bytes/s per writer costs
 * sync mode: segments are written while the next ones are coded, so training is blocked about
   ``max(encode, write)`` (the file is durable when the save returns);
 * async mode: training is blocked ``encode`` (the snapshot is in host memory), plus any part of the previous write
-  still running when the next save starts: ``max(0, write - interval)``.
+  still running when the next save starts: ``max(0, write - interval)``, the interval given or observed
+  (:meth:`CodecPolicy.observe_interval`).
 
-The codec with the smallest blocked time wins; predictions within 5% count as a tie, won by the better ratio when
-it is better by more than 1% (a sample's ratios are not more precise than that), else by the faster encode.
+The codec that loses the least training time wins; a tie (see :func:`choose`) goes to the smaller file, then to the
+checkpoint durable sooner.
 Uncompressed saves (``none``) have ``r = 1`` and ``E`` = the device-to-host copy rate (``inf`` for CPU state).
 """
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lightning_nvcomp.codec import record, schema
+from lightning_nvcomp.codec import pinned, record, schema
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.locations import StorageBackend, storage_for
 from lightning_nvcomp.probe import FALLBACK_GBPS, PROBE_NBYTES, measure_bandwidth
@@ -45,7 +46,15 @@ RETRY_CLOSE = 0.10
 RETRY_EVERY = 10
 #: Writes smaller than this do not refine the estimate: their time is mostly fsync latency, not bandwidth.
 MIN_OBSERVED_NBYTES = 64 << 20
-_TIE = 0.05
+#: Predicted losses within TIE_FRACTION of the least, or within TIE_S when that is at most TIE_INTERVAL_FRACTION of
+#: the interval between saves, are a tie (the model is not more precise than that): won by the smaller file, then
+#: by the sooner durable checkpoint.
+TIE_FRACTION = 0.05
+TIE_S = 0.1
+TIE_INTERVAL_FRACTION = 0.01
+#: Weight of a new interval between saves in their moving average.
+INTERVAL_WEIGHT = 0.5
+#: Ratios within this fraction count as equal (a sample's ratios are not more precise than that).
 _RATIO_TIE = 0.01
 
 
@@ -60,13 +69,19 @@ class CodecProfile:
 
 @dataclass(frozen=True)
 class Prediction:
-    """Predicted cost of one save with one codec (seconds)."""
+    """Predicted cost of one save with one codec (seconds): ``blocked_s`` is the training time it loses (the save
+    itself, and for an async save the wait it causes at the next one)."""
 
     codec: str
     ratio: float
     encode_s: float
     write_s: float
     blocked_s: float
+
+    @property
+    def durable_s(self) -> float:
+        """Seconds until the checkpoint is written, at most (a sync save overlaps the coding and the writes)."""
+        return self.encode_s + self.write_s
 
 
 def predict(
@@ -86,15 +101,17 @@ def predict(
     return Prediction(profile.codec, profile.ratio, encode_s, write_s, blocked)
 
 
-def choose(predictions: list[Prediction]) -> Prediction:
-    """The prediction with the least blocked time; within 5% of it, the one with the best ratio, unless others are
-    within 1% of that ratio: then, of those, the fastest encoder (their blocked times differ by sampling noise)."""
+def choose(predictions: list[Prediction], interval_s: float | None = None) -> Prediction:
+    """The prediction that loses the least training time, where a tie (within :data:`TIE_FRACTION` of the least,
+    or :data:`TIE_S` when saves are ``interval_s`` apart, at most :data:`TIE_INTERVAL_FRACTION` of it) is won by
+    the smaller file (ratios within 1% are equal), then by the sooner durable checkpoint."""
     if not predictions:
         raise ValueError("no codec to choose from")
     best = min(p.blocked_s for p in predictions)
-    close = [p for p in predictions if p.blocked_s <= best * (1 + _TIE) + 1e-9]
+    absolute = min(TIE_S, TIE_INTERVAL_FRACTION * interval_s) if interval_s is not None else 0.0
+    close = [p for p in predictions if p.blocked_s <= best + max(absolute, TIE_FRACTION * best) + 1e-9]
     top = max(p.ratio for p in close)
-    return min((p for p in close if p.ratio * (1 + _RATIO_TIE) >= top), key=lambda p: (p.encode_s, p.blocked_s))
+    return min((p for p in close if p.ratio * (1 + _RATIO_TIE) >= top), key=lambda p: (p.durable_s, p.blocked_s))
 
 
 def candidate_codecs(device: torch.device) -> list[str]:
@@ -180,11 +197,11 @@ def _host_copy_gbps(samples: list[torch.Tensor]) -> float:
     if not gpu:
         return math.inf
     seconds = math.inf
-    for _ in range(2):  # the first round warms up (the pinned memory is cached for the next saves, as for these)
+    for _ in range(2):  # the first round warms up (the pool's slabs are pinned for the next saves, as for these)
         torch.cuda.synchronize()
         begin = time.perf_counter()
         for s in gpu:
-            torch.empty(s.numel(), dtype=torch.uint8, pin_memory=True).copy_(s, non_blocking=True)
+            pinned.pool().copy(s)
         torch.cuda.synchronize()
         seconds = time.perf_counter() - begin
     return sum(s.numel() for s in gpu) / seconds / 1e9
@@ -243,6 +260,7 @@ class CodecPolicy:
         self._last_key: tuple | None = None  # the calibration the last decision used
         self._decisions = 0
         self._used: dict[str, int] = {}  # codec -> the number of the last decision that chose it
+        self._observed_interval: float | None = None  # moving average of the seconds between saves
 
     def in_mode(self, mode: str, interval_s: float | None = None) -> CodecPolicy:
         """A policy for ``mode`` that shares this one's measurements (probe and calibration happen once)."""
@@ -258,6 +276,7 @@ class CodecPolicy:
             self.remote,
         )
         other._bandwidth, other._profiles, other._assumed = self._bandwidth, self._profiles, self._assumed
+        other._observed_interval = self._observed_interval
         return other
 
     def write_gbps(self, directory: str, raw_nbytes: int | None = None) -> float:
@@ -354,12 +373,24 @@ class CodecPolicy:
                     old.encode_gbps,
                 )
 
+    def observe_interval(self, seconds: float) -> None:
+        """Fold the seconds between the starts of two saves into the interval the predictions use (unless one was
+        given)."""
+        if seconds > 0:
+            old = self._observed_interval
+            self._observed_interval = seconds if old is None else (1 - INTERVAL_WEIGHT) * old + INTERVAL_WEIGHT * seconds
+
+    @property
+    def interval(self) -> float | None:
+        """The seconds between saves the predictions use: the given ``interval_s``, else the observed ones."""
+        return self.interval_s if self.interval_s is not None else self._observed_interval
+
     def decide(self, tensors: list[torch.Tensor], directory: str) -> tuple[Prediction, list[Prediction]]:
         """The chosen codec's prediction and every candidate's, for saving ``tensors`` into ``directory``."""
         raw = sum(t.numel() * t.element_size() for t in tensors)
         gbps = self.write_gbps(directory, raw)  # a first probe no larger than this checkpoint
-        predictions = [predict(raw, p, gbps, self.mode, self.interval_s) for p in self.profiles(tensors)]
-        chosen = choose(predictions)
+        predictions = [predict(raw, p, gbps, self.mode, self.interval) for p in self.profiles(tensors)]
+        chosen = choose(predictions, self.interval)
         self._decisions += 1
         close = [
             p

@@ -263,3 +263,42 @@ def test_decisions_do_not_flip_flop_and_the_close_runner_up_is_retried_bounded(c
         chosen = [policy.decide(tensors, "/")[0].codec for _ in range(25)]
     assert [i + 1 for i, c in enumerate(chosen) if c == "none"] == [10, 20], chosen
     assert sum("trying none" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_a_tie_within_the_tolerances_goes_to_the_smaller_file():
+    raw = 10 << 20  # zstd at 0.5 GB/s costs 21 ms, raw to a 50 GB/s page cache 0.2 ms
+    none, zstd = predict(raw, NONE, 50.0), predict(raw, ZSTD, 50.0)
+    assert choose([zstd, none]).codec == "none"  # no interval known: only the relative tolerance, 5%
+    assert choose([zstd, none], interval_s=1.0).codec == "none"  # 0.1 s is more than 1% of a 1 s interval
+    assert choose([zstd, none], interval_s=30.0).codec == "zstd"  # 21 ms of 30 s: a tie, and zstd's file is smaller
+    slow = predict(raw, CodecProfile("zstd", 1.2, 0.05), 50.0)  # 0.21 s: past the absolute tolerance
+    assert choose([slow, none], interval_s=30.0).codec == "none"
+    durable_first = predict(raw, CodecProfile("ans", 1.2, 5.0), 50.0)  # the same ratio, durable sooner than zstd
+    assert choose([zstd, durable_first], interval_s=30.0).codec == "ans"
+
+
+def test_async_saves_learn_the_interval_and_count_the_wait_it_causes(tmp_path):
+    from lightning_nvcomp.options import SaveOptions
+    from lightning_nvcomp.pipeline import CheckpointWriter
+
+    writer = CheckpointWriter(SaveOptions.of(codec="zstd", async_save=True))
+    try:
+        state = {"w": torch.randn(1 << 16)}
+        for step in range(3):
+            writer.save(state, tmp_path / f"{step}.ckpt")
+            writer.commit(step, f"{step}.ckpt")
+            time.sleep(0.3)
+        writer.wait()
+    finally:
+        writer.close()
+    assert 0.3 <= writer.policy.interval < 0.6
+    # A write longer than the interval delays the next save: raw (10 s at 1 GB/s, 9 s of it past a 1 s interval)
+    # then loses to gANS (0.5 s coding, 8 s writing: 7.5 s blocked).
+    ans = CodecProfile("ans", ratio=1.25, encode_gbps=20.0)
+    policy = CodecPolicy(mode="async", write_gbps=1.0, profiles=[ans, NONE])
+    t = [torch.empty(10 * GB // 4, dtype=torch.float32, device="meta")]
+    assert policy.decide(t, ".")[0].codec == "none"  # no interval known: the write is assumed hidden
+    policy.observe_interval(1.0)
+    chosen, predictions = policy.decide(t, ".")
+    assert chosen.codec == "ans" and chosen.blocked_s == pytest.approx(7.5)
+    assert next(p for p in predictions if p.codec == "none").blocked_s == pytest.approx(10.0 - 1.0)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from lightning_nvcomp.codec import checksum as checksums
+from lightning_nvcomp.codec import pinned
 from lightning_nvcomp.codec import planes as byte_planes
 from lightning_nvcomp.codec.checksum import Checksum, Crc32, crc32
 from lightning_nvcomp.codec.cpu import CpuZstdEngine, cpu_threads
@@ -159,11 +160,11 @@ def choose_layout(engine: ChunkEngine | None, data: torch.Tensor, dtype: torch.d
 
 
 def to_host(packed: torch.Tensor) -> torch.Tensor:
+    """Coded bytes off the GPU, into the process's pinned pool (asynchronously, on the current stream)."""
     if packed.device.type == "cpu":
         return packed
     # Pinned memory: device-to-host copies run at full bus speed and without first-touch page faults.
-    host = torch.empty(packed.numel(), dtype=torch.uint8, pin_memory=True)
-    return host.copy_(packed, non_blocking=True)
+    return pinned.pool().copy(packed)
 
 
 def _segment_pool() -> ThreadPoolExecutor:
@@ -175,7 +176,7 @@ def _segment_pool() -> ThreadPoolExecutor:
 
 @dataclass
 class Segment:
-    """One coded segment of a record: its blob (fresh host memory, pinned when coded on a GPU), the stored size of
+    """One coded segment of a record: its blob (host memory, from the pinned pool when coded on a GPU), the stored size of
     each of its chunks, and its CRC-32 (computed on CPU threads while the next segment is coded)."""
 
     blob: torch.Tensor
@@ -296,14 +297,13 @@ def _raw_sizes(length: int, chunk: int) -> list[int]:
 
 def _raw_blob(seg: torch.Tensor) -> torch.Tensor:
     """A segment stored raw, as its blob: the bytes, then zeros up to a multiple of 16 (raw chunks are multiples
-    of 16 but the last), in fresh host memory (pinned for a GPU segment)."""
+    of 16 but the last), in fresh host memory (from the pinned pool for a GPU segment)."""
     n = seg.numel()
-    blob = torch.empty(_padded(n), dtype=torch.uint8, pin_memory=seg.device.type == "cuda")
+    if seg.device.type == "cuda":
+        return pinned.pool().copy(seg, _padded(n))
+    blob = torch.empty(_padded(n), dtype=torch.uint8)
     blob[n:] = 0
-    if seg.device.type == "cpu":
-        blob[:n].numpy()[:] = seg.numpy()
-    else:
-        blob[:n].copy_(seg, non_blocking=True)
+    blob[:n].numpy()[:] = seg.numpy()
     return blob
 
 
@@ -415,7 +415,8 @@ def decode(
     if work.type == "cuda" and device.type == "cpu":
         if not move:
             return out
-        host = to_host(out)  # pinned: no first-touch page faults, and the copy back to a GPU model is fast
+        # Pinned (torch's allocator: the caller keeps it): no first-touch page faults, and a copy back to a GPU is fast.
+        host = torch.empty(out.numel(), dtype=out.dtype, pin_memory=True).copy_(out, non_blocking=True)
         torch.cuda.current_stream(work).synchronize()
         return host
     return out.to(device)

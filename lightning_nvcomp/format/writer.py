@@ -14,6 +14,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
+from lightning_nvcomp.codec import pinned
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec import schema
 from lightning_nvcomp.codec.checksum import Checksum
@@ -284,6 +285,8 @@ def snapshot(
     names = _tensor_names(obj)
     plan, where = _plan(contents.tensors, names, staging_nbytes, contents.storages)
     kept = MemorySink() if sink is None else None
+    if kept is not None:  # held until written: pin what its GPU records could need while the first ones are coded
+        pinned.pool().reserve(sum(rec.nbytes for rec in plan if rec.device.type == "cuda"))
     into = sink or kept
     assert into is not None
     coded, count = [], 0

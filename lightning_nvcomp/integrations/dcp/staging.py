@@ -12,6 +12,7 @@ import torch
 from torch.distributed.checkpoint.metadata import STATE_DICT_TYPE
 
 from lightning_nvcomp import format as fileformat
+from lightning_nvcomp.codec import pinned
 from lightning_nvcomp.format.items import CodedTensor, code_tensors, storable
 from lightning_nvcomp.integrations.dcp import _compat
 from lightning_nvcomp.integrations.dcp._compat import DTensor, Shard, ShardedTensor
@@ -77,6 +78,8 @@ class Stager:
         staged = _compat.iterate_state_dict(state_dict, self._sharded, self._dtensor, lambda t, *_: self._tensor(t))
         with ENCODE_LOCK:
             pending, self._pending = self._pending, []
+            # Held until written: pin what the GPU shards could need while the first ones are coded.
+            pinned.pool().reserve(sum(t.numel() * t.element_size() for _, t, _ in pending if t.is_cuda))
             for batch in code_tensors([(name, t) for name, t, _ in pending], self.codec):
                 for index, coded in batch:
                     placeholder = pending[index][2]

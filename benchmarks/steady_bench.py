@@ -1,0 +1,211 @@
+"""Training time lost to checkpointing in a Lightning fit (issue 15): a GPT trained on the standard library's sources
+with AdamW, a checkpoint every N steps (``ModelCheckpoint(every_n_train_steps=N)``, the newest one kept), through each
+checkpoint IO. Lost time = the fit's wall time over the same fit without checkpoints, both in fresh processes on the
+same storage (the last save's write included: every IO's teardown waits for it).
+
+    python benchmarks/steady_bench.py --out benchmarks/results/steady/disk.md
+    python benchmarks/steady_bench.py --cgroup /sys/fs/cgroup/lnv --label "200 MB/s" --out .../throttled.md
+
+``--cgroup DIR``: each fit's process moves itself into that cgroup (v2) first, so an ``io.max`` set there throttles
+its writes, page-cache writeback included. Each fit is its own process: a first save pays what it pays in a real run
+(CUDA and nvCOMP set-up, pinned memory, the probe).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "examples"))
+
+#: name -> (checkpoint IO, lightning_nvcomp keyword arguments or None for Lightning's own)
+IOS: dict[str, tuple[str, dict | None]] = {
+    "TorchCheckpointIO": ("torch", None),
+    "AsyncCheckpointIO": ("torch-async", None),
+    "ours ans sync": ("ours", {"codec": "ans"}),
+    "ours ans async": ("ours", {"codec": "ans", "async_save": True}),
+    "ours zstd sync": ("ours", {"codec": "zstd"}),
+    "ours zstd async": ("ours", {"codec": "zstd", "async_save": True}),
+    "ours none async": ("ours", {"codec": "none", "async_save": True}),
+    "ours auto sync": ("ours", {"codec": "auto"}),
+    "ours auto async": ("ours", {"codec": "auto", "async_save": True}),
+    "ours ans sync durable=os": ("ours", {"codec": "ans", "durable": "os"}),
+    "ours ans sync durable=sync": ("ours", {"codec": "ans", "durable": "sync"}),
+    "ours auto async durable=sync": ("ours", {"codec": "auto", "async_save": True, "durable": "sync"}),
+}
+CODECS = {0.0: "none", 1.0: "zstd", 2.0: "ans"}  # nvcomp/codec_id
+
+
+def child(args: argparse.Namespace) -> None:
+    """One fit in this process; prints its figures as one JSON line."""
+    if args.cgroup:
+        pathlib.Path(args.cgroup, "cgroup.procs").write_text(str(os.getpid()))
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
+    from lightning_gpt import GPTModule, RandomWindows
+    from torch.utils.data import DataLoader
+
+    import lightning_nvcomp
+    from gpt import stdlib_corpus
+
+    kind, kwargs = IOS[args.io] if args.io != "no checkpoints" else ("none", None)
+    blocked: list[float] = []
+
+    class Timed(TorchCheckpointIO):
+        def save_checkpoint(self, checkpoint, path, storage_options=None):  # noqa: ANN001
+            begin = time.perf_counter()
+            super().save_checkpoint(checkpoint, path, storage_options)
+            blocked.append(time.perf_counter() - begin)
+
+    plugins = []
+    if kind == "torch":
+        plugins = [Timed()]
+    elif kind == "torch-async":
+        plugins = [AsyncCheckpointIO(Timed())]  # blocked here = the background write; timed around fit below
+    elif kind == "ours":
+        plugins = [lightning_nvcomp.NvcompCheckpointIO(**kwargs)]
+    torch.manual_seed(0)
+    module = GPTModule(dim=args.dim, layers=args.layers, heads=args.dim // 64, warmup_steps=10)
+    corpus = stdlib_corpus(16 << 20)
+    data = DataLoader(RandomWindows(corpus, 257, args.batch, seed=0, rank=0, start=0), batch_size=None)
+    root = pathlib.Path(args.dir)
+    shutil.rmtree(root, ignore_errors=True)
+    callbacks = [] if kind == "none" else [ModelCheckpoint(dirpath=root, every_n_train_steps=args.every, save_top_k=1)]
+    if kind == "ours":
+        callbacks.append(lightning_nvcomp.NvcompSavings())
+    trainer = L.Trainer(
+        accelerator="gpu" if torch.cuda.is_available() else "cpu",
+        devices=1,
+        precision=args.precision,
+        max_steps=args.steps,
+        logger=False,
+        enable_checkpointing=kind != "none",
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        plugins=plugins,
+    )
+    saves: list[dict] = []
+    if kind == "ours":
+        saves = plugins[0].savings.history  # each save's metrics, "nvcomp/" prefixed
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    begin = time.perf_counter()
+    trainer.fit(module, data)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    fit_s = time.perf_counter() - begin
+    files = sorted(root.glob("*.ckpt")) if root.exists() else []
+    result = {
+        "io": args.io,
+        "fit_s": fit_s,
+        "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else 0.0,
+        "size_gb": files[-1].stat().st_size / 1e9 if files else 0.0,
+        "saves": len(saves) if kind == "ours" else len(blocked),
+        "blocked_s": [s["nvcomp/blocked_s"] for s in saves] if kind == "ours" else blocked,
+        "waited_s": [s.get("nvcomp/waited_s", 0.0) for s in saves],
+        "durable_s": [s.get("nvcomp/durable_s") for s in saves],
+        "codecs": [CODECS.get(s["nvcomp/codec_id"], "?") for s in saves],
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def run_fit(io: str, args: argparse.Namespace) -> dict | None:
+    cmd = [sys.executable, __file__, "--child", "--io", io, "--dir", args.dir, "--dim", str(args.dim)]
+    cmd += ["--layers", str(args.layers), "--steps", str(args.steps), "--every", str(args.every)]
+    cmd += ["--batch", str(args.batch), "--precision", args.precision]
+    if args.cgroup:
+        cmd += ["--cgroup", args.cgroup]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    print(f"{io}: failed (exit {proc.returncode})\n{proc.stderr[-3000:]}", file=sys.stderr)
+    return None
+
+
+def _fmt(values: list) -> str:
+    shown = [f"{v:.2f}" for v in values if v is not None]
+    return " / ".join(shown) if shown else "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--io", default="no checkpoints")
+    parser.add_argument("--ios", default=",".join(IOS), help="comma-separated names of IOS to run")
+    parser.add_argument("--dir", default="/tmp/lnv-steady")
+    parser.add_argument("--dim", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--precision", default="bf16-mixed")
+    parser.add_argument("--cgroup", default=None)
+    parser.add_argument("--label", default="local disk")
+    parser.add_argument("--budget-s", type=float, default=1e9, help="start no fit after this many seconds")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    begin = time.perf_counter()
+    rows = []
+    base = run_fit("no checkpoints", args)
+    if base is None:
+        raise SystemExit("the fit without checkpoints failed")
+    for io in args.ios.split(","):
+        if time.perf_counter() - begin > args.budget_s:
+            print(f"budget spent: {io} and after not run", file=sys.stderr)
+            break
+        row = run_fit(io, args)
+        if row is not None:
+            rows.append(row)
+            print(f"{io}: lost {row['fit_s'] - base['fit_s']:+.2f} s, blocked {_fmt(row['blocked_s'])}", flush=True)
+    import torch
+
+    import lightning_nvcomp
+    from lightning_nvcomp.codec.gpu import nvcomp_version
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
+    lines = [
+        f"# Time lost to checkpointing in a Lightning fit: {args.label}",
+        "",
+        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; {device}; torch {torch.__version__}; "
+        f"nvCOMP {nvcomp_version()}; lightning_nvcomp {lightning_nvcomp.__version__}",
+        f"- byte-level GPT dim {args.dim}, {args.layers} layers, AdamW, {args.precision}, batch {args.batch}x256 bytes "
+        f"of the standard library's sources; {args.steps} steps, a checkpoint every {args.every} "
+        f"(ModelCheckpoint, save_top_k=1); storage: {args.label}" + (f" (cgroup {args.cgroup})" if args.cgroup else ""),
+        f"- the fit without checkpoints: {base['fit_s']:.2f} s, peak GPU {base['peak_gb']:.2f} GB. Lost = fit wall "
+        "time minus that; blocked = each save_checkpoint call (AsyncCheckpointIO: its background writes, not what "
+        "training waited); durable = until the checkpoint was fsynced (ours; Lightning's IOs never fsync); extra "
+        "GPU = peak GPU memory above the fit without checkpoints",
+        "",
+        "| checkpoint IO | lost s | blocked s per save | waited s | durable s | codecs | extra GPU GB | file GB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['io']} | {r['fit_s'] - base['fit_s']:+.2f} | {_fmt(r['blocked_s'])} | "
+            f"{sum(r['waited_s']):.2f} | {_fmt(r['durable_s'])} | {','.join(sorted(set(r['codecs']))) or '-'} | "
+            f"{r['peak_gb'] - base['peak_gb']:.2f} | {r['size_gb']:.2f} |"
+        )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
