@@ -40,6 +40,9 @@ IOS: dict[str, tuple[str, dict | None]] = {
     "ours ans sync durable=os": ("ours", {"codec": "ans", "durable": "os"}),
     "ours ans sync durable=sync": ("ours", {"codec": "ans", "durable": "sync"}),
     "ours auto async durable=sync": ("ours", {"codec": "auto", "async_save": True, "durable": "sync"}),
+    "ours ans async durable=os": ("ours", {"codec": "ans", "async_save": True, "durable": "os"}),
+    "ours auto async durable=os": ("ours", {"codec": "auto", "async_save": True, "durable": "os"}),
+    "ours auto sync durable=os": ("ours", {"codec": "auto", "durable": "os"}),
 }
 CODECS = {0.0: "none", 1.0: "zstd", 2.0: "ans"}  # nvcomp/codec_id
 

@@ -40,8 +40,9 @@ EMA_WEIGHT = 0.3
 #: Weight of a real save's ratio and coding time in its codec's profile: a calibration that was wrong is mostly
 #: corrected by the next save (80%) and within 4% of its error by the one after.
 PROFILE_WEIGHT = 0.8
-#: A runner-up predicted within this fraction of the chosen codec's blocked time is tried, once, when it has not
-#: been used for :data:`RETRY_EVERY` decisions: its profile is refined by a real save too (only used codecs are).
+#: A runner-up predicted within this fraction of the chosen codec's blocked time is tried, once, at the next
+#: decision when no real save has measured it yet, else when it has not been used for :data:`RETRY_EVERY` decisions:
+#: its profile is refined by a real save too (only used codecs are), so that a close call is decided on real saves.
 RETRY_CLOSE = 0.10
 RETRY_EVERY = 10
 #: Writes smaller than this do not refine the estimate: their time is mostly fsync latency, not bandwidth.
@@ -260,6 +261,7 @@ class CodecPolicy:
         self._last_key: tuple | None = None  # the calibration the last decision used
         self._decisions = 0
         self._used: dict[str, int] = {}  # codec -> the number of the last decision that chose it
+        self._measured: set[str] = set()  # codecs a real save has refined (observe_save)
         self._observed_interval: float | None = None  # moving average of the seconds between saves
 
     def in_mode(self, mode: str, interval_s: float | None = None) -> CodecPolicy:
@@ -355,6 +357,7 @@ class CodecPolicy:
         for i, old in enumerate(profiles):
             if old.codec != codec:
                 continue
+            self._measured.add(codec)
             w = PROFILE_WEIGHT
             ratio = (1 - w) * old.ratio + w * raw_nbytes / stored_nbytes
             # In seconds per byte, where an instant coder (none on the CPU: inf GB/s) is 0.
@@ -397,19 +400,21 @@ class CodecPolicy:
             for p in predictions
             if p.codec != chosen.codec
             and p.blocked_s <= chosen.blocked_s * (1 + RETRY_CLOSE) + 1e-9
-            and self._decisions - self._used.get(p.codec, 0) >= RETRY_EVERY
+            and (
+                (chosen.codec in self._measured and p.codec not in self._measured and p.codec not in self._used)
+                or self._decisions - self._used.get(p.codec, 0) >= RETRY_EVERY
+            )
         ]
         if close:
             runner_up = min(close, key=lambda p: p.blocked_s)
             log.info(
-                "auto: trying %s (predicted %.3f s blocked) instead of %s (%.3f s) to measure it: within %d%%, "
-                "unused for %d saves",
+                "auto: trying %s (predicted %.3f s blocked) instead of %s (%.3f s) to measure it: within %d%%, %s",
                 runner_up.codec,
                 runner_up.blocked_s,
                 chosen.codec,
                 chosen.blocked_s,
                 round(RETRY_CLOSE * 100),
-                RETRY_EVERY,
+                "not yet measured" if runner_up.codec not in self._measured else f"unused for {RETRY_EVERY} saves",
             )
             chosen = runner_up
         self._used[chosen.codec] = self._decisions
