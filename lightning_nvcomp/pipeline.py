@@ -34,13 +34,24 @@ def _combined(stats: list[SaveStats], label: str) -> SaveStats:
     predictions = [s.prediction for s in stats if s.prediction is not None]
     prediction = None
     if len(predictions) == len(stats):  # auto: one forecast per file, summed like the files' times
-        raw, stored = sum(s.raw_nbytes for s in stats), sum(s.raw_nbytes / p.ratio for s, p in zip(stats, predictions))
-        prediction = Prediction(
-            codec,
-            ratio(raw, stored),
-            sum(p.encode_s for p in predictions),
-            sum(p.write_s for p in predictions),
-            sum(p.blocked_s for p in predictions),
+        raw = sum(s.raw_nbytes for s in stats)
+
+        def summed(name: str, parts: list[Prediction]) -> Prediction:
+            stored = sum(s.raw_nbytes / p.ratio for s, p in zip(stats, parts))
+            return Prediction(
+                name,
+                ratio(raw, stored),
+                sum(p.encode_s for p in parts),
+                sum(p.write_s for p in parts),
+                sum(p.blocked_s for p in parts),
+            )
+
+        # Each file's decision had its own candidates: a codec predicted for every file is summed over them.
+        by_codec = [{q.codec: q for q in (p, *p.alternatives)} for p in predictions]
+        common = [c for c in by_codec[0] if c != codec and all(c in found for found in by_codec)]
+        prediction = replace(
+            summed(codec, predictions),
+            alternatives=tuple(summed(c, [found[c] for found in by_codec]) for c in common),
         )
     durable = [s.durable_s for s in stats]
     return SaveStats(

@@ -22,7 +22,7 @@ import logging
 import math
 import time
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -78,6 +78,13 @@ class Prediction:
     encode_s: float
     write_s: float
     blocked_s: float
+    #: The other candidates' predictions at the decision that chose this one (why it was chosen).
+    alternatives: tuple[Prediction, ...] = ()
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> Prediction:
+        """The prediction ``dataclasses.asdict`` made ``fields`` of (its alternatives dicts too)."""
+        return cls(**{**fields, "alternatives": tuple(cls.from_dict(a) for a in fields.get("alternatives", ()))})
 
     @property
     def durable_s(self) -> float:
@@ -418,5 +425,6 @@ class CodecPolicy:
             )
             chosen = runner_up
         self._used[chosen.codec] = self._decisions
+        chosen = replace(chosen, alternatives=tuple(p for p in predictions if p is not chosen))
         self.last_decision = (chosen, predictions)
         return self.last_decision

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lightning_nvcomp.options import Codec
+from lightning_nvcomp.policy import Prediction
 from lightning_nvcomp.stats import SaveStats
 
 PREFIX = "nvcomp/"
@@ -59,8 +60,10 @@ class Savings:
         }
         if stats.durable_s is not None:
             metrics["durable_s"] = stats.durable_s
-        if stats.prediction is not None:
+        if stats.prediction is not None:  # auto: what it predicted for the codec it chose, and for the others
             metrics["predicted_blocked_s"] = stats.prediction.blocked_s
+            for p in (stats.prediction, *stats.prediction.alternatives):
+                metrics[f"predicted_{p.codec}_blocked_s"] = p.blocked_s
         if self.gpu_hour_usd is not None:
             metrics["saved_usd_total"] = metrics["saved_gpu_hours_total"] * self.gpu_hour_usd
         prefixed = {PREFIX + k: v for k, v in metrics.items()}
@@ -89,5 +92,12 @@ def summary(path: str, stats: SaveStats, metrics: dict[str, float]) -> str:
         f"lightning_nvcomp: {path}: {stats.codec} {_sizes(stats.raw_nbytes, stats.file_nbytes)} ({m['ratio']:.3f}x), "
         f"training blocked {_seconds(m['blocked_s'])} (torch.save: {_seconds(m['baseline_s'])}), "
         f"saved {_seconds(m['saved_s_total'])} so far"
+        + (f"; {_why(stats.prediction)}" if stats.prediction is not None else "")
         + (f"; the one-off storage probe took {_seconds(m['probe_s'])}" if m.get("probe_s") else "")
     )
+
+
+def _why(chosen: Prediction) -> str:
+    """``auto chose ans: predicted 0.85 s lost (zstd 0.87 s, none 1.10 s)``."""
+    others = ", ".join(f"{p.codec} {_seconds(p.blocked_s)}" for p in chosen.alternatives)
+    return f"auto chose {chosen.codec}: predicted {_seconds(chosen.blocked_s)} lost" + (f" ({others})" if others else "")

@@ -251,7 +251,11 @@ def test_auto_codec(tmp_path: Path) -> None:
     assert sorted(os.listdir(ckdir)) == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"]
     assert hidden_files(ckdir) == []
     for name, metrics in zip(sorted(os.listdir(ckdir)), plugin.savings.history):
-        assert set(metrics) == METRICS | {"nvcomp/predicted_blocked_s"}
+        # The forecast of the codec chosen and of every candidate (no GPU: none and zstd).
+        predicted = {"nvcomp/predicted_blocked_s", "nvcomp/predicted_none_blocked_s", "nvcomp/predicted_zstd_blocked_s"}
+        assert set(metrics) == METRICS | predicted
+        chosen = "zstd" if metrics["nvcomp/codec_id"] == 1.0 else "none"
+        assert metrics["nvcomp/predicted_blocked_s"] == metrics[f"nvcomp/predicted_{chosen}_blocked_s"]
         assert metrics["nvcomp/codec_id"] in (0.0, 1.0)  # no GPU: none or zstd
         assert is_compressed(ckdir / name) == (metrics["nvcomp/codec_id"] == 1.0)
     assert_matches_training(torch.load(ckdir / "epoch=1-step=8.ckpt", weights_only=True), module, t.optimizers[0])

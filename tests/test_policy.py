@@ -175,7 +175,23 @@ def test_bench_command_on_a_real_directory(tmp_path, capsys):
     assert main(["bench", "--dir", str(tmp_path), "--state-mb", "8", "--probe-mb", "4", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "recommendation: codec=" in out and "zstd" in out and "none" in out
+    assert "3 probes: median (range)" in out and "the state is synthetic" in out
+    rows = [line.split("|")[2].split() for line in out.splitlines() if line.startswith(("zstd ", "none "))]
+    assert len(rows) == 2 and all(r[3].startswith("(") and r[3].endswith(")") for r in rows), rows  # median, range
     assert os.listdir(tmp_path) == []  # probe and trial saves cleaned up
+
+
+def test_bench_on_a_real_checkpoint_says_nothing_about_synthetic_state(tmp_path, capsys):
+    from lightning_nvcomp.cli import main
+
+    from conftest import trained_like
+
+    lightning_nvcomp.save({"w": trained_like(1 << 18, torch.float32)}, tmp_path / "real.ckpt", codec="zstd")
+    (tmp_path / "dir").mkdir()
+    args = ["bench", "--dir", str(tmp_path / "dir"), "--state", str(tmp_path / "real.ckpt"), "--probe-mb", "2"]
+    assert main([*args, "--device", "cpu", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "1 probes" in out and "synthetic" not in out and "recommendation" in out
 
 
 def test_bench_on_throttled_storage_recommends_compression(tmp_path, capsys):
@@ -320,3 +336,31 @@ def test_a_close_runner_up_no_save_has_measured_is_tried_at_the_next_decision(ca
             policy.observe_save(codec, GB, int(GB / 1.03) if codec == "zstd" else GB, 0.2 if codec == "zstd" else 0.0)
     assert chosen == ["zstd", "none", "zstd", "zstd", "zstd", "zstd"], chosen
     assert sum("not yet measured" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_every_save_says_why_auto_chose_its_codec(tmp_path):
+    import dataclasses
+
+    from lightning_nvcomp.integrations.dcp.stats import _from_dict
+    from lightning_nvcomp.options import SaveOptions
+    from lightning_nvcomp.pipeline import CheckpointWriter
+
+    lines: list[str] = []
+    writer = CheckpointWriter(SaveOptions.of(codec="auto", probe_mb=1), report=lines.append)
+    try:
+        writer.save({"w": torch.randn(1 << 16)}, tmp_path / "a.ckpt")
+        writer.commit(1, str(tmp_path / "a.ckpt"))
+        writer.wait()
+    finally:
+        writer.close()
+    (_, metrics), = writer.drain_metrics()
+    chosen, candidates = writer.policy.last_decision
+    assert {p.codec for p in candidates} == {"zstd", "none"}
+    assert {p.codec for p in chosen.alternatives} == {"zstd", "none"} - {chosen.codec}
+    for p in candidates:
+        assert metrics[f"nvcomp/predicted_{p.codec}_blocked_s"] == p.blocked_s
+    other = chosen.alternatives[0]
+    assert f"auto chose {chosen.codec}: predicted" in lines[0] and f"({other.codec} " in lines[0], lines[0]
+    # DCP gathers every rank's stats as dicts: the candidates come back as predictions.
+    stats = lightning_nvcomp.SaveStats("p", chosen.codec, 1, 1, 0.0, 0.0, prediction=chosen)
+    assert _from_dict(dataclasses.asdict(stats)) == stats

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -15,14 +16,15 @@ from lightning_nvcomp import saving
 from lightning_nvcomp.cli.common import add_command, positive_float, positive_int
 from lightning_nvcomp.cli.table import table
 from lightning_nvcomp.policy import CodecPolicy, Prediction, choose, predict
+from lightning_nvcomp.probe import measure_bandwidth
 from lightning_nvcomp.storage import Storage, ThrottledStorage
 
 #: The command's line in the top-level help, and its own help's description.
 SUMMARY = "measure a checkpoint directory and the codecs; predict and time a save with each"
 DESCRIPTION = (
-    "Probe the write bandwidth of DIR (write + fsync), calibrate every codec available here on a trained-like "
-    "state (or --state FILE), print the predicted save time of each codec next to a measured save, and the codec "
-    "that codec='auto' would choose."
+    "Probe the write bandwidth of DIR (write + fsync) --rounds times, calibrate every codec available here on a "
+    "trained-like state (or --state FILE), print the predicted save time of each codec next to the median and "
+    "spread of --rounds measured saves, and the codec that codec='auto' would choose."
 )
 
 
@@ -40,6 +42,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--interval-s", type=positive_float, help="seconds between saves (async mode)")
     parser.add_argument("--device", choices=("cpu", "cuda"), help="where the state lives (default: cuda if present)")
     parser.add_argument("--no-measure", action="store_true", help="predict only; do not time real saves")
+    parser.add_argument(
+        "--rounds", type=positive_int, default=3, help="storage probes and timed saves per codec (median, spread)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- measuring
@@ -62,11 +67,26 @@ def _nbytes(tensors: list[torch.Tensor]) -> int:
 
 @dataclass(frozen=True)
 class BenchRow:
-    """One codec: its predicted save and, if measured, the encode and write seconds of a real one."""
+    """One codec: its predicted save and the encode and write seconds of each real one timed (none: not timed)."""
 
     prediction: Prediction
-    measured_encode_s: float | None
-    measured_write_s: float | None
+    measured: tuple[tuple[float, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The rounds of one measurement: their median and range."""
+
+    values: tuple[float, ...]
+    fmt: str = ".2f"
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    def __str__(self) -> str:
+        low, high, f = min(self.values), max(self.values), self.fmt
+        return f"{self.median:{f}}" + (f" ({low:{f}}-{high:{f}})" if len(self.values) > 1 else "")
 
 
 def _measure(directory: str, state: object, codec: str, storage: Storage) -> tuple[float, float]:
@@ -80,24 +100,37 @@ def _measure(directory: str, state: object, codec: str, storage: Storage) -> tup
             os.unlink(path)
 
 
+def probe_rounds(directory: str, policy: CodecPolicy, storage: Storage, rounds: int) -> Spread:
+    """The write bandwidth of ``directory`` in GB/s, probed ``rounds`` times (a skipped probe raises)."""
+    found = []
+    for _ in range(rounds):
+        gbps = measure_bandwidth(directory, policy.probe_nbytes, storage)
+        if gbps is None:
+            raise OSError(f"too little free space in {directory} for a {policy.probe_nbytes >> 20} MB storage probe")
+        found.append(gbps)
+    return Spread(tuple(found))
+
+
 def measure(
     directory: str,
     state: object,
     policy: CodecPolicy,
     storage: Storage,
+    rounds: int = 3,
     timed: bool = True,
-) -> tuple[float, list[BenchRow], Prediction]:
-    """Probe ``directory``, calibrate every codec on ``state``, predict each save and (if ``timed``) time a real
-    one. Returns the per-writer bandwidth in GB/s, the rows, and the codec ``auto`` would choose."""
+) -> tuple[Spread, list[BenchRow], Prediction]:
+    """Probe ``directory`` ``rounds`` times, calibrate every codec on ``state``, predict each save at the median
+    bandwidth and (if ``timed``) time ``rounds`` real ones. Returns the bandwidth in GB/s per writer, the rows, and
+    the codec ``auto`` would choose."""
     tensors = fileformat.find_contents(state).tensors
     raw = _nbytes(tensors)
-    gbps = policy.write_gbps(directory)
-    predictions = [predict(raw, p, gbps, policy.mode, policy.interval_s) for p in policy.profiles(tensors)]
+    gbps = probe_rounds(directory, policy, storage, rounds)
+    predictions = [predict(raw, p, gbps.median, policy.mode, policy.interval_s) for p in policy.profiles(tensors)]
     rows = []
     for p in predictions:
-        encode_s, write_s = _measure(directory, state, p.codec, storage) if timed else (None, None)
-        rows.append(BenchRow(p, encode_s, write_s))
-    return gbps, rows, choose(predictions)
+        measured = tuple(_measure(directory, state, p.codec, storage) for _ in range(rounds if timed else 0))
+        rows.append(BenchRow(p, measured))
+    return gbps, rows, choose(predictions, policy.interval_s)
 
 
 # ---------------------------------------------------------------------------------------------------- rendering
@@ -113,7 +146,7 @@ _HEADER = [
     "|",
     "measured: encode",
     "+write",
-    "total",
+    "total (range)",
     "",
 ]
 #: Each column at least as wide as in the first version of this table; "|" columns joined by single spaces make
@@ -124,28 +157,38 @@ _WIDTHS = [6, 6, 11, 1, 17, 7, 8, 1, 16, 7, 7]
 def _cells(row: BenchRow, raw: int, chosen: Prediction) -> list[str]:
     p = row.prediction
     speed = raw / p.encode_s / 1e9 if p.encode_s else float("inf")
-    if row.measured_encode_s is None or row.measured_write_s is None:
+    if not row.measured:
         measured = ["-", "-", "-"]
     else:
-        total = row.measured_encode_s + row.measured_write_s
-        measured = [f"{row.measured_encode_s:.2f}", f"{row.measured_write_s:.2f}", f"{total:.2f}"]
+        encode, write = (Spread(tuple(m[i] for m in row.measured)) for i in (0, 1))
+        total = Spread(tuple(e + w for e, w in row.measured))
+        measured = [f"{encode.median:.2f}", f"{write.median:.2f}", str(total)]
     mark = " <- auto" if p.codec == chosen.codec else ""
     predicted = [f"{p.encode_s:.2f}", f"{p.write_s:.2f}", f"{p.blocked_s:.2f}"]
     return [p.codec, f"{p.ratio:.3f}", f"{speed:.1f}", "|", *predicted, "|", *measured, mark]
 
 
-def format_table(gbps: float, rows: list[BenchRow], chosen: Prediction, raw: int, mode: str) -> str:
-    """The bench report as text."""
+def format_table(
+    gbps: Spread, rows: list[BenchRow], chosen: Prediction, raw: int, mode: str, synthetic: bool = False
+) -> str:
+    """The bench report as text: measured times are medians of the rounds, the total with its range."""
     cells = [_cells(row, raw, chosen) for row in rows]
     right = set(range(1, len(_HEADER) - 1))
+    rates = Spread(tuple(g * 1e3 for g in gbps.values), fmt=".0f")
     lines = [
-        f"storage: {gbps * 1e3:.0f} MB/s per writer (write + fsync)   state: {raw / 1e6:.0f} MB   mode: {mode}",
+        f"storage: {rates} MB/s per writer (write + fsync, {len(gbps.values)} probes: median (range))   "
+        f"state: {raw / 1e6:.0f} MB   mode: {mode}",
         "",
         table(_HEADER, cells, right, sep=" ", widths=_WIDTHS),
         "",
         f"recommendation: codec={chosen.codec!r} (predicted {chosen.blocked_s:.2f} s blocked per save, "
         f"ratio {chosen.ratio:.3f})",
     ]
+    if synthetic:
+        lines.append(
+            "note: the state is synthetic (random values shaped like a trained model's): its ratios and coding "
+            "speeds differ from a real run's; pass --state FILE (one of your checkpoints) to measure yours"
+        )
     return "\n".join(lines)
 
 
@@ -161,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
         state = trained_like_state(args.state_mb << 20, device)
     policy = CodecPolicy(args.mode, args.interval_s, args.probe_mb << 20, storage)
     begin = time.perf_counter()
-    gbps, rows, chosen = measure(args.dir, state, policy, storage, timed=not args.no_measure)
-    print(format_table(gbps, rows, chosen, _nbytes(fileformat.find_contents(state).tensors), args.mode))
+    gbps, rows, chosen = measure(args.dir, state, policy, storage, args.rounds, timed=not args.no_measure)
+    raw = _nbytes(fileformat.find_contents(state).tensors)
+    print(format_table(gbps, rows, chosen, raw, args.mode, synthetic=not args.state))
     print(f"(bench took {time.perf_counter() - begin:.1f} s)")
     return 0

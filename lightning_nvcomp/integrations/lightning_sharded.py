@@ -195,6 +195,7 @@ class CompressedShardedSaves(abc.ABC):
             stats.stored_nbytes,
             max(r.encode_s for r in stats.ranks),
             max(r.write_s for r in stats.ranks),
+            prediction=stats.ranks[0].prediction,  # auto: rank 0 decides for every rank (one rank's share)
         )
         # As one writer at the aggregate rate: the slowest rank's raw bytes take raw / gbps at the per-writer rate.
         aggregate_gbps = per_writer_gbps * stats.raw_nbytes / slowest_raw if slowest_raw else per_writer_gbps

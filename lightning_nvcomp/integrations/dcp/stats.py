@@ -56,7 +56,7 @@ def _from_dict(fields: dict[str, Any]) -> SaveStats:
     """The :class:`SaveStats` of ``dataclasses.asdict`` (which turned its prediction into a dict too)."""
     prediction = fields.get("prediction")
     if isinstance(prediction, dict):
-        fields = {**fields, "prediction": Prediction(**prediction)}
+        fields = {**fields, "prediction": Prediction.from_dict(prediction)}
     return SaveStats(**fields)
 
 
