@@ -246,8 +246,8 @@ def report(args: argparse.Namespace, n_params: int, world: int, bench: SaveAndLo
     if bench.predictions:
         lines += [
             "",
-            "auto's predictions on rank 0 (per rank; it picks the shortest predicted blocked time; within 5%, "
-            "the better ratio if better by over 1%, else the faster encoder):",
+            "auto's predictions on rank 0 (per rank; it picks the least predicted lost time; a tie, within 5% or "
+            "0.1 s where that is at most 1% of the interval, goes to the smaller file, then the sooner durable):",
             "",
             "| codec | ratio | encode s | write s | blocked s |",
             "|---|---|---|---|---|",

@@ -51,6 +51,10 @@ def child(args: argparse.Namespace) -> None:
     """One fit in this process; prints its figures as one JSON line."""
     if args.cgroup:
         pathlib.Path(args.cgroup, "cgroup.procs").write_text(str(os.getpid()))
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("lightning_nvcomp.policy").setLevel(logging.INFO)  # auto's retries and corrections
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -130,6 +134,10 @@ def run_fit(io: str, args: argparse.Namespace) -> dict | None:
     if args.cgroup:
         cmd += ["--cgroup", args.cgroup]
     proc = subprocess.run(cmd, capture_output=True, text=True)
+    if args.log:
+        with open(args.log, "a") as log:
+            kept = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "lightning_nvcomp" in ln or "auto:" in ln]
+            log.write(f"## {io}\n" + "\n".join(kept) + "\n")
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
@@ -158,6 +166,7 @@ def main() -> None:
     parser.add_argument("--label", default="local disk")
     parser.add_argument("--budget-s", type=float, default=1e9, help="start no fit after this many seconds")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--log", default=None, help="append each fit's lightning_nvcomp lines to this file")
     args = parser.parse_args()
     if args.child:
         child(args)
