@@ -63,6 +63,7 @@ def child(args: argparse.Namespace) -> None:
     from torch.utils.data import DataLoader
 
     import lightning_nvcomp
+
     from gpt import stdlib_corpus
 
     kind, kwargs = IOS[args.io] if args.io != "no checkpoints" else ("none", None)

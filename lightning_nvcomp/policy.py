@@ -388,7 +388,9 @@ class CodecPolicy:
         given)."""
         if seconds > 0:
             old = self._observed_interval
-            self._observed_interval = seconds if old is None else (1 - INTERVAL_WEIGHT) * old + INTERVAL_WEIGHT * seconds
+            self._observed_interval = (
+                seconds if old is None else (1 - INTERVAL_WEIGHT) * old + INTERVAL_WEIGHT * seconds
+            )
 
     @property
     def interval(self) -> float | None:

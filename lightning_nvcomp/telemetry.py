@@ -100,4 +100,6 @@ def summary(path: str, stats: SaveStats, metrics: dict[str, float]) -> str:
 def _why(chosen: Prediction) -> str:
     """``auto chose ans: predicted 0.85 s lost (zstd 0.87 s, none 1.10 s)``."""
     others = ", ".join(f"{p.codec} {_seconds(p.blocked_s)}" for p in chosen.alternatives)
-    return f"auto chose {chosen.codec}: predicted {_seconds(chosen.blocked_s)} lost" + (f" ({others})" if others else "")
+    return f"auto chose {chosen.codec}: predicted {_seconds(chosen.blocked_s)} lost" + (
+        f" ({others})" if others else ""
+    )

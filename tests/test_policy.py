@@ -353,7 +353,7 @@ def test_every_save_says_why_auto_chose_its_codec(tmp_path):
         writer.wait()
     finally:
         writer.close()
-    (_, metrics), = writer.drain_metrics()
+    ((_, metrics),) = writer.drain_metrics()
     chosen, candidates = writer.policy.last_decision
     assert {p.codec for p in candidates} == {"zstd", "none"}
     assert {p.codec for p in chosen.alternatives} == {"zstd", "none"} - {chosen.codec}

@@ -15,7 +15,6 @@ import os
 import threading
 import weakref
 
-import numpy as np
 import torch
 
 from lightning_nvcomp.resources import shared

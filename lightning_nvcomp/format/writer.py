@@ -14,9 +14,8 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from lightning_nvcomp.codec import pinned
+from lightning_nvcomp.codec import pinned, schema
 from lightning_nvcomp.codec import record as records
-from lightning_nvcomp.codec import schema
 from lightning_nvcomp.codec.checksum import Checksum
 from lightning_nvcomp.errors import CheckpointError
 from lightning_nvcomp.format.contents import DTYPES, Contents, _storage_of, _tensor_names, find_contents
