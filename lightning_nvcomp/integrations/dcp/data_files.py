@@ -1,0 +1,182 @@
+"""The data files of one rank's DCP save: :class:`DataFiles` writes a plan's items into ``.distcp`` files, byte
+items as they are and each tensor item as its own compressed archive (coded in batches on the GPU or CPU threads,
+written on a disk thread while the next batch is coded), ``thread_count`` files at once."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, BinaryIO, cast
+
+import torch
+from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+
+from lightning_nvcomp import format as fileformat
+from lightning_nvcomp.errors import CheckpointError
+from lightning_nvcomp.format import items as tensor_items
+from lightning_nvcomp.format.items import CodedTensor, code_tensors, storable
+from lightning_nvcomp.format.zip import ArchiveWriter
+from lightning_nvcomp.integrations.dcp import _compat
+from lightning_nvcomp.integrations.dcp.metadata import NvcompStorageInfo
+from lightning_nvcomp.integrations.dcp.staging import ENCODE_LOCK, StagedShard, compact
+
+#: A file's write results, the seconds spent coding its items, and its tensor shards' device types.
+Outcome = tuple[list[WriteResult], float, frozenset[str]]
+
+
+@dataclass
+class DataFiles:
+    """How one save's data files are written.
+
+    Args:
+        fs: the writer's file system (``create_stream``, ``concat_path``, ``exists``).
+        path: the checkpoint directory.
+        codec: the codec of every tensor item (decided for this save).
+        staged: shards ``dcp.async_save`` compressed while staging, by their placeholder's storage address.
+        staging_nbytes: GPU scratch bound of an item stored through ``torch.save``'s pickling.
+        fsync: flush each local file to the disk once written.
+        save_id: this save's id (the infix of a name a previous checkpoint still uses).
+        thread_count: files written at once.
+        single_file_per_rank: one file per thread (else one per item), as ``FileSystemWriter``.
+    """
+
+    fs: Any
+    path: Any
+    codec: str
+    staged: dict[int, StagedShard]
+    staging_nbytes: int | None
+    fsync: bool
+    save_id: str
+    thread_count: int = 1
+    single_file_per_rank: bool = True
+
+    def _file_names(self, prefix: str) -> Iterator[str]:
+        """This rank's data file names, ``<prefix><n>.distcp``; a name already in the directory is never reused (a
+        previous checkpoint may still need that file): that file gets the save id as an infix."""
+        for n in itertools.count():
+            name = f"{prefix}{n}{DEFAULT_SUFFIX}"
+            if self.fs.exists(self.fs.concat_path(self.path, name)):
+                name = f"{prefix}{n}.{self.save_id.replace('-', '')[:12]}{DEFAULT_SUFFIX}"
+            yield name
+
+    def write(self, plan: SavePlan, planner: SavePlanner) -> list[Outcome]:
+        """Write the plan's items into data files, ``thread_count`` files at once; each file's outcome."""
+        names = self._file_names(plan.storage_data.prefix)
+        buckets = (
+            _compat.split_by_size_and_type(self.thread_count, plan.items)
+            if self.single_file_per_rank
+            else [[item] for item in plan.items]
+        )
+        jobs: queue.Queue = queue.Queue()
+        for bucket in buckets:
+            jobs.put((next(names), bucket))
+        outcomes: list[Outcome] = []
+        errors: list[BaseException] = []
+
+        def worker() -> None:
+            try:
+                while True:
+                    try:
+                        name, items = jobs.get_nowait()
+                    except queue.Empty:
+                        return
+                    outcomes.append(self._write_file(name, items, planner))
+            except BaseException as err:
+                errors.append(err)
+
+        threads = [threading.Thread(target=worker, name=f"lnv-dcp-{i}") for i in range(1, self.thread_count)]
+        for t in threads:
+            t.start()
+        worker()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return outcomes
+
+    def _staged_shard(self, item: WriteItem, data: torch.Tensor) -> CodedTensor | None:
+        """The shard ``dcp.async_save`` compressed while staging for this item, if it is one."""
+        shard = self.staged.get(data.untyped_storage().data_ptr()) if data.numel() else None
+        if shard is None:
+            return None
+        held = shard.placeholder
+        if (
+            data.shape != held.shape
+            or data.dtype != held.dtype
+            or data.stride() != held.stride()
+            or data.storage_offset()
+        ):
+            raise CheckpointError(
+                f"item {item.index.fqn!r}: the planner asks for a view {tuple(data.shape)} of a shard compressed "
+                f"while staging {tuple(held.shape)}; save with stage_compress='none'"
+            )
+        return shard.coded
+
+    def _write_file(self, name: str, items: list[WriteItem], planner: SavePlanner) -> Outcome:
+        """Write one data file: byte items as they are, then the tensor items, coded in batches
+        (:func:`~lightning_nvcomp.format.items.code_tensors`) and each written as its own archive on a disk thread
+        while the next batch is coded. Returns the write results and the seconds spent coding."""
+        results: list[WriteResult] = []
+        with self.fs.create_stream(self.fs.concat_path(self.path, name), "wb") as stream:
+            for item in (i for i in items if i.type == WriteItemType.BYTE_IO):
+                payload = cast(io.BytesIO, planner.resolve_data(item))
+                offset = stream.tell()
+                stream.write(payload.getbuffer())
+                length = stream.tell() - offset
+                results.append(WriteResult(item.index, length, _compat.StorageInfo(name, offset, length)))
+
+            serialization_id = str(secrets.randbits(128)).zfill(40)  # the file's items share torch.save's records
+
+            def write(batch: list[tuple[WriteItem, CodedTensor | fileformat.Snapshot]]) -> list[WriteResult]:
+                done = []
+                for item, stored in batch:
+                    offset = stream.tell()
+                    archive = ArchiveWriter(cast(BinaryIO, stream))
+                    if isinstance(stored, CodedTensor):
+                        tensor_items.write_tensor(archive, stored, serialization_id)
+                    else:
+                        stored.write_to(archive)
+                    length = stream.tell() - offset
+                    info = NvcompStorageInfo(name, offset, length, codec=self.codec, raw_nbytes=stored.raw_nbytes)
+                    done.append(WriteResult(item.index, length, info))
+                return done
+
+            begin = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lnv-dcp-write") as disk:
+                ready: list[tuple[WriteItem, CodedTensor | fileformat.Snapshot]] = []  # coded while staging
+                to_code: list[tuple[WriteItem, torch.Tensor]] = []
+                devices: set[str] = set()
+                for item in (i for i in items if i.type != WriteItemType.BYTE_IO):
+                    data = cast(torch.Tensor, planner.resolve_data(item)).detach()
+                    coded = self._staged_shard(item, data)
+                    if data.dim():
+                        devices.add(coded.device if coded is not None else data.device.type)
+                    if coded is not None:
+                        ready.append((item, coded))
+                    elif storable(data):
+                        to_code.append((item, data))
+                    else:  # what the coder does not store whole (subclasses...): through torch.save's pickling
+                        data = compact(data.cpu())
+                        ready.append(
+                            (item, fileformat.snapshot(data, self.codec, [data], staging_nbytes=self.staging_nbytes))
+                        )
+                writes = [disk.submit(write, ready)]
+                with ENCODE_LOCK:
+                    for batch in code_tensors([(i.index.fqn, d) for i, d in to_code], self.codec):
+                        writes.append(disk.submit(write, [(to_code[index][0], coded) for index, coded in batch]))
+                encode_s = time.perf_counter() - begin
+                results.extend(r for w in writes for r in w.result())
+            if self.fsync:
+                stream.flush()
+                os.fsync(stream.fileno())
+        return results, encode_s, frozenset(devices)
