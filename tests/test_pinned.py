@@ -31,6 +31,16 @@ def test_a_copy_holds_the_bytes_then_zeros():
     assert p.copy(torch.empty(0, dtype=torch.uint8)).numel() == 0
 
 
+def test_an_empty_buffer_is_cut_from_the_pool_and_reused():
+    p = PinnedPool(limit=8 * MIB, pin=False, slab_nbytes=4 * MIB)
+    for _ in range(3):  # three loads' read buffers: the same slab each time
+        buffers = [p.empty(3 * MIB // 2), p.empty(3 * MIB // 2)]
+        assert [b.numel() for b in buffers] == [3 * MIB // 2] * 2
+        del buffers
+        gc.collect()
+    assert p.nbytes == 4 * MIB
+
+
 def test_memory_is_reused_once_every_blob_of_a_slab_is_gone():
     p = PinnedPool(limit=64 * MIB, pin=False, slab_nbytes=4 * MIB)
     for round_ in range(5):  # five saves of 10 MiB each: the slabs of the first are reused by the rest
@@ -125,3 +135,23 @@ def test_gpu_copies_land_in_pinned_reused_memory(tmp_path):
     for i in range(4):
         loaded = lightning_nvcomp.load(tmp_path / f"c{i}.ckpt", map_location="cuda")
         assert all(torch.equal(loaded[k].view(torch.uint8), v.view(torch.uint8)) for k, v in state.items())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and nvCOMP")
+def test_gpu_dcp_loads_read_through_the_pool_without_growing_it(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
+
+    resources.reset()
+    torch.manual_seed(0)
+    state = {f"w{i}": torch.randn(1 << 20, device="cuda") for i in range(16)}  # 64 MiB
+    dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path / "ck", "ans"))
+    sizes = []
+    for _ in range(3):
+        target = {k: torch.empty_like(v) for k, v in state.items()}
+        dcp.load(target, storage_reader=NvcompFileSystemReader(tmp_path / "ck"))
+        assert all(torch.equal(target[k].view(torch.uint8), v.view(torch.uint8)) for k, v in state.items())
+        sizes.append(pool().nbytes)
+    assert sizes[1:] == sizes[:1] * 2 and sizes[0] > 0, sizes

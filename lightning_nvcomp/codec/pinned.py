@@ -96,6 +96,11 @@ class PinnedPool:
             slab.copied = event  # a slab cut afresh waits for it: a blob dropped early may still be being copied into
         return host
 
+    def empty(self, nbytes: int) -> torch.Tensor:
+        """A host uint8 tensor of ``nbytes``, uninitialized (a read buffer). Work the GPU queues on it must be done
+        before the tensor is dropped: its room may then be cut afresh at once."""
+        return self._take(nbytes)[0]
+
     def reserve(self, nbytes: int) -> None:
         """Pin slabs on a thread of its own until ``nbytes`` more could be cut without pinning (within the limit):
         called as a save starts, with what it could hold at most, so its copies rarely wait for pinning."""

@@ -19,6 +19,7 @@ from torch.futures import Future
 
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.codec.gpu import gpu_available
+from lightning_nvcomp.codec.pinned import pool as pinned_pool
 from lightning_nvcomp.errors import CodecUnavailableError, CorruptCheckpointError
 from lightning_nvcomp.format.items import read_tensors
 from lightning_nvcomp.integrations.dcp import _compat
@@ -249,7 +250,8 @@ def _windows(
     # Two buffers, reused: run i is read into one while the caller decodes run i - 1 from the other (decoded tensors
     # never share a window's memory), so the reads do not fault in fresh pages every time. Where the process uses a
     # GPU they are pinned, so that a window goes to the GPU in one asynchronous copy; buffer i % 2 is then refilled
-    # once the work queued while the caller had run i is done.
+    # once the work queued while the caller had run i is done. Pinned ones come from the process's pool (pinned
+    # once per run, not per load), so that work is waited for before they are dropped.
     pinned = torch.cuda.is_initialized()
     gpus = {d for d in devices if d.type == "cuda"} | (
         {torch.device("cuda", torch.cuda.current_device())} if pinned else set()
@@ -265,7 +267,7 @@ def _windows(
             event.synchronize()
         if buffers[i % 2].numel() < nbytes:
             size = max(nbytes, min(WINDOW_NBYTES, 2 * nbytes))
-            buffers[i % 2] = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
+            buffers[i % 2] = pinned_pool().empty(size) if pinned else torch.empty(size, dtype=torch.uint8)
         window = buffers[i % 2][:nbytes]
         stream.seek(start)
         got = stream.readinto(memoryview(window.numpy())) if nbytes else 0
@@ -282,6 +284,8 @@ def _windows(
                 ahead = reader.submit(read, i + 1)
             yield run, data
             released[i % 2] = [_recorded(gpu) for gpu in gpus]
+    for event in (e for events in released for e in events):
+        event.synchronize()
 
 
 def _recorded(device: torch.device) -> torch.cuda.Event:
