@@ -84,6 +84,7 @@ def main() -> None:
         if stats
         else None,
         "state": {"offloaded": state.offloaded, "devices": sorted(state.devices)} if state else None,
+        "sharded_loads": getattr(strategy, "sharded_loads", None),
     }
     with open(f"{root}/result-{trainer.global_rank}.json", "w") as f:
         json.dump(result, f)

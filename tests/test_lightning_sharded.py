@@ -88,6 +88,9 @@ def _check(tmp_path: Path, kind: str, codec: str, gpus: int = 1) -> None:
     # sharded optimizer state still reaches the writer on the GPU), and as bit-exact.
     resumed_results = _run(kind, codec, resumed, 8, ours / "checkpoints" / names[0], gpus, state_on_gpu=False)
     assert resumed_results[0]["global_step"] == 8
+    # The resume read the sharded state through the compressed reader: the module state (FSDP1 reads its optimizer
+    # state with a reader of its own), and with ModelParallel the optimizer state too.
+    assert [r["sharded_loads"] for r in resumed_results] == [2 if kind == "mp" else 1] * len(results), resumed_results
     assert all(r["state"]["offloaded"] for r in resumed_results), resumed_results
     if kind == "mp":
         assert [r["state"]["devices"] for r in resumed_results] == [["cpu"]] * len(results)

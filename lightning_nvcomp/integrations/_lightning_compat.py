@@ -4,6 +4,11 @@
 the one module-level helper through which ``FSDPStrategy(state_dict_type="sharded")`` and ``ModelParallelStrategy``
 write a sharded checkpoint (``dcp.save(state, checkpoint_id=path)``, no storage writer to pass). The compressed
 strategies point it at their writer while their own ``save_checkpoint`` runs (see ``lightning_sharded``).
+``_distributed_checkpoint_load`` of ``lightning.pytorch.strategies.fsdp`` and ``lightning.fabric.strategies.
+model_parallel`` (Lightning 2.4-2.6), its reading twin (``dcp.load(state, checkpoint_id=path)``): pointed at the
+compressed reader while ``load_checkpoint`` runs, so loads decode in bulk (DCP's default reader decodes item by
+item). FSDP1's optimizer state is read by a ``FileSystemReader`` that ``FSDPStrategy.load_checkpoint`` makes
+itself, so it stays on DCP's reader.
 
 ``FSDPStrategy._state_dict_type`` (Lightning 2.1-2.6) and ``ModelParallelStrategy._save_distributed_checkpoint``
 (Lightning 2.4-2.6): the constructor arguments ``state_dict_type`` and ``save_distributed_checkpoint`` as the
@@ -20,22 +25,24 @@ from types import ModuleType
 from typing import Any
 
 DISTRIBUTED_SAVE = "_distributed_checkpoint_save"
+DISTRIBUTED_LOAD = "_distributed_checkpoint_load"
 
 
 @contextlib.contextmanager
-def distributed_checkpoint_save_as(module: ModuleType, save: Callable[..., Any]) -> Iterator[None]:
-    """Within the block, ``module``'s sharded-checkpoint helper is ``save``; the original is put back after."""
-    original = getattr(module, DISTRIBUTED_SAVE, None)
+def distributed_checkpoint_helper_as(module: ModuleType, name: str, helper: Callable[..., Any]) -> Iterator[None]:
+    """Within the block, ``module``'s sharded-checkpoint helper ``name`` (:data:`DISTRIBUTED_SAVE` or
+    :data:`DISTRIBUTED_LOAD`) is ``helper``; the original is put back after."""
+    original = getattr(module, name, None)
     if original is None:
         raise RuntimeError(
-            f"{module.__name__} has no {DISTRIBUTED_SAVE} (a Lightning newer than 2.6?): the compressed sharded "
-            "strategies cannot route its sharded saves; please report it"
+            f"{module.__name__} has no {name} (a Lightning newer than 2.6?): the compressed sharded strategies "
+            "cannot route its sharded checkpoints; please report it"
         )
-    setattr(module, DISTRIBUTED_SAVE, save)
+    setattr(module, name, helper)
     try:
         yield
     finally:
-        setattr(module, DISTRIBUTED_SAVE, original)
+        setattr(module, name, original)
 
 
 def _setting(strategy: Any, name: str) -> Any:

@@ -7,8 +7,9 @@ module-level helper, ``_distributed_checkpoint_save``. The subclasses are those 
 their ``save_checkpoint`` runs, that helper writes through :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter`.
 That is visible in the Trainer's configuration and scoped to one strategy instance, where a global patch of
 Lightning would not be, and everything else (the state-dict layout, the ``meta.pt`` file, every rank's plan) stays
-Lightning's. Loading needs no change: DCP's default reader decodes these files wherever lightning_nvcomp is
-installed.
+Lightning's. Loading needs no change (DCP's default reader decodes these files wherever lightning_nvcomp is
+installed), but the compressed strategies' ``load_checkpoint`` reads the sharded state through the compressed
+reader, which decodes in bulk.
 
 The state stays on the GPU. Lightning collects a sharded state with CPU offload (``ShardedStateDictConfig(
 offload_to_cpu=True)`` for FSDP, ``StateDictOptions(cpu_offload=True)`` for ModelParallel), so its writer gets host
@@ -40,7 +41,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from lightning_nvcomp.integrations._config import option_errors
 from lightning_nvcomp.integrations._lightning_compat import (
-    distributed_checkpoint_save_as,
+    DISTRIBUTED_LOAD,
+    DISTRIBUTED_SAVE,
+    distributed_checkpoint_helper_as,
     fsdp_saves_sharded,
     model_parallel_saves_distributed,
 )
@@ -48,6 +51,7 @@ from lightning_nvcomp.integrations._require import MissingExtraError
 from lightning_nvcomp.options import SaveOptions
 
 try:
+    import lightning.fabric.strategies.model_parallel as model_parallel_loader
     import lightning.pytorch.strategies.fsdp as fsdp_strategy
     import lightning.pytorch.strategies.model_parallel as model_parallel_strategy
     from lightning.fabric.utilities.rank_zero import rank_zero_info
@@ -57,7 +61,7 @@ except ImportError as err:
     raise MissingExtraError("lightning", "NvcompFSDPStrategy and NvcompModelParallelStrategy", err) from err
 
 from lightning_nvcomp import telemetry
-from lightning_nvcomp.dcp import DcpCheckpointStats, NvcompFileSystemWriter
+from lightning_nvcomp.dcp import DcpCheckpointStats, NvcompFileSystemReader, NvcompFileSystemWriter
 from lightning_nvcomp.stats import SaveStats
 
 _SWAP = threading.Lock()
@@ -105,6 +109,7 @@ class CompressedShardedSaves(abc.ABC):
     """
 
     _saver_module: ModuleType  # the Lightning module whose `_distributed_checkpoint_save` the strategy calls
+    _loader_module: ModuleType  # and whose `_distributed_checkpoint_load` its load_checkpoint calls
 
     def __init__(
         self,
@@ -127,6 +132,8 @@ class CompressedShardedSaves(abc.ABC):
         self.last_state: CollectedState | None = None
         self._metrics: list[tuple[int, dict[str, float]]] = []
         self._offloaded: list[bool] = []  # one per state collection since the last save: with CPU offload?
+        #: Sharded state reads made through the compressed reader by :meth:`load_checkpoint` so far.
+        self.sharded_loads = 0
 
     # -- the state, collected where it lives ------------------------------------------------------------------
 
@@ -179,10 +186,24 @@ class CompressedShardedSaves(abc.ABC):
 
         step = int(checkpoint.get("global_step", 0))
         begin = time.perf_counter()
-        with _SWAP, distributed_checkpoint_save_as(self._saver_module, compressed_save):
+        with _SWAP, distributed_checkpoint_helper_as(self._saver_module, DISTRIBUTED_SAVE, compressed_save):
             super().save_checkpoint(checkpoint, filepath, storage_options)  # type: ignore[misc]
         if writers:  # a sharded save (a "full" one went through the CheckpointIO)
             self._record(writers[0], time.perf_counter() - begin, step, os.fspath(filepath))
+
+    # -- the load -----------------------------------------------------------------------------------------------
+
+    def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Lightning's load, with the sharded state read through
+        :class:`~lightning_nvcomp.dcp.NvcompFileSystemReader` (bulk decoding, on the GPU for CUDA targets; it
+        reads uncompressed checkpoints too). :attr:`sharded_loads` counts the sharded reads it made."""
+
+        def compressed_load(state: dict[str, Any], path: Path) -> None:
+            dcp.load(state, storage_reader=NvcompFileSystemReader(path))
+            self.sharded_loads += 1
+
+        with _SWAP, distributed_checkpoint_helper_as(self._loader_module, DISTRIBUTED_LOAD, compressed_load):
+            return super().load_checkpoint(checkpoint_path, *args, **kwargs)  # type: ignore[misc]
 
     def _record(self, writer: NvcompFileSystemWriter, blocked_s: float, step: int, path: str) -> None:
         stats = self.last_stats = writer.gather_stats()  # collectives: every rank saves, so every rank is here
@@ -226,7 +247,7 @@ class NvcompFSDPStrategy(CompressedShardedSaves, FSDPStrategy):
         *args, **kwargs: ``FSDPStrategy``'s.
     """
 
-    _saver_module = fsdp_strategy
+    _saver_module = _loader_module = fsdp_strategy
 
     def _saves_sharded(self) -> bool:
         return fsdp_saves_sharded(self)
@@ -278,6 +299,7 @@ class NvcompModelParallelStrategy(CompressedShardedSaves, ModelParallelStrategy)
     """
 
     _saver_module = model_parallel_strategy
+    _loader_module = model_parallel_loader
 
     def _saves_sharded(self) -> bool:
         return model_parallel_saves_distributed(self)
