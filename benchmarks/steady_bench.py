@@ -34,6 +34,7 @@ IOS: dict[str, tuple[str, dict | None]] = {
     "ours ans async": ("ours", {"codec": "ans", "async_save": True}),
     "ours zstd sync": ("ours", {"codec": "zstd"}),
     "ours zstd async": ("ours", {"codec": "zstd", "async_save": True}),
+    "ours none sync": ("ours", {"codec": "none"}),
     "ours none async": ("ours", {"codec": "none", "async_save": True}),
     "ours auto sync": ("ours", {"codec": "auto"}),
     "ours auto async": ("ours", {"codec": "auto", "async_save": True}),

@@ -18,7 +18,7 @@ from lightning_nvcomp import format as fileformat
 from lightning_nvcomp import saving, telemetry
 from lightning_nvcomp.baseline import Baseline
 from lightning_nvcomp.locations import StorageBackend, is_url, storage_for
-from lightning_nvcomp.options import Durability, SaveOptions
+from lightning_nvcomp.options import Codec, Durability, SaveOptions
 from lightning_nvcomp.policy import CodecPolicy, Prediction
 from lightning_nvcomp.stats import SaveStats, ratio
 from lightning_nvcomp.storage import StagedWrite, Storage, wait_for_discards
@@ -140,8 +140,9 @@ class CheckpointWriter:
 
         The first save to a file system (or bucket) probes its bandwidth, with a probe no larger than this
         checkpoint and never failing the save (see :func:`lightning_nvcomp.probe.measure_bandwidth`), and on a local
-        file system times the savings baseline on this checkpoint (:class:`~lightning_nvcomp.baseline.Baseline`);
-        their time is not the save's: it is reported once, as ``probe_s``."""
+        file system times the savings baseline on this checkpoint (:class:`~lightning_nvcomp.baseline.Baseline`),
+        and the first ``auto`` save calibrates the codecs on this state; their time is not the save's: it is
+        reported once, as ``probe_s``."""
         storage = self.storage_for(path)
         path = os.fspath(path)
         directory = storage.parent(path)
@@ -153,6 +154,10 @@ class CheckpointWriter:
             if isinstance(storage, Storage):
                 self.baseline.measure(obj, nbytes, directory, storage.free_nbytes(directory))
             self._probe_s += time.perf_counter() - probe_begin
+        if self.options.codec is Codec.AUTO and not self.policy.calibrated():  # auto's one-off codec calibration
+            calibration_begin = time.perf_counter()
+            self.policy.profiles(fileformat.find_contents(obj).tensors)
+            self._probe_s += time.perf_counter() - calibration_begin
         begin = time.perf_counter()
         if self._started is None:
             self._started = begin

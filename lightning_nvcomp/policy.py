@@ -354,6 +354,10 @@ class CodecPolicy:
         self._last_key = key
         return self._profiles[key]
 
+    def calibrated(self) -> bool:
+        """Whether :meth:`profiles` has measured (or been given) codec profiles for some state already."""
+        return bool(self._profiles) or self._fixed_profiles is not None
+
     def observe_save(self, codec: str, raw_nbytes: int, stored_nbytes: int, encode_s: float) -> None:
         """Fold a real save's figures into its codec's profile (the calibration the last :meth:`decide` used), with
         weight :data:`PROFILE_WEIGHT`: its ratio, and its coding time per byte (what training waited for to have

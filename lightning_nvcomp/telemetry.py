@@ -6,7 +6,8 @@ Metric names (all under :data:`PREFIX`): ``raw_gb``, ``stored_gb``, ``ratio``, `
 saves), ``write_s``, ``durable_s`` (from the save's start until the checkpoint was on stable storage, its slowest
 file; absent with durability ``os``), ``baseline_s`` (an uncompressed ``torch.save`` of the checkpoint with the same
 durability, timed on the first checkpoint: see :mod:`lightning_nvcomp.baseline`), ``probe_s`` (0 but on a save that
-probed: the one-off bandwidth probe and baseline timing, which training waited for besides ``blocked_s``),
+probed: the one-off bandwidth probe, baseline timing and ``auto``'s codec calibration, which training waited for
+besides ``blocked_s``),
 ``predicted_blocked_s`` (auto only), ``saved_s`` (= baseline - blocked), and the run's totals ``saved_s_total``,
 ``saved_gpu_hours_total`` (x world size) and ``saved_usd_total`` (x price).
 """
@@ -93,7 +94,7 @@ def summary(path: str, stats: SaveStats, metrics: dict[str, float]) -> str:
         f"training blocked {_seconds(m['blocked_s'])} (torch.save: {_seconds(m['baseline_s'])}), "
         f"saved {_seconds(m['saved_s_total'])} so far"
         + (f"; {_why(stats.prediction)}" if stats.prediction is not None else "")
-        + (f"; the one-off storage probe took {_seconds(m['probe_s'])}" if m.get("probe_s") else "")
+        + (f"; the one-off storage probe and calibration took {_seconds(m['probe_s'])}" if m.get("probe_s") else "")
     )
 
 

@@ -364,3 +364,24 @@ def test_every_save_says_why_auto_chose_its_codec(tmp_path):
     # DCP gathers every rank's stats as dicts: the candidates come back as predictions.
     stats = lightning_nvcomp.SaveStats("p", chosen.codec, 1, 1, 0.0, 0.0, prediction=chosen)
     assert _from_dict(dataclasses.asdict(stats)) == stats
+
+
+def test_the_first_auto_saves_calibration_is_reported_as_probe_time_not_as_blocked(tmp_path):
+    from lightning_nvcomp.options import SaveOptions
+    from lightning_nvcomp.pipeline import CheckpointWriter
+
+    from conftest import trained_like
+
+    writer = CheckpointWriter(SaveOptions.of(codec="auto"))
+    writer.policy = CodecPolicy(write_gbps=1.0)  # a known bandwidth: nothing to probe, only the codecs to calibrate
+    state = {"w": trained_like(1 << 21, torch.float32)}
+    try:
+        for step in range(2):
+            assert writer.policy.calibrated() == (step > 0)
+            writer.save(state, tmp_path / f"{step}.ckpt")
+            writer.commit(step, str(tmp_path / f"{step}.ckpt"))
+        writer.wait()
+    finally:
+        writer.close()
+    (_, first), (_, second) = writer.drain_metrics()
+    assert first["nvcomp/probe_s"] > 0 and second["nvcomp/probe_s"] == 0
