@@ -33,14 +33,15 @@ def _physical_nbytes() -> int:
 
 
 class _Slab:
-    __slots__ = ("memory", "array", "top", "live", "copied")
+    __slots__ = ("memory", "array", "top", "live", "copied", "earlier")
 
     def __init__(self, nbytes: int, pin: bool) -> None:
         self.memory = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
         self.array = self.memory.numpy()
         self.top = 0  # where the next blob is cut
         self.live = 0  # blobs cut from it whose storage is not yet freed
-        self.copied: torch.cuda.Event | None = None  # the last copy into it
+        self.copied: torch.cuda.Event | None = None  # the last copy into it since it was cut afresh
+        self.earlier: torch.cuda.Event | None = None  # the last copy into it before that
 
     @property
     def room(self) -> int:
@@ -146,8 +147,8 @@ class PinnedPool:
             with self._lock:
                 self.overflow_nbytes += nbytes
             return torch.empty(nbytes, dtype=torch.uint8), None
-        if slab.copied is not None and slab.top == need:  # cut afresh: the previous round's copies have landed
-            slab.copied.synchronize()
+        if slab.earlier is not None:  # cut afresh: every copy of the previous round has landed (nearly always)
+            slab.earlier.synchronize()
         view = slab.array[slab.top - need : slab.top - need + nbytes]
         # The tensor's storage keeps `view` alive, and views of the tensor keep the storage: once all are gone,
         # `view` is collected and the blob's room in the slab is free again.
@@ -164,6 +165,7 @@ class PinnedPool:
                 return None
             slab = self._open = min(free, key=lambda s: s.memory.numel())
             slab.top = 0
+            slab.earlier, slab.copied = slab.copied or slab.earlier, None
         slab.top += need
         slab.live += 1
         return slab
