@@ -35,8 +35,9 @@ from lightning_nvcomp.storage import Storage
 
 log = logging.getLogger(__name__)
 
-#: Weight of a new measurement in the moving average of a directory's write bandwidth.
-EMA_WEIGHT = 0.3
+#: Weight of a real checkpoint write in the moving average of a directory's write bandwidth: a probe that was wrong
+#: (a burst allowance, a cache) is mostly corrected by the first real write (80%), within 4% by the second.
+EMA_WEIGHT = 0.8
 #: Weight of a real save's ratio and coding time in its codec's profile: a calibration that was wrong is mostly
 #: corrected by the next save (80%) and within 4% of its error by the one after.
 PROFILE_WEIGHT = 0.8

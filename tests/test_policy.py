@@ -11,6 +11,7 @@ import torch.multiprocessing as mp
 
 import lightning_nvcomp
 from lightning_nvcomp.policy import (
+    EMA_WEIGHT,
     CodecPolicy,
     CodecProfile,
     bulk_device,
@@ -83,7 +84,16 @@ def test_policy_caches_the_probe_and_follows_real_writes(tmp_path):
     assert policy.write_gbps(str(tmp_path)) == first  # cached: no second probe
     policy.observe_write(str(tmp_path), 10 * GB, 1.0)  # a real save ran at 10 GB/s
     policy.observe_write(str(tmp_path), 1 << 20, 10.0)  # too small to tell: ignored
-    assert policy.write_gbps(str(tmp_path)) == pytest.approx(0.7 * first + 0.3 * 10)
+    assert policy.write_gbps(str(tmp_path)) == pytest.approx((1 - EMA_WEIGHT) * first + EMA_WEIGHT * 10)
+
+
+def test_a_wrong_probe_is_corrected_within_two_real_writes(tmp_path):
+    # The probe ran at 5x the rate real writes get (a burst allowance of a throttle, a cache in front of the disk).
+    policy = CodecPolicy(probe_nbytes=2 << 20, storage=ThrottledStorage(1e9))
+    probed = policy.write_gbps(str(tmp_path))
+    for _ in range(2):
+        policy.observe_write(str(tmp_path), GB, GB / (probed / 5 * 1e9))
+    assert policy.write_gbps(str(tmp_path)) == pytest.approx(probed / 5, rel=0.2)
 
 
 @pytest.mark.parametrize("mb_per_s, expected", [(5, "zstd"), (400, "none")])
