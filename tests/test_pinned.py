@@ -4,6 +4,7 @@ live blob (or any view of it) still uses. On the CPU the slabs are unpinned; the
 from __future__ import annotations
 
 import gc
+import sys
 
 import numpy as np
 import pytest
@@ -155,3 +156,24 @@ def test_gpu_dcp_loads_read_through_the_pool_without_growing_it(tmp_path):
         assert all(torch.equal(target[k].view(torch.uint8), v.view(torch.uint8)) for k, v in state.items())
         sizes.append(pool().nbytes)
     assert sizes[1:] == sizes[:1] * 2 and sizes[0] > 0, sizes
+
+
+def test_threads_taking_at_once_get_blobs_of_their_own():
+    from concurrent.futures import ThreadPoolExecutor
+
+    p = PinnedPool(limit=64 * MIB, pin=False, slab_nbytes=2 * MIB)
+
+    def take_and_check(seed: int) -> bool:
+        kept = []
+        for i in range(40):
+            src = _pattern(4096 + 64 * i, seed * 100 + i)
+            kept.append((p.copy(src), src))
+        return all(torch.equal(blob, src) for blob, src in kept)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can: a race between two cuts shows
+    try:
+        with ThreadPoolExecutor(8) as pool_threads:
+            assert all(pool_threads.map(take_and_check, range(16)))
+    finally:
+        sys.setswitchinterval(interval)

@@ -131,33 +131,34 @@ class PinnedPool:
             return torch.empty(0, dtype=torch.uint8), None
         need = -(-nbytes // _ALIGN) * _ALIGN
         with self._lock:
-            slab = self._cut_from(need)
-        if slab is None:
+            cut = self._cut_from(need)
+        if cut is None:
             with self._growing:  # a slab reserve's thread is pinning may be what this needs: wait for it first
                 with self._lock:
-                    slab = self._cut_from(need)
+                    cut = self._cut_from(need)
                     size = max(self.slab_nbytes, 1 << (need - 1).bit_length())  # what torch's allocator would round to
-                    grow = slab is None and self.nbytes + size <= self.limit
+                    grow = cut is None and self.nbytes + size <= self.limit
                 if grow:
                     new = _Slab(size, self.pin)
                     with self._lock:
                         self._slabs.append(new)
-                        slab = self._cut_from(need)
-        if slab is None:
+                        cut = self._cut_from(need)
+        if cut is None:
             with self._lock:
                 self.overflow_nbytes += nbytes
             return torch.empty(nbytes, dtype=torch.uint8), None
+        slab, offset = cut
         if slab.earlier is not None:  # cut afresh: every copy of the previous round has landed (nearly always)
             slab.earlier.synchronize()
-        view = slab.array[slab.top - need : slab.top - need + nbytes]
+        view = slab.array[offset : offset + nbytes]
         # The tensor's storage keeps `view` alive, and views of the tensor keep the storage: once all are gone,
         # `view` is collected and the blob's room in the slab is free again.
         weakref.finalize(view, self._release, slab)
         return torch.frombuffer(view, dtype=torch.uint8), slab
 
-    def _cut_from(self, need: int) -> _Slab | None:
-        """The slab ``need`` bytes were cut from (its top moved past them), or None when none has room. Called
-        holding the lock."""
+    def _cut_from(self, need: int) -> tuple[_Slab, int] | None:
+        """The slab ``need`` bytes were cut from and where in it (its top moved past them), or None when none has
+        room. Called holding the lock."""
         slab = self._open
         if slab is None or slab.room < need:
             free = [s for s in self._slabs if not s.live and s.memory.numel() >= need]
@@ -168,7 +169,7 @@ class PinnedPool:
             slab.earlier, slab.copied = slab.copied or slab.earlier, None
         slab.top += need
         slab.live += 1
-        return slab
+        return slab, slab.top - need
 
     def _release(self, slab: _Slab) -> None:
         with self._lock:
