@@ -123,8 +123,6 @@ class CheckpointWriter:
         self._last_held = self._group_held = 0  # host bytes the last committed / this checkpoint's snapshots hold
         self._group: list[Any] = []  # SaveStats, or futures of them
         self._blocked = self._waited = self._probe_s = 0.0
-        self._started: float | None = None  # when the current checkpoint's first save began
-        self._last_started: float | None = None  # when the previous checkpoint's did (auto learns the interval)
 
     def storage_for(self, path: str | os.PathLike) -> StorageBackend:
         """The storage ``path`` is written to and read from: :attr:`storage` for a local path, the remote storage of
@@ -159,8 +157,8 @@ class CheckpointWriter:
             self.policy.profiles(fileformat.find_contents(obj).tensors)
             self._probe_s += time.perf_counter() - calibration_begin
         begin = time.perf_counter()
-        if self._started is None:
-            self._started = begin
+        if not self._group:  # a checkpoint's first file: auto learns the interval between checkpoints
+            self.policy.save_started(begin)
         self._make_room(path)
         if self.options.async_save:
             contents = fileformat.find_contents(obj)
@@ -209,9 +207,6 @@ class CheckpointWriter:
         self._group, self._blocked, self._waited, self._probe_s = [], 0.0, 0.0, 0.0
         if not group:
             return
-        if self._last_started is not None and self._started is not None:
-            self.policy.observe_interval(self._started - self._last_started)
-        self._last_started, self._started = self._started, None
         self._last_held, self._group_held = self._group_held, 0
         self._checkpoints += 1
         if any(isinstance(s, Future) for s in group):  # the writer thread runs this after the group's writes

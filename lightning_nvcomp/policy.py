@@ -271,6 +271,7 @@ class CodecPolicy:
         self._used: dict[str, int] = {}  # codec -> the number of the last decision that chose it
         self._measured: set[str] = set()  # codecs a real save has refined (observe_save)
         self._observed_interval: float | None = None  # moving average of the seconds between saves
+        self._last_start: float | None = None  # when the last save started (save_started)
 
     def in_mode(self, mode: str, interval_s: float | None = None) -> CodecPolicy:
         """A policy for ``mode`` that shares this one's measurements (probe and calibration happen once)."""
@@ -387,6 +388,14 @@ class CodecPolicy:
                     old.ratio,
                     old.encode_gbps,
                 )
+
+    def save_started(self, now: float | None = None) -> None:
+        """Note that a checkpoint's save starts (``now``: its ``time.perf_counter()``): the seconds since the previous
+        one started are an interval between saves (:meth:`observe_interval`)."""
+        now = time.perf_counter() if now is None else now
+        if self._last_start is not None:
+            self.observe_interval(now - self._last_start)
+        self._last_start = now
 
     def observe_interval(self, seconds: float) -> None:
         """Fold the seconds between the starts of two saves into the interval the predictions use (unless one was

@@ -395,3 +395,16 @@ def test_the_first_auto_saves_calibration_is_reported_as_probe_time_not_as_block
         writer.close()
     (_, first), (_, second) = writer.drain_metrics()
     assert first["nvcomp/probe_s"] > 0 and second["nvcomp/probe_s"] == 0
+
+
+def test_dcp_saves_with_auto_learn_the_interval_between_them(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from lightning_nvcomp.dcp import NvcompFileSystemWriter
+
+    policy = CodecPolicy(write_gbps=1.0, per_tensor=True)
+    state = {"w": torch.randn(1 << 14)}
+    for i in range(3):
+        dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path / f"ck{i}", "auto", policy=policy))
+        time.sleep(0.3)
+    assert 0.3 <= policy.interval < 0.6

@@ -173,6 +173,8 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         distributed = self._distributed()
         rank = dist.get_rank(self.process_group) if distributed else 0
         policy.write_gbps(directory)  # collective the first time: all ranks write at once
+        if rank == 0:  # the rank that decides learns the interval between saves
+            policy.save_started()
         choice = [policy.decide(tensors, directory)[0] if rank == 0 else None]
         if distributed:
             # src is a global rank (group_src, the group's own rank 0, needs torch 2.6)
