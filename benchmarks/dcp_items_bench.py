@@ -1,7 +1,8 @@
 """Many small items through torch.distributed.checkpoint: a deep, narrow GPT (most tensors are LayerNorm- and
 bias-sized) trained on the standard library's sources, model + AdamW state saved and loaded by one process through
-DCP's ``FileSystemWriter``/``Reader`` and ours, next to our single-file save of the same state. Per-item costs show
-here: the bytes are few, the items many. Median of ``--repeat`` runs after a warm-up; files fsynced.
+DCP's ``FileSystemWriter``/``Reader`` and ours, next to our single-file save of the same state and to DCP's own cost
+(a writer that writes no item: planning, resolving and the metadata file). Per-item costs show here: the bytes are
+few, the items many. Median of ``--repeat`` runs after a warm-up; files fsynced.
 
     python benchmarks/dcp_items_bench.py --out benchmarks/results/dcp_items_cpu.md        # CPU: zstd
     python benchmarks/dcp_items_bench.py --device cuda --codec ans --out ...               # on a GPU
@@ -22,10 +23,14 @@ import warnings
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
 
 import lightning_nvcomp
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
+from lightning_nvcomp.integrations.dcp._compat import StorageInfo
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from common import local_tensors, publish, same_bytes, sync  # noqa: E402
@@ -53,11 +58,29 @@ def fresh_dir(path: str) -> str:
     return path
 
 
+class StoresNothing(dcp.FileSystemWriter):
+    """DCP's own cost of a save: ``FileSystemWriter`` whose ``write_data`` resolves every item and writes none of
+    it (planning, resolving, the metadata file stay)."""
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+        results = []
+        for item in plan.items:
+            planner.resolve_data(item)
+            results.append(WriteResult(item.index, 0, StorageInfo("none", 0, 0)))
+        done: Future = Future()
+        done.set_result(results)
+        return done
+
+
 def zeroed(state: dict) -> dict:
     return {
         k: {n: torch.zeros_like(t) if isinstance(t, torch.Tensor) else t for n, t in v.items()}
         for k, v in state.items()
     }
+
+
+def cell(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def main() -> None:
@@ -88,6 +111,8 @@ def main() -> None:
     save_s = timed(lambda: lightning_nvcomp.save(state, single, codec=args.codec), args.repeat)
     load_s = timed(lambda: lightning_nvcomp.load(single, map_location=args.device), args.repeat)
     rows.append(("lightning_nvcomp.save / load (one file)", save_s, load_s, os.path.getsize(single)))
+    floor_s = timed(lambda: dcp.save(state, storage_writer=StoresNothing(fresh_dir(plain_dir))), args.repeat)
+    rows.append(("dcp.save, a writer that writes no item (DCP's own cost)", floor_s, None, None))
 
     for name, directory, writer, reader in (
         ("dcp FileSystemWriter / Reader", plain_dir, dcp.FileSystemWriter, dcp.FileSystemReader),
@@ -116,7 +141,7 @@ def main() -> None:
         "",
         "| path | save s | load s | stored MB |",
         "|---|---|---|---|",
-        *(f"| {name} | {s:.2f} | {ld:.2f} | {n / 1e6:.1f} |" for name, s, ld, n in rows),
+        *(f"| {name} | {s:.2f} | {cell(ld, '.2f')} | {cell(n and n / 1e6, '.1f')} |" for name, s, ld, n in rows),
     ]
     publish(lines, args.out)
 

@@ -18,6 +18,8 @@ from lightning_nvcomp.codec.cpu import cpu_threads
 from lightning_nvcomp.resources import shared
 
 PIECE_NBYTES = 8 << 20
+#: :func:`crc32_batch` computes the CRC-32s of host blobs no larger than this in the calling thread.
+INLINE_NBYTES = 5 << 10
 _POLY = 0xEDB88320  # CRC-32, bit-reflected
 _ONE = 1 << 31  # the polynomial 1 (x^0), bit-reflected
 
@@ -104,17 +106,21 @@ def value(crc: Checksum) -> int:
     return crc if isinstance(crc, int) else crc.result()
 
 
-def crc32_batch(blobs: list[torch.Tensor], ready: torch.cuda.Event | None = None) -> list[BatchCrc32]:
+def crc32_batch(blobs: list[torch.Tensor], ready: torch.cuda.Event | None = None) -> list[Checksum]:
     """The CRC-32s of many small 1-D uint8 CPU tensors, computed in a few tasks on the CRC threads, each over runs
-    of about :data:`PIECE_NBYTES` (one hand-off per run instead of one per blob, and the runs in parallel).
-    ``ready``: as for :class:`Crc32`."""
+    of about :data:`PIECE_NBYTES` (one hand-off per run instead of one per blob, and the runs in parallel); blobs
+    all of at most :data:`INLINE_NBYTES` in host memory, here. ``ready``: as for :class:`Crc32`."""
 
     def run(part: list[torch.Tensor]) -> list[int]:
         if ready is not None:
             ready.synchronize()
         return [zlib.crc32(memoryview(blob.numpy())) for blob in part]
 
-    out: list[BatchCrc32] = []
+    if ready is None and all(blob.numel() <= INLINE_NBYTES for blob in blobs):
+        # Small blobs in host memory: here and now. zlib holds the GIL on buffers this small, so a thread would run
+        # them no sooner, only contend with this one for the GIL.
+        return [zlib.crc32(memoryview(blob.numpy())) for blob in blobs]
+    out: list[Checksum] = []
     start, nbytes = 0, 0
     for end, blob in enumerate(blobs, 1):
         nbytes += blob.numel()
