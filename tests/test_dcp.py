@@ -6,16 +6,19 @@ them all (each process start costs seconds) and each test below asserts on its s
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import pickle
 import struct
+import threading
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter, NvcompStorageInfo
@@ -138,6 +141,74 @@ def test_codec_none_roundtrip_one_process(tmp_path):
     assert len(infos) == 4 and {i.codec for i in infos} == {"none"}
     loaded = zeros_like_state(state)
     dcp.load(loaded, storage_reader=NvcompFileSystemReader(tmp_path))
+    assert_state_equal(loaded, state)
+
+
+class _RecordsCollector(dcp.DefaultSavePlanner):
+    """DCP's planner, noting whether the garbage collector was on each time the writer resolved an item; with
+    ``fail``, raising at the second item (a save failing part way through its write)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.collector_on: list[bool] = []
+        self.fail = fail
+
+    def resolve_data(self, write_item):
+        self.collector_on.append(gc.isenabled())
+        if self.fail and len(self.collector_on) == 2:
+            raise OSError("the planner gave up")
+        return super().resolve_data(write_item)
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_save_pauses_the_collector_while_writing_and_restores_it(tmp_path, enabled_before):
+    """A save on the main thread writes its items with the collector off and leaves it as it found it, also when the
+    save fails part way; a save's write on another thread (behind training) leaves the collector alone."""
+    state = _state(6)
+    (gc.enable if enabled_before else gc.disable)()
+    try:
+        planner = _RecordsCollector()
+        dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path / "main", codec="zstd"), planner=planner)
+        assert planner.collector_on and not any(planner.collector_on)
+        assert gc.isenabled() is enabled_before
+        failing = _RecordsCollector(fail=True)
+        with pytest.raises(CheckpointException):
+            dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path / "failed", codec="zstd"), planner=failing)
+        assert failing.collector_on == [False, False] and gc.isenabled() is enabled_before
+        planner = _RecordsCollector()
+        saver = threading.Thread(
+            target=dcp.save,
+            args=(state,),
+            kwargs={"storage_writer": NvcompFileSystemWriter(tmp_path / "thread", codec="zstd"), "planner": planner},
+        )
+        saver.start()
+        saver.join()
+        assert planner.collector_on == [enabled_before] * len(planner.collector_on) and planner.collector_on
+    finally:
+        gc.enable()
+    loaded = zeros_like_state(state)
+    dcp.load(loaded, storage_reader=NvcompFileSystemReader(tmp_path / "main"))
+    assert_state_equal(loaded, state)
+
+
+class _LoadRecordsCollector(dcp.DefaultLoadPlanner):
+    """DCP's load planner, noting whether the garbage collector was on each time the reader asked for a target."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.collector_on: list[bool] = []
+
+    def resolve_tensor(self, read_item):
+        self.collector_on.append(gc.isenabled())
+        return super().resolve_tensor(read_item)
+
+
+def test_load_pauses_the_collector_while_reading_and_restores_it(tmp_path):
+    state = _state(7)
+    dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))
+    loaded, planner = zeros_like_state(state), _LoadRecordsCollector()
+    dcp.load(loaded, storage_reader=NvcompFileSystemReader(tmp_path), planner=planner)
+    assert planner.collector_on and not any(planner.collector_on) and gc.isenabled()
     assert_state_equal(loaded, state)
 
 

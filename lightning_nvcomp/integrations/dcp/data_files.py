@@ -29,6 +29,7 @@ from lightning_nvcomp.format.zip import ArchiveWriter
 from lightning_nvcomp.integrations.dcp import _compat
 from lightning_nvcomp.integrations.dcp.metadata import NvcompStorageInfo
 from lightning_nvcomp.integrations.dcp.staging import ENCODE_LOCK, StagedShard, compact
+from lightning_nvcomp.resources import collector_paused
 
 #: A file's write results, the seconds spent coding its items, and its tensor shards' device types.
 Outcome = tuple[list[WriteResult], float, frozenset[str]]
@@ -95,11 +96,12 @@ class DataFiles:
                 errors.append(err)
 
         threads = [threading.Thread(target=worker, name=f"lnv-dcp-{i}") for i in range(1, self.thread_count)]
-        for t in threads:
-            t.start()
-        worker()
-        for t in threads:
-            t.join()
+        with collector_paused():  # a record's few objects per item would set off a full collection
+            for t in threads:
+                t.start()
+            worker()
+            for t in threads:
+                t.join()
         if errors:
             raise errors[0]
         return outcomes

@@ -33,6 +33,7 @@ from lightning_nvcomp.integrations.dcp.metadata import (
     check_storage_info,
 )
 from lightning_nvcomp.remote.options import RemoteOptions
+from lightning_nvcomp.resources import collector_paused
 
 
 class NvcompFileSystemReader(OnStorage, FileSystemReader):
@@ -96,39 +97,40 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
         budget = fileformat.LoadState(
             str(self.path), file_nbytes=sum(i.length for rs in per_file.values() for _, i in rs)
         )
-        for relative_path, reqs in per_file.items():
-            path = self.fs.concat_path(self.path, relative_path)
-            with self.fs.create_stream(path, "rb") as stream:
-                size = _stream_size(stream)
-                coded: list[tuple[ReadItem, NvcompStorageInfo]] = []
-                targets: dict[int, torch.Tensor] = {}  # id(req) -> where it goes
-                for req, info in reqs:
-                    where = f"{relative_path}: item {req.storage_index.fqn!r}"
-                    if info.offset + info.length > size:
-                        raise CorruptCheckpointError(
-                            f"{where} lies at bytes {info.offset}..{info.offset + info.length} but the file has "
-                            f"{size} bytes: the data file is truncated or the metadata is damaged"
-                        )
-                    if isinstance(info, NvcompStorageInfo) and info.codec is not None:
-                        _check_codec(info, where)
-                        coded.append((req, info))
-                        targets[id(req)] = planner.resolve_tensor(req).detach()
-                    else:
-                        self._read_one(stream, req, info, planner, where, budget)
-                devices = {t.device for t in targets.values()}
-                for window, data in _windows(stream, coded, devices):
-                    wheres = [f"{relative_path}: item {req.storage_index.fqn!r}" for req, _ in window]
-                    base = window[0][1].offset
-                    parts = [
-                        (data[i.offset - base : i.offset - base + i.length], w) for (_, i), w in zip(window, wheres)
-                    ]
-                    for device in devices:  # one batch per target device
-                        mine = [k for k, (req, _) in enumerate(window) if targets[id(req)].device == device]
-                        tensors = read_tensors([parts[k] for k in mine], device, budget) if mine else []
-                        for k, tensor in zip(mine, tensors):
-                            _check_raw_nbytes(tensor, window[k][1], wheres[k])
-                            req = window[k][0]
-                            self._commit(req, tensor, targets[id(req)], planner, wheres[k])
+        with collector_paused():  # thousands of decoded items would set off full collections
+            for relative_path, reqs in per_file.items():
+                path = self.fs.concat_path(self.path, relative_path)
+                with self.fs.create_stream(path, "rb") as stream:
+                    size = _stream_size(stream)
+                    coded: list[tuple[ReadItem, NvcompStorageInfo]] = []
+                    targets: dict[int, torch.Tensor] = {}  # id(req) -> where it goes
+                    for req, info in reqs:
+                        where = f"{relative_path}: item {req.storage_index.fqn!r}"
+                        if info.offset + info.length > size:
+                            raise CorruptCheckpointError(
+                                f"{where} lies at bytes {info.offset}..{info.offset + info.length} but the file has "
+                                f"{size} bytes: the data file is truncated or the metadata is damaged"
+                            )
+                        if isinstance(info, NvcompStorageInfo) and info.codec is not None:
+                            _check_codec(info, where)
+                            coded.append((req, info))
+                            targets[id(req)] = planner.resolve_tensor(req).detach()
+                        else:
+                            self._read_one(stream, req, info, planner, where, budget)
+                    devices = {t.device for t in targets.values()}
+                    for window, data in _windows(stream, coded, devices):
+                        wheres = [f"{relative_path}: item {req.storage_index.fqn!r}" for req, _ in window]
+                        base = window[0][1].offset
+                        parts = [
+                            (data[i.offset - base : i.offset - base + i.length], w) for (_, i), w in zip(window, wheres)
+                        ]
+                        for device in devices:  # one batch per target device
+                            mine = [k for k, (req, _) in enumerate(window) if targets[id(req)].device == device]
+                            tensors = read_tensors([parts[k] for k in mine], device, budget) if mine else []
+                            for k, tensor in zip(mine, tensors):
+                                _check_raw_nbytes(tensor, window[k][1], wheres[k])
+                                req = window[k][0]
+                                self._commit(req, tensor, targets[id(req)], planner, wheres[k])
         fut: Future = Future()
         fut.set_result(None)
         return fut
