@@ -99,41 +99,50 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
         )
         with collector_paused():  # thousands of decoded items would set off full collections
             for relative_path, reqs in per_file.items():
-                path = self.fs.concat_path(self.path, relative_path)
-                with self.fs.create_stream(path, "rb") as stream:
-                    size = _stream_size(stream)
-                    coded: list[tuple[ReadItem, NvcompStorageInfo]] = []
-                    targets: dict[int, torch.Tensor] = {}  # id(req) -> where it goes
-                    for req, info in reqs:
-                        where = f"{relative_path}: item {req.storage_index.fqn!r}"
-                        if info.offset + info.length > size:
-                            raise CorruptCheckpointError(
-                                f"{where} lies at bytes {info.offset}..{info.offset + info.length} but the file has "
-                                f"{size} bytes: the data file is truncated or the metadata is damaged"
-                            )
-                        if isinstance(info, NvcompStorageInfo) and info.codec is not None:
-                            _check_codec(info, where)
-                            coded.append((req, info))
-                            targets[id(req)] = planner.resolve_tensor(req).detach()
-                        else:
-                            self._read_one(stream, req, info, planner, where, budget)
-                    devices = {t.device for t in targets.values()}
-                    for window, data in _windows(stream, coded, devices):
-                        wheres = [f"{relative_path}: item {req.storage_index.fqn!r}" for req, _ in window]
-                        base = window[0][1].offset
-                        parts = [
-                            (data[i.offset - base : i.offset - base + i.length], w) for (_, i), w in zip(window, wheres)
-                        ]
-                        for device in devices:  # one batch per target device
-                            mine = [k for k, (req, _) in enumerate(window) if targets[id(req)].device == device]
-                            tensors = read_tensors([parts[k] for k in mine], device, budget) if mine else []
-                            for k, tensor in zip(mine, tensors):
-                                _check_raw_nbytes(tensor, window[k][1], wheres[k])
-                                req = window[k][0]
-                                self._commit(req, tensor, targets[id(req)], planner, wheres[k])
+                self._read_file(relative_path, reqs, planner, budget)
         fut: Future = Future()
         fut.set_result(None)
         return fut
+
+    def _read_file(
+        self,
+        relative_path: str,
+        reqs: list[tuple[ReadItem, StorageInfo]],
+        planner: LoadPlanner,
+        budget: fileformat.LoadState,
+    ) -> None:
+        """Read the items ``reqs`` asks of one data file: plain DCP items one by one, ours in windows, decoded in
+        batches per target device."""
+        path = self.fs.concat_path(self.path, relative_path)
+        with self.fs.create_stream(path, "rb") as stream:
+            size = _stream_size(stream)
+            coded: list[tuple[ReadItem, NvcompStorageInfo]] = []
+            targets: dict[int, torch.Tensor] = {}  # id(req) -> where it goes
+            for req, info in reqs:
+                where = f"{relative_path}: item {req.storage_index.fqn!r}"
+                if info.offset + info.length > size:
+                    raise CorruptCheckpointError(
+                        f"{where} lies at bytes {info.offset}..{info.offset + info.length} but the file has "
+                        f"{size} bytes: the data file is truncated or the metadata is damaged"
+                    )
+                if isinstance(info, NvcompStorageInfo) and info.codec is not None:
+                    _check_codec(info, where)
+                    coded.append((req, info))
+                    targets[id(req)] = planner.resolve_tensor(req).detach()
+                else:
+                    self._read_one(stream, req, info, planner, where, budget)
+            devices = {t.device for t in targets.values()}
+            for window, data in _windows(stream, coded, devices):
+                wheres = [f"{relative_path}: item {req.storage_index.fqn!r}" for req, _ in window]
+                base = window[0][1].offset
+                parts = [(data[i.offset - base : i.offset - base + i.length], w) for (_, i), w in zip(window, wheres)]
+                for device in devices:  # one batch per target device
+                    mine = [k for k, (req, _) in enumerate(window) if targets[id(req)].device == device]
+                    tensors = read_tensors([parts[k] for k in mine], device, budget) if mine else []
+                    for k, tensor in zip(mine, tensors):
+                        _check_raw_nbytes(tensor, window[k][1], wheres[k])
+                        req = window[k][0]
+                        self._commit(req, tensor, targets[id(req)], planner, wheres[k])
 
     def _read_one(
         self,
