@@ -1,0 +1,81 @@
+"""Saves between training steps, as a run makes them, counting Python's full garbage collections: the state of
+``dcp_items_bench.py`` (a deep, narrow GPT trained on the standard library's sources: thousands of small items)
+saved through DCP with our writer after each of ``--rounds`` training-like steps, each making short-lived
+containers (some cyclic, a few kept) as a training step's Python does. Prints the whole loop's time, the saves'
+and the steps' shares, and the full collections. An A/B of the writer is this script at two commits.
+
+    python benchmarks/gc_loop_bench.py                      # CPU: zstd
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import pathlib
+import shutil
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+from lightning_nvcomp.dcp import NvcompFileSystemWriter
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
+from gpt import GPT, stdlib_corpus, train  # noqa: E402
+
+warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+
+
+def training_step(kept: list) -> None:
+    """A training step's Python garbage: 180k short-lived containers, 60k of them in cycles, 60 kept."""
+    for i in range(60_000):
+        node = {"x": [i]}
+        node["self"] = [node]
+        if i % 1000 == 0:
+            kept.append(node)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--codec", default="zstd")
+    parser.add_argument("--dir", default="/tmp/gc-loop-bench")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model = GPT(dim=args.dim, layers=args.layers, heads=max(1, args.dim // 64), context=64)
+    opt = train(model, stdlib_corpus(4 << 20), 10, 4, "cpu", log_every=10)
+    model_state, optim_state = get_state_dict(model, opt)
+    state = {"model": model_state, "optim": optim_state}
+    full = [0]
+
+    def count_full(phase: str, info: dict) -> None:
+        full[0] += phase == "start" and info["generation"] == 2
+
+    gc.callbacks.append(count_full)
+    kept: list = []
+    saves, steps = [], []
+    begin = time.perf_counter()
+    for _ in range(args.rounds):
+        start = time.perf_counter()
+        training_step(kept)
+        steps.append(time.perf_counter() - start)
+        shutil.rmtree(args.dir, ignore_errors=True)
+        start = time.perf_counter()
+        dcp.save(state, storage_writer=NvcompFileSystemWriter(args.dir, codec=args.codec))
+        saves.append(time.perf_counter() - start)
+    total = time.perf_counter() - begin
+    shutil.rmtree(args.dir, ignore_errors=True)
+    print(
+        f"{args.rounds} rounds: {total:.2f} s; saves {sum(saves):.2f} s (median {statistics.median(saves):.3f} s), "
+        f"training steps {sum(steps):.2f} s; full collections {full[0]}"
+    )
+
+
+if __name__ == "__main__":
+    main()
