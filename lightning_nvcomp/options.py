@@ -12,7 +12,15 @@ from lightning_nvcomp.remote.options import RemoteOptions
 
 
 class _Choice(str, enum.Enum):
-    """An option's values, as configs, files and the command line spell them (``OPTION`` names the option)."""
+    """An option's values, as configs, files and the command line spell them; a subclass names its option with a
+    class keyword (``class Codec(_Choice, option="codec")``)."""
+
+    #: The name of the option these are the values of (what errors call it).
+    option: str
+
+    def __init_subclass__(cls, option: str = "", **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.option = option
 
     def __str__(self) -> str:
         return self.value
@@ -23,18 +31,13 @@ class _Choice(str, enum.Enum):
         try:
             return cls(value)
         except ValueError:
-            raise ValueError(f"{cls.option()} must be one of {[c.value for c in cls]}, not {value!r}") from None
-
-    @classmethod
-    def option(cls) -> str:
-        """The name of the option these are the values of."""
-        raise NotImplementedError
+            raise ValueError(f"{cls.option} must be one of {[c.value for c in cls]}, not {value!r}") from None
 
 
 _C = TypeVar("_C", bound=_Choice)
 
 
-class Codec(_Choice):
+class Codec(_Choice, option="codec"):
     """How a save codes tensors. The values are the names configs, files and the command line use.
 
     ``ANS``: nvCOMP gANS on the GPU (fastest; decodes on a GPU only). ``ZSTD``: nvCOMP Zstd on CUDA state, zstd on
@@ -46,10 +49,6 @@ class Codec(_Choice):
     ANS = "ans"
     ZSTD = "zstd"
     NONE = "none"
-
-    @classmethod
-    def option(cls) -> str:
-        return "codec"
 
     @property
     def needs_gpu(self) -> bool:
@@ -71,7 +70,7 @@ class Codec(_Choice):
             )
 
 
-class Durability(_Choice):
+class Durability(_Choice, option="durable"):
     """When a checkpoint is on stable storage (survives a power loss or a kernel crash), not only in the page cache.
 
     ``BACKGROUND`` (the default): training does not wait for it. The file is written (a sync save waits for that,
@@ -87,10 +86,6 @@ class Durability(_Choice):
     BACKGROUND = "background"
     SYNC = "sync"
     OS = "os"
-
-    @classmethod
-    def option(cls) -> str:
-        return "durable"
 
 
 #: The codecs a save chooses between (``auto`` picks one of them).
