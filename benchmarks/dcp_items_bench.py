@@ -79,6 +79,15 @@ def zeroed(state: dict) -> dict:
     }
 
 
+def many_items_state(dim: int, layers: int, steps: int, device: str) -> dict:
+    """Model and AdamW state of a deep, narrow GPT trained ``steps`` steps on the standard library's sources."""
+    torch.manual_seed(0)
+    model = GPT(dim=dim, layers=layers, heads=max(1, dim // 64), context=64).to(device)
+    opt = train(model, stdlib_corpus(4 << 20), steps, 4, device, log_every=steps)
+    model_state, optim_state = get_state_dict(model, opt)
+    return {"model": model_state, "optim": optim_state}
+
+
 def cell(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -95,11 +104,7 @@ def main() -> None:
     parser.add_argument("--out", help="write the Markdown table here too")
     args = parser.parse_args()
 
-    torch.manual_seed(0)
-    model = GPT(dim=args.dim, layers=args.layers, heads=max(1, args.dim // 64), context=64).to(args.device)
-    opt = train(model, stdlib_corpus(4 << 20), args.steps, 4, args.device, log_every=args.steps)
-    model_state, optim_state = get_state_dict(model, opt)
-    state = {"model": model_state, "optim": optim_state}
+    state = many_items_state(args.dim, args.layers, args.steps, args.device)
     tensors = local_tensors(state)
     raw = sum(t.numel() * t.element_size() for t in tensors)
     small = sum(t.numel() * t.element_size() < 64 << 10 for t in tensors)

@@ -18,14 +18,12 @@ import sys
 import time
 import warnings
 
-import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from lightning_nvcomp.dcp import NvcompFileSystemWriter
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
-from gpt import GPT, stdlib_corpus, train  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from dcp_items_bench import many_items_state  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
 
@@ -47,11 +45,7 @@ def main() -> None:
     parser.add_argument("--codec", default="zstd")
     parser.add_argument("--dir", default="/tmp/gc-loop-bench")
     args = parser.parse_args()
-    torch.manual_seed(0)
-    model = GPT(dim=args.dim, layers=args.layers, heads=max(1, args.dim // 64), context=64)
-    opt = train(model, stdlib_corpus(4 << 20), 10, 4, "cpu", log_every=10)
-    model_state, optim_state = get_state_dict(model, opt)
-    state = {"model": model_state, "optim": optim_state}
+    state = many_items_state(args.dim, args.layers, 10, "cpu")
     full = [0]
 
     def count_full(phase: str, info: dict) -> None:
