@@ -10,17 +10,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import lightning_nvcomp
-from lightning_nvcomp.policy import (
-    EMA_WEIGHT,
-    CodecPolicy,
-    CodecProfile,
-    bulk_device,
-    calibrate,
-    candidate_codecs,
-    choose,
-    predict,
-    sample_state,
-)
+from lightning_nvcomp.calibration import CodecProfile, bulk_device, calibrate, candidate_codecs, sample_state
+from lightning_nvcomp.policy import EMA_WEIGHT, CodecPolicy, choose, predict
 from lightning_nvcomp.probe import probe_bandwidth
 from lightning_nvcomp.storage import Storage, ThrottledStorage
 

@@ -34,10 +34,11 @@ import torch.multiprocessing as mp
 
 import lightning_nvcomp
 from lightning_nvcomp import storage, temp_names
+from lightning_nvcomp.calibration import CodecProfile
 from lightning_nvcomp.format import find_contents
 from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.pipeline import CheckpointWriter
-from lightning_nvcomp.policy import CodecPolicy, CodecProfile
+from lightning_nvcomp.policy import CodecPolicy
 from lightning_nvcomp.probe import FALLBACK_GBPS, MIN_PROBE_NBYTES, measure_bandwidth
 from lightning_nvcomp.storage import Storage
 from lightning_nvcomp.temp_names import HOST_ID
