@@ -53,9 +53,9 @@ def collector_paused() -> Iterator[None]:
 
     Why: the items of a DCP checkpoint of a deep model are thousands of records, each a few objects alive until
     written or placed; enough of them outlive a young collection to set off full ones, each walking every object of
-    the training process (0.15 s each on the CPU items benchmark: two per save and three per load where DCP's own
-    reader and writer take one). Reference counting still frees what the block drops; the next collection after it
-    looks at the rest. Off the main thread (a write behind training) the collector is left alone: pausing it there
+    the training process (about two per save and per load on the CPU items state, where DCP's own writer and reader
+    set off about one: ``benchmarks/gc_loop_bench.py``). Reference counting still frees what the block drops; the
+    next collection after it looks at the rest. Off the main thread (a write behind training) the collector is left alone: pausing it there
     would pause it for the training too.
     """
     global _pause_depth, _enable_after
