@@ -2,19 +2,24 @@
 DCP's plain ``FileSystemWriter``, DCP's own ``stream.zstd`` extension, and ``NvcompFileSystemWriter`` (zstd, ans
 on a GPU, auto), in the same run, on the same state. Measures the ``dcp.save`` time (files fsynced), the time
 ``dcp.async_save`` blocks the caller (staging) and until its future is done, the size of the ``.distcp`` files, and the
-``dcp.load`` time back onto the model's device. Runs on a GPU (state on the GPU, nvCOMP) or on the CPU.
+``dcp.load`` time back onto the model's device, and DCP's own cost of a save (a writer that writes no item). Methods
+run in turn, in reverse order every other repetition (no method always follows the same one); a summary gives each
+method's median. Runs on a GPU (state on the GPU, nvCOMP) or on the CPU.
 
     python benchmarks/dcp_bench.py --steps 300 --out benchmarks/results/dcp.md
     python benchmarks/dcp_bench.py --dim 64 --layers 2 --steps 20 --out /tmp/dcp.md   # CPU smoke test
+    python benchmarks/dcp_bench.py --methods "FileSystemWriter,Nvcomp ans,Nvcomp auto" --repeat 3   # a subset
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import os
 import pathlib
 import shutil
+import statistics
 import sys
 import time
 import warnings
@@ -29,8 +34,10 @@ from lightning_nvcomp.codec.pinned import pool
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
+from dcp_items_bench import StoresNothing  # noqa: E402
+
 from common import local_tensors, publish, sync  # noqa: E402
-from gpt import GPT, stdlib_corpus, train
+from gpt import GPT, stdlib_corpus, train  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
 warnings.filterwarnings("ignore", message=".*Detected an existing checkpoint.*")
@@ -93,6 +100,7 @@ def measure_single(state: dict, root: str, device: str, rep: int, codec: str) ->
         "codec": stats.codec,
         "save_s": save_s,
         "blocked_s": float("nan"),
+        "stage_s": float("nan"),
         "async_s": float("nan"),
         "bytes": os.path.getsize(path),
         "load_s": load_s,
@@ -125,11 +133,13 @@ def measure(name: str, make, state: dict, root: str, fresh: callable, device: st
     sync()
     peak_extra_gb(device, True)
     begin = time.perf_counter()
-    future = dcp.async_save(state, storage_writer=make(apath))
+    async_writer = make(apath)
+    future = dcp.async_save(state, storage_writer=async_writer)
     sync()
     blocked = time.perf_counter() - begin
     future.result()
     async_done = time.perf_counter() - begin
+    stage_s = async_writer.stats.stage_s if isinstance(async_writer, NvcompFileSystemWriter) else float("nan")
     async_gb = peak_extra_gb(device, False)
     pinned_gb = pinned_pool_gb(device)
     pool_gb = pool().nbytes / 1e9
@@ -154,6 +164,7 @@ def measure(name: str, make, state: dict, root: str, fresh: callable, device: st
         "codec": codec,
         "save_s": save_s,
         "blocked_s": blocked,
+        "stage_s": stage_s,
         "async_s": async_done,
         "bytes": size,
         "load_s": load_s,
@@ -163,6 +174,60 @@ def measure(name: str, make, state: dict, root: str, fresh: callable, device: st
         "pool_gb": pool_gb,
         "exact": exact,
     }
+
+
+def measure_floor(state: dict, root: str, rep: int) -> dict:
+    """DCP's own cost of a ``dcp.save`` of this state (planning, resolving every item, ``.metadata``): a writer that
+    writes no item."""
+    path = os.path.join(root, "stores_nothing")
+    shutil.rmtree(path, ignore_errors=True)
+    sync()
+    begin = time.perf_counter()
+    dcp.save(state, storage_writer=StoresNothing(path))
+    save_s = time.perf_counter() - begin
+    nan = float("nan")
+    return {
+        "method": FLOOR,
+        "rep": rep + 1,
+        "codec": "-",
+        "save_s": save_s,
+        **dict.fromkeys(("blocked_s", "stage_s", "async_s", "load_s", "extra_gb", "load_gb", "pinned_gb"), nan),
+        "pool_gb": nan,
+        "bytes": 0,
+        "exact": True,
+    }
+
+
+#: The row of DCP's own cost.
+FLOOR = "DCP's own cost (a writer that writes no item)"
+SINGLE = "single file: lightning_nvcomp.save / load"
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """Each method's median over the repetitions, and its save against the single file and ``FileSystemWriter``."""
+    by_method: dict[str, list[dict]] = {}
+    for r in rows:
+        by_method.setdefault(r["method"], []).append(r)
+
+    def median(method: str, key: str) -> float:
+        return statistics.median(r[key] for r in by_method[method]) if method in by_method else float("nan")
+
+    single, plain = median(SINGLE, "save_s"), median("FileSystemWriter", "save_s")
+    lines = [
+        "",
+        f"Medians over the {max(r['rep'] for r in rows)} repetitions:",
+        "",
+        "| method | codec | dcp.save s | vs single file | vs FileSystemWriter | async blocked s | of it staging s | "
+        "dcp.load s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for method, found in by_method.items():
+        save = median(method, "save_s")
+        lines.append(
+            f"| {method} | {found[-1]['codec']} | {save:.3f} | {save / single:.2f}x | {save / plain:.2f}x | "
+            f"{median(method, 'blocked_s'):.3f} | {median(method, 'stage_s'):.3f} | {median(method, 'load_s'):.3f} |"
+        )
+    return lines
 
 
 def pinned_pool_gb(device: str) -> float:
@@ -183,6 +248,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dir", default="/tmp/dcp-bench")
     parser.add_argument("--repeat", type=int, default=2, help="measured repetitions per method")
+    parser.add_argument("--methods", help="comma-separated method names to run (default: all)")
     parser.add_argument("--out", help="write the Markdown table here")
     args = parser.parse_args()
 
@@ -207,17 +273,27 @@ def main() -> None:
 
     os.makedirs(args.dir, exist_ok=True)
     single_codec = "ans" if args.device == "cuda" and gpu_available() else "zstd"
+    methods = {
+        **{name: functools.partial(measure, name, make) for name, make in writers(args.device).items()},
+        SINGLE: lambda state, root, fresh, device, rep: measure_single(state, root, device, rep, single_codec),
+        FLOOR: lambda state, root, fresh, device, rep: measure_floor(state, root, rep),
+    }
+    if args.methods:
+        wanted = [m.strip() for m in args.methods.split(",")]
+        unknown = [m for m in wanted if m not in methods]
+        if unknown:
+            parser.error(f"unknown methods {unknown}; known: {list(methods)}")
+        methods = {m: methods[m] for m in wanted}
     rows = []
     for rep in range(args.repeat):
-        rows.extend(
-            measure(name, make, state, args.dir, fresh, args.device, rep) for name, make in writers(args.device).items()
-        )
-        rows.append(measure_single(state, args.dir, args.device, rep, single_codec))
+        order = list(methods.items()) if rep % 2 == 0 else list(reversed(methods.items()))
+        rows.extend(run(state, args.dir, fresh, args.device, rep) for _, run in order)
     shutil.rmtree(args.dir, ignore_errors=True)
+    rows.sort(key=lambda r: (r["rep"], list(methods).index(r["method"])))
 
     params = sum(p.numel() for p in model.parameters())
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)"
-    base = rows[0]["bytes"]
+    base = next((r["bytes"] for r in rows if r["method"] == "FileSystemWriter"), rows[0]["bytes"]) or 1
     lines = [
         "# DCP (torch.distributed.checkpoint) benchmark, one rank",
         "",
@@ -225,24 +301,26 @@ def main() -> None:
         f"{torch.__version__}; nvCOMP {nvcomp_version()}; lightning_nvcomp {lightning_nvcomp.__version__}",
         f"- byte-level GPT, {params / 1e6:.1f}M params, {args.steps} AdamW steps on the Python standard library's "
         f"sources; state = model + AdamW (get_state_dict), {raw / 1e6:.1f} MB on {args.device}",
-        "- each method: one warm-up save, then per repetition (methods interleaved): dcp.save (files fsynced), "
-        "dcp.async_save (blocked = until it returns, done = until its future is), dcp.load onto the same device; "
+        "- each method: one warm-up save, then per repetition (methods in turn, in reverse order every other repetition): "
+        "dcp.save (files fsynced), "
+        "dcp.async_save (blocked = until it returns, of it staging = our writer's stage(), done = until its future "
+        "is), dcp.load onto the same device; "
         "extra GPU GB = peak GPU memory allocated above the state's during the save and the async save (load: "
         "during the load, above the state and its empty target); pinned GB = pinned host memory torch's caching "
         "host allocator holds after the method's async save (in use + cached: reused by the next save), of which "
         "our pool = the slabs of lightning_nvcomp's pinned pool (bounded, reused by every save of ours)",
         "",
-        "| method | rep | codec | dcp.save s | async blocked s | async done s | .distcp MB | vs FileSystemWriter | "
-        "dcp.load s | extra GPU GB save / load | pinned GB | of which our pool | bit-exact |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| method | rep | codec | dcp.save s | async blocked s | of it staging s | async done s | .distcp MB | "
+        "vs FileSystemWriter | dcp.load s | extra GPU GB save / load | pinned GB | of which our pool | bit-exact |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['method']} | {r['rep']} | {r['codec']} | {r['save_s']:.3f} | {r['blocked_s']:.3f} | "
-            f"{r['async_s']:.3f} | {r['bytes'] / 1e6:.2f} | {r['bytes'] / base:.3f} | {r['load_s']:.3f} | "
+            f"{r['stage_s']:.3f} | {r['async_s']:.3f} | {r['bytes'] / 1e6:.2f} | {r['bytes'] / base:.3f} | {r['load_s']:.3f} | "
             f"{r['extra_gb']:.2f} / {r['load_gb']:.2f} | {r['pinned_gb']:.2f} | {r['pool_gb']:.2f} | {'yes' if r['exact'] else 'NO'} |"
         )
-    publish(lines, args.out)
+    publish(lines + summary(rows), args.out)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,6 @@ fi
 if [ "$PART" = all ] || [ "$PART" = items ]; then
   (cd benchmarks && timeout 150 python3 dcp_items_bench.py --device cpu --codec zstd --out "$OUT/dcp_items_cpu.md") 2>&1 | tail -6
   (cd benchmarks && timeout 100 python3 dcp_items_bench.py --device cuda --codec ans --out "$OUT/dcp_items_gpu.md") 2>&1 | tail -6
-  (cd benchmarks && timeout 120 python3 profile_dcp_load.py --dim 1024 --layers 20 --steps 3 --codec ans) 2>&1 | grep -v Warn | head -45 > "$OUT/profile_load.txt"
+  (cd benchmarks && timeout 120 python3 profile_dcp.py --dim 1024 --layers 20 --steps 3 --codec ans --phase load) 2>&1 | grep -v Warn | head -45 > "$OUT/profile_load.txt"
   head -8 "$OUT/profile_load.txt"
 fi

@@ -103,52 +103,25 @@ class SaveAndLoad(L.Callback):
             c for c in (["ans", "zstd", "auto"] if gpu_available() else ["zstd", "auto"]) if c in self.args.codecs
         ]
         methods = [("Lightning", None)] + [(f"Nvcomp {c}", c) for c in codecs]
-        paths = {}
-        for name, codec in methods:
-            path = paths[name] = os.path.join(self.args.dir, name.replace(" ", "_"))
-            if rank == 0:
-                shutil.rmtree(path, ignore_errors=True)
-            strategy.barrier()
-            sync()
-            base = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
-            if torch.cuda.is_available():
-                torch.cuda.reset_peak_memory_stats()
-            begin = time.perf_counter()
-            checkpoint = trainer._checkpoint_connector.dump_checkpoint()
-            if codec is None:
-                self.own.save_checkpoint(strategy, checkpoint, path)  # Lightning's own sharded save
-            else:
-                strategy.options = dataclasses.replace(strategy.options, codec=codec)
-                strategy.save_checkpoint(checkpoint, path)
-            strategy.barrier()
-            blocked = time.perf_counter() - begin
-            extra = (torch.cuda.max_memory_allocated() - base) / 1e9 if torch.cuda.is_available() else 0.0
-            stored = sum(p.stat().st_size for p in pathlib.Path(path).glob(f"__{rank}_*.distcp"))
-            mine = {"raw": raw, "stored": stored, "blocked": blocked, "extra_gb": extra, "codec": "-", "write_s": None}
-            if codec is not None:
-                rank_stats = strategy.last_stats.ranks[rank]  # write_data's wall time: coding and writing
-                mine.update(codec=rank_stats.codec, write_s=rank_stats.encode_s + rank_stats.write_s)
-            if codec == "auto" and default_policy("sync").last_decision:
-                self.predictions = default_policy("sync").last_decision[1]  # rank 0 decides: its predictions
-            gathered: list = [None] * trainer.world_size
-            dist.all_gather_object(gathered, mine)
-            self.rows.append((name, gathered))
-            if rank == 0:
-                print(name, gathered, flush=True)
+        paths = {name: os.path.join(self.args.dir, name.replace(" ", "_")) for name, _ in methods}
+        for rep in range(self.args.repeat):  # rep 0: each method's first save of the run; reversed every other rep
+            for name, codec in methods if rep % 2 == 0 else methods[::-1]:
+                self.rows.append((name, rep, self._save(trainer, name, codec, paths[name], raw)))
 
         # Back through the strategy into the zeroed model and optimizer, on the same ranks.
         checked = methods[1][0]
-        for name in ("Lightning", checked):
-            for t in trained_state(trainer):
-                t.zero_()
-            sync()
-            begin = time.perf_counter()
-            strategy.load_checkpoint(paths[name])
-            sync()
-            seconds = time.perf_counter() - begin
-            same: list = [None] * trainer.world_size
-            dist.all_gather_object(same, same_bytes(trained_state(trainer), reference))
-            self.loads[name] = (seconds, all(same))
+        for rep in range(self.args.repeat):
+            for name in ("Lightning", checked) if rep % 2 == 0 else (checked, "Lightning"):
+                for t in trained_state(trainer):
+                    t.zero_()
+                sync()
+                begin = time.perf_counter()
+                strategy.load_checkpoint(paths[name])
+                sync()
+                seconds = time.perf_counter() - begin
+                same: list = [None] * trainer.world_size
+                dist.all_gather_object(same, same_bytes(trained_state(trainer), reference))
+                self.loads.setdefault(name, []).append((seconds, all(same)))
 
         # Both on one process: the whole checkpoint, resharded from every rank to 1; ours equals Lightning's.
         if rank == 0:
@@ -162,10 +135,44 @@ class SaveAndLoad(L.Callback):
                     planner=_EmptyStateDictLoadPlanner(),
                     no_dist=True,
                 )
-                self.loads[f"{name}, one process"] = (time.perf_counter() - begin, None)
+                self.loads[f"{name}, one process"] = [(time.perf_counter() - begin, None)]
             self.one_same = same_bytes(local_tensors(whole["Lightning"]), local_tensors(whole[checked]))
             self.one_count = len(local_tensors(whole[checked]))
         strategy.barrier()
+
+    def _save(self, trainer: L.Trainer, name: str, codec: str | None, path: str, raw: int) -> list:
+        """One ``trainer.save_checkpoint``'s work with Lightning's own strategy (codec None) or ours; every rank's
+        figures."""
+        strategy, rank = trainer.strategy, trainer.global_rank
+        if rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+        strategy.barrier()
+        sync()
+        base = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        begin = time.perf_counter()
+        checkpoint = trainer._checkpoint_connector.dump_checkpoint()
+        if codec is None:
+            self.own.save_checkpoint(strategy, checkpoint, path)  # Lightning's own sharded save
+        else:
+            strategy.options = dataclasses.replace(strategy.options, codec=codec)
+            strategy.save_checkpoint(checkpoint, path)
+        strategy.barrier()
+        blocked = time.perf_counter() - begin
+        extra = (torch.cuda.max_memory_allocated() - base) / 1e9 if torch.cuda.is_available() else 0.0
+        stored = sum(p.stat().st_size for p in pathlib.Path(path).glob(f"__{rank}_*.distcp"))
+        mine = {"raw": raw, "stored": stored, "blocked": blocked, "extra_gb": extra, "codec": "-", "write_s": None}
+        if codec is not None:
+            rank_stats = strategy.last_stats.ranks[rank]  # write_data's wall time: coding and writing
+            mine.update(codec=rank_stats.codec, write_s=rank_stats.encode_s + rank_stats.write_s)
+        if codec == "auto" and default_policy("sync").last_decision:
+            self.predictions = default_policy("sync").last_decision[1]  # rank 0 decides: its predictions
+        gathered: list = [None] * trainer.world_size
+        dist.all_gather_object(gathered, mine)
+        if rank == 0:
+            print(name, gathered, flush=True)
+        return gathered
 
 
 def main() -> None:
@@ -177,6 +184,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--dir", default="/tmp/lightning-fsdp-bench")
     parser.add_argument("--codecs", default="ans,zstd,auto", help="our codecs to save with (besides Lightning's own)")
+    parser.add_argument("--repeat", type=int, default=1, help="saves and loads per method (the first: rep 0)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     gpu = torch.cuda.is_available()
@@ -226,23 +234,26 @@ def report(args: argparse.Namespace, n_params: int, world: int, bench: SaveAndLo
         f"- byte-level GPT, {n_params / 1e9:.2f}B params, {args.steps} AdamW steps ({'bf16-mixed' if gpu else 'fp32'}) "
         f"on the Python standard library's sources; {seconds:.0f} s for the whole run",
         "- each save at the end of training, by every rank to the local disk, files fsynced; blocked = "
-        "trainer.save_checkpoint's work (dump_checkpoint + the strategy's save_checkpoint + barrier)",
+        "trainer.save_checkpoint's work (dump_checkpoint + the strategy's save_checkpoint + barrier); rep 0 is each "
+        "method's first save of the run; the methods run in turn, in reverse order every other repetition, and "
+        "so do the loads",
         "",
-        "| method | codec | rank | raw GB | stored GB | ratio | blocked s | of it, DCP write s | extra GPU GB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | rep | codec | rank | raw GB | stored GB | ratio | blocked s | of it, DCP write s | extra GPU GB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, gathered in bench.rows:
+    for name, rep, gathered in sorted(bench.rows, key=lambda row: row[1]):
         for r, g in enumerate(gathered):
             lines.append(
-                f"| {name} | {g['codec']} | {r} | {g['raw'] / 1e9:.2f} | {g['stored'] / 1e9:.2f} | "
+                f"| {name} | {rep} | {g['codec']} | {r} | {g['raw'] / 1e9:.2f} | {g['stored'] / 1e9:.2f} | "
                 f"{g['raw'] / g['stored']:.3f} | {g['blocked']:.2f} | "
                 f"{'-' if g['write_s'] is None else format(g['write_s'], '.2f')} | {g['extra_gb']:.2f} |"
             )
-        raw, stored = sum(g["raw"] for g in gathered), sum(g["stored"] for g in gathered)
-        lines.append(
-            f"| {name} | | all | {raw / 1e9:.2f} | {stored / 1e9:.2f} | {raw / stored:.3f} | "
-            f"{max(g['blocked'] for g in gathered):.2f} | | {max(g['extra_gb'] for g in gathered):.2f} |"
-        )
+        if len(gathered) > 1:
+            raw, stored = sum(g["raw"] for g in gathered), sum(g["stored"] for g in gathered)
+            lines.append(
+                f"| {name} | {rep} | | all | {raw / 1e9:.2f} | {stored / 1e9:.2f} | {raw / stored:.3f} | "
+                f"{max(g['blocked'] for g in gathered):.2f} | | {max(g['extra_gb'] for g in gathered):.2f} |"
+            )
     if bench.predictions:
         lines += [
             "",
@@ -256,11 +267,12 @@ def report(args: argparse.Namespace, n_params: int, world: int, bench: SaveAndLo
             f"| {p.codec} | {p.ratio:.3f} | {p.encode_s:.2f} | {p.write_s:.2f} | {p.blocked_s:.2f} |"
             for p in bench.predictions
         ]
-    lines += ["", "| load | seconds | bit-exact |", "|---|---|---|"]
-    for name, (sec, same) in bench.loads.items():
+    lines += ["", "| load | seconds (rep 0, 1, ...) | bit-exact |", "|---|---|---|"]
+    for name, runs in bench.loads.items():
         where = name if "one process" in name else f"{name}, strategy.load_checkpoint on {world} ranks"
-        verdict = ("yes" if same else "NO") if same is not None else "see below"
-        lines.append(f"| {where} | {sec:.2f} | {verdict} |")
+        sames = [same for _, same in runs]
+        verdict = ("yes" if all(sames) else "NO") if None not in sames else "see below"
+        lines.append(f"| {where} | {' / '.join(f'{sec:.2f}' for sec, _ in runs)} | {verdict} |")
     lines += [
         "",
         f"On one process (resharded {world} -> 1): {bench.one_count} tensors of ours equal Lightning's bit "

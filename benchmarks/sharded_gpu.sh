@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The sharded path on the lent H200 (issue 14, one rank; benchmarks/results/round7), each part a fresh process with
+# its own time limit: the DCP benchmark (the ~250M GPT, 3.03 GB of state: FileSystemWriter, ours ans and auto, our
+# single file, DCP's own cost; 4 repetitions, medians), the many-small-items case on the GPU, then Lightning's
+# FSDPStrategy(state_dict_type="sharded") and Accelerate's FSDP2 save_state with writes held to 200 MB/s by a cgroup
+# (benchmarks/throttle.sh), and a cProfile of our dcp.save and dcp.async_save (main thread). Carry .whl; results under $OUT.
+#   bash benchmarks/sharded_gpu.sh          (PARTS: a space-separated subset of "dcp items lightning accelerate profile")
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+PARTS=${PARTS:-"dcp items lightning accelerate profile"}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc;
+  python3 -c "import torch, nvidia.nvcomp as n; print('torch', torch.__version__, 'nvcomp', n.__version__)"; } | tee "$OUT/env.txt"
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+throttled() {  # run "$@" with its writes held to 200 MB/s
+  local cg
+  cg=$(bash benchmarks/throttle.sh /tmp/lnv-throttled 200) || return 1
+  (echo $BASHPID > "$cg/cgroup.procs" && exec "$@")
+}
+if has dcp; then
+  (cd benchmarks && timeout ${DCP_S:-200} python3 dcp_bench.py --dim 1024 --layers 20 --steps 20 --repeat 4 \
+    --methods "FileSystemWriter,Nvcomp ans,Nvcomp auto,single file: lightning_nvcomp.save / load,DCP's own cost (a writer that writes no item)" \
+    --out "$OUT/dcp.md" > "$OUT/dcp.log" 2>&1); tail -n 9 "$OUT/dcp.md"
+fi
+if has items; then
+  (cd benchmarks && timeout ${ITEMS_S:-90} python3 dcp_items_bench.py --device cuda --codec ans --out "$OUT/dcp_items_gpu.md" \
+    > "$OUT/dcp_items_gpu.log" 2>&1); tail -n 8 "$OUT/dcp_items_gpu.md"
+fi
+if has lightning; then
+  throttled timeout ${LIGHTNING_S:-110} torchrun --nproc_per_node 1 benchmarks/lightning_fsdp_bench.py --dim 768 --layers 12 \
+    --steps 5 --codecs ans,auto --repeat 3 --dir /tmp/lnv-throttled/lightning --out "$OUT/lightning_fsdp_1gpu_throttled.md" \
+    > "$OUT/lightning_fsdp.log" 2>&1; tail -n 22 "$OUT/lightning_fsdp_1gpu_throttled.md"
+fi
+if has accelerate; then
+  throttled timeout ${ACCELERATE_S:-110} torchrun --nproc_per_node 1 benchmarks/accelerate_fsdp_bench.py --dim 768 --layers 12 \
+    --steps 5 --repeat 3 --dir /tmp/lnv-throttled/accelerate --label "the local disk, writes held to 200 MB/s by a cgroup" \
+    --out "$OUT/accelerate_fsdp_1gpu_throttled.md" > "$OUT/accelerate_fsdp.log" 2>&1; tail -n 6 "$OUT/accelerate_fsdp_1gpu_throttled.md"
+fi
+if has profile; then
+  for phase in save async; do
+    (cd benchmarks && timeout ${PROFILE_S:-50} python3 profile_dcp.py --dim 1024 --layers 20 --steps 3 --codec ans \
+      --phase $phase > "$OUT/profile_$phase.txt" 2>&1); grep -E "^rep|function calls" "$OUT/profile_$phase.txt"
+  done
+fi
