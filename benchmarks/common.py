@@ -1,9 +1,11 @@
 """What every benchmark script here needs: a device-wide sync, a walk over a state's tensors, a bit-exact
-comparison, and the report."""
+comparison, the report, and the garbage collections a block ran."""
 
 from __future__ import annotations
 
+import gc
 import pathlib
+import time
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -39,3 +41,23 @@ def publish(lines: list[str], out: str | None) -> None:
     print(report)
     if out:
         pathlib.Path(out).write_text(report)
+
+
+class Collections:
+    """Python's garbage collections while the block runs: how many were full (generation 2), and the seconds all of
+    them took (``with Collections() as gc_seen: ...; gc_seen.full, gc_seen.seconds``)."""
+
+    def __enter__(self) -> Collections:
+        self.full, self.seconds, self._began = 0, 0.0, 0.0
+        gc.callbacks.append(self._seen)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._seen)
+
+    def _seen(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            self.full += info["generation"] == 2
+        else:
+            self.seconds += time.perf_counter() - self._began

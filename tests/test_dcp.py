@@ -11,6 +11,7 @@ import io
 import os
 import pickle
 import struct
+import sys
 import threading
 import zipfile
 from pathlib import Path
@@ -201,6 +202,50 @@ class _LoadRecordsCollector(dcp.DefaultLoadPlanner):
     def resolve_tensor(self, read_item):
         self.collector_on.append(gc.isenabled())
         return super().resolve_tensor(read_item)
+
+
+def _collections_inside_our_code(run):
+    """``run()``'s result, and how many garbage collections started while a function of lightning_nvcomp below the
+    writer's own ``stage`` was running (coding, copying, listing the shards: not the pause's entry and exit)."""
+    package = Path(NvcompFileSystemWriter.__module__.replace(".", "/")).parts[0]
+    outer = {"writer.py", "resources.py", "contextlib.py"}
+    inside = []
+
+    def seen(phase, info):
+        if phase != "start":
+            return
+        frame = sys._getframe(1)
+        while frame is not None:
+            path = Path(frame.f_code.co_filename)
+            if package in path.parts and path.name not in outer:
+                inside.append(frame.f_code.co_name)
+                return
+            frame = frame.f_back
+
+    gc.callbacks.append(seen)
+    try:
+        return run(), inside
+    finally:
+        gc.callbacks.remove(seen)
+
+
+def test_async_staging_pauses_the_collector_and_restores_it(tmp_path):
+    """dcp.async_save's staging (what training waits for) runs no garbage collection while it codes, even with the
+    collector set to run at every allocation, and leaves it on; the checkpoint is the state at the call."""
+    state = _state(10)
+    expected = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        writer = NvcompFileSystemWriter(tmp_path, codec="zstd", stage_compress="all")
+        future, inside = _collections_inside_our_code(lambda: dcp.async_save(state, storage_writer=writer))
+        assert inside == [] and gc.isenabled()
+    finally:
+        gc.set_threshold(*thresholds)
+    future.result()
+    loaded = zeros_like_state(expected)
+    dcp.load(loaded, storage_reader=NvcompFileSystemReader(tmp_path))
+    assert_state_equal(loaded, expected)
 
 
 def test_load_pauses_the_collector_while_reading_and_restores_it(tmp_path):

@@ -35,7 +35,7 @@ from lightning_nvcomp.integrations.dcp.stats import DcpCheckpointStats, gather
 from lightning_nvcomp.options import Codec, SaveOptions
 from lightning_nvcomp.policy import CodecPolicy, Prediction
 from lightning_nvcomp.remote.options import RemoteOptions
-from lightning_nvcomp.resources import shared
+from lightning_nvcomp.resources import collector_paused, shared
 from lightning_nvcomp.stats import SaveStats
 
 #: What ``stage_compress`` may be: which shards ``dcp.async_save``'s staging compresses (the rest are copied).
@@ -206,18 +206,20 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
     # -- async staging ------------------------------------------------------------------------------------------
 
     def stage(self, state_dict: STATE_DICT_TYPE) -> STATE_DICT_TYPE:
-        """``dcp.async_save``'s staging: compress CUDA shards on the GPU (``stage_compress``), copy the rest."""
+        """``dcp.async_save``'s staging: compress CUDA shards on the GPU (``stage_compress``), copy the rest. Training
+        waits for it: the garbage collector is paused meanwhile (see :func:`~lightning_nvcomp.resources.collector_paused`)."""
         begin = time.perf_counter()
         self._staged = {}
-        tensors = local_tensors(state_dict)
-        self._chosen = self._agree_codec(tensors, "async")
-        devices = STAGE_DEVICES[self.stage_compress]
-        if _compat.STAGE_COPIES and not any(t.device.type in devices for t in tensors):
-            staged = super().stage(state_dict)
-        else:
-            stager = Stager(self._chosen[0], devices)
-            staged = stager.stage(state_dict)
-            self._staged = stager.shards
+        with collector_paused():
+            tensors = local_tensors(state_dict)
+            self._chosen = self._agree_codec(tensors, "async")
+            devices = STAGE_DEVICES[self.stage_compress]
+            if _compat.STAGE_COPIES and not any(t.device.type in devices for t in tensors):
+                staged = super().stage(state_dict)
+            else:
+                stager = Stager(self._chosen[0], devices)
+                staged = stager.stage(state_dict)
+                self._staged = stager.shards
         self._stage_s = time.perf_counter() - begin
         return staged
 
