@@ -191,7 +191,7 @@ def main() -> None:
     devices = int(os.environ.get("WORLD_SIZE", 1))
     if args.strategy == "fsdp":
         strategy, own = (
-            NvcompFSDPStrategy(codec="ans", state_dict_type="sharded", auto_wrap_policy={Block}),
+            NvcompFSDPStrategy(codec="ans" if gpu else "zstd", state_dict_type="sharded", auto_wrap_policy={Block}),
             FSDPStrategy,
         )
     else:

@@ -88,9 +88,9 @@ def _check(tmp_path: Path, kind: str, codec: str, gpus: int = 1) -> None:
     # sharded optimizer state still reaches the writer on the GPU), and as bit-exact.
     resumed_results = _run(kind, codec, resumed, 8, ours / "checkpoints" / names[0], gpus, state_on_gpu=False)
     assert resumed_results[0]["global_step"] == 8
-    # The resume read the sharded state through the compressed reader: the module state (FSDP1 reads its optimizer
-    # state with a reader of its own), and with ModelParallel the optimizer state too.
-    assert [r["sharded_loads"] for r in resumed_results] == [2 if kind == "mp" else 1] * len(results), resumed_results
+    # The resume read the sharded state through the compressed reader: the module state and the optimizer state
+    # (FSDP1's through the reader FSDPStrategy makes itself).
+    assert [r["sharded_loads"] for r in resumed_results] == [2] * len(results), resumed_results
     assert all(r["state"]["offloaded"] for r in resumed_results), resumed_results
     if kind == "mp":
         assert [r["state"]["devices"] for r in resumed_results] == [["cpu"]] * len(results)
@@ -122,3 +122,28 @@ def test_sharded_strategies_on_a_gpu(tmp_path, kind):
 @pytest.mark.parametrize("kind", ["fsdp", "mp"])
 def test_sharded_strategies_on_two_gpus(tmp_path, kind):
     _check(tmp_path, kind, "ans", gpus=2)
+
+
+def test_dcp_file_system_reader_is_ours_only_within_the_block(tmp_path):
+    """What FSDPStrategy.load_checkpoint imports as ``torch.distributed.checkpoint.FileSystemReader`` while the swap
+    is on is the given reader (here: ours, reading a checkpoint of ours); DCP's own class is back after, also when
+    the block fails."""
+    import torch.distributed.checkpoint as dcp
+
+    from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
+    from lightning_nvcomp.integrations._lightning_compat import dcp_file_system_reader_as
+
+    own = dcp.FileSystemReader
+    state = {"w": torch.arange(1000, dtype=torch.float32)}
+    dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))
+    with dcp_file_system_reader_as(NvcompFileSystemReader):
+        from torch.distributed.checkpoint import FileSystemReader
+
+        loaded = {"w": torch.zeros(1000)}
+        dcp.load(loaded, storage_reader=FileSystemReader(path=tmp_path))
+    assert FileSystemReader is NvcompFileSystemReader
+    assert torch.equal(loaded["w"].view(torch.uint8), state["w"].view(torch.uint8))
+    assert dcp.FileSystemReader is own
+    with pytest.raises(OSError), dcp_file_system_reader_as(NvcompFileSystemReader):
+        raise OSError("the load failed")
+    assert dcp.FileSystemReader is own

@@ -43,6 +43,7 @@ from lightning_nvcomp.integrations._config import option_errors
 from lightning_nvcomp.integrations._lightning_compat import (
     DISTRIBUTED_LOAD,
     DISTRIBUTED_SAVE,
+    dcp_file_system_reader_as,
     distributed_checkpoint_helper_as,
     fsdp_saves_sharded,
     model_parallel_saves_distributed,
@@ -198,11 +199,18 @@ class CompressedShardedSaves(abc.ABC):
         :class:`~lightning_nvcomp.dcp.NvcompFileSystemReader` (bulk decoding, on the GPU for CUDA targets; it
         reads uncompressed checkpoints too). :attr:`sharded_loads` counts the sharded reads it made."""
 
-        def compressed_load(state: dict[str, Any], path: Path) -> None:
-            dcp.load(state, storage_reader=NvcompFileSystemReader(path))
+        def reader(path: str | os.PathLike, **kwargs: Any) -> NvcompFileSystemReader:
             self.sharded_loads += 1
+            return NvcompFileSystemReader(path, **kwargs)
 
-        with _SWAP, distributed_checkpoint_helper_as(self._loader_module, DISTRIBUTED_LOAD, compressed_load):
+        def compressed_load(state: dict[str, Any], path: Path) -> None:
+            dcp.load(state, storage_reader=reader(path))
+
+        with (
+            _SWAP,
+            distributed_checkpoint_helper_as(self._loader_module, DISTRIBUTED_LOAD, compressed_load),
+            dcp_file_system_reader_as(reader),  # FSDP1's optimizer state: FSDPStrategy makes this reader itself
+        ):
             return super().load_checkpoint(checkpoint_path, *args, **kwargs)  # type: ignore[misc]
 
     def _record(self, writer: NvcompFileSystemWriter, blocked_s: float, step: int, path: str) -> None:
