@@ -957,3 +957,20 @@ def test_storage_options_refused(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="storage_options"):
         plugin.save_checkpoint({"w": torch.ones(2)}, tmp_path / "x.ckpt", storage_options={"a": 1})
     assert os.listdir(tmp_path) == []
+
+
+def test_gpu_state_nbytes_counts_parameters_buffers_and_optimizer_state_once() -> None:
+    """What the savings callback pins ahead for: every parameter, buffer and optimizer tensor on the device, a
+    tensor reached twice (a tied weight) counted once."""
+    from lightning_nvcomp.integrations.lightning import gpu_state_nbytes
+
+    module = model()
+    module.tied = module.net[0].weight  # the same Parameter under a second name
+    optimizer = torch.optim.AdamW(module.parameters())
+    module(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+    state = [t for s in optimizer.state.values() for t in s.values()]
+    assert len(state) == 3 * 4  # step, exp_avg, exp_avg_sq of each of the 4 parameters
+    expected = sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers(), *state])
+    assert gpu_state_nbytes(module, [optimizer], "cpu") == expected
+    assert gpu_state_nbytes(module, [optimizer], "cuda") == 0

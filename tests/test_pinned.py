@@ -177,3 +177,49 @@ def test_threads_taking_at_once_get_blobs_of_their_own():
             assert all(pool_threads.map(take_and_check, range(16)))
     finally:
         sys.setswitchinterval(interval)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and nvCOMP")
+def test_a_lightning_fit_pins_ahead_of_its_first_save(tmp_path):
+    """After the first training batch the savings callback pins as much host memory as the GPU state holds, on a
+    thread of its own; the first save (after the second batch) then grows the pool no further, and its checkpoint
+    loads bit-exactly."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    import lightning_nvcomp
+    from lightning_nvcomp import NvcompCheckpointIO
+    from lightning_nvcomp.integrations.lightning import gpu_state_nbytes
+
+    from lightning_models import TinyData, TinyModule
+
+    seen: dict[str, int] = {}
+
+    class BeforeTheFirstSave(L.Callback):  # runs before ModelCheckpoint's save at the same batch end
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if batch_idx == 1:
+                pool()._reserving.join()
+                seen.update(pool=pool().nbytes, state=gpu_state_nbytes(module, trainer.optimizers))
+
+    resources.reset()
+    io = NvcompCheckpointIO(codec="ans", async_save=True, probe_mb=4)
+    every_second = ModelCheckpoint(dirpath=tmp_path, filename="first", every_n_train_steps=2, save_top_k=-1)
+    trainer = L.Trainer(
+        accelerator="cuda",
+        devices=1,
+        max_steps=2,
+        plugins=[io],
+        callbacks=[BeforeTheFirstSave(), every_second],
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_progress_bar=False,
+    )
+    module = TinyModule(in_dim=8, hidden=1 << 16)  # ~6 MB of GPU state with AdamW's
+    trainer.fit(module, TinyData())
+    assert seen["state"] > 5 << 20 and seen["pool"] >= seen["state"], seen
+    assert pool().nbytes == seen["pool"] and pool().overflow_nbytes == 0
+    loaded = lightning_nvcomp.load(tmp_path / "first.ckpt", map_location="cpu")
+    for name, value in module.state_dict().items():
+        got = loaded["state_dict"][name]
+        assert torch.equal(got.reshape(-1).view(torch.uint8), value.cpu().reshape(-1).view(torch.uint8)), name

@@ -21,9 +21,13 @@ try:
 except ImportError as err:
     raise MissingExtraError("lightning", "NvcompCheckpointIO and NvcompSavings", err) from err
 
+import torch
+
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp import telemetry
+from lightning_nvcomp.codec import pinned
 from lightning_nvcomp.integrations._config import option_errors
+from lightning_nvcomp.integrations.dcp.staging import local_tensors_named
 from lightning_nvcomp.locations import storage_for
 from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.pipeline import CheckpointWriter
@@ -154,6 +158,23 @@ def _register_with_pytorch_lightning() -> None:
 _register_with_pytorch_lightning()
 
 
+def gpu_state_nbytes(module: Any, optimizers: list[Any], device_type: str = "cuda") -> int:
+    """Bytes of this rank's tensors on ``device_type`` that a checkpoint of ``module`` and ``optimizers`` holds: the
+    parameters, the buffers and the optimizer state (a DTensor's local shard), each tensor once."""
+    tree = {
+        "params": list(module.parameters()),
+        "buffers": list(module.buffers()),
+        "optim": [o.state for o in optimizers],
+    }
+    seen: set[int] = set()
+    total = 0
+    for _, t in local_tensors_named(tree):
+        if t.device.type == device_type and id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
 class SavingsLogging:
     """Logs the checkpoint savings of an :class:`NvcompCheckpointIO` (and of a compressed sharded strategy,
     :class:`~lightning_nvcomp.NvcompFSDPStrategy` or :class:`~lightning_nvcomp.NvcompModelParallelStrategy`) to
@@ -163,10 +184,13 @@ class SavingsLogging:
     At setup it also resolves the storage of every directory where the Trainer's checkpoints go with our checkpoint
     IO (``default_root_dir``, the first logger's ``save_dir``, a ``ModelCheckpoint``'s ``dirpath``), so that a URL
     whose fsspec implementation is missing (or a ``pathlib`` path made from a URL) fails naming it before anything
-    is written."""
+    is written. After the first training batch (the optimizer state exists by then) it starts pinning, on a thread
+    of its own, the host memory the saves copy the GPU state's coded bytes into (as much as that state's bytes,
+    within :class:`~lightning_nvcomp.codec.pinned.PinnedPool`'s limit), so the first save does not wait for it."""
 
     def __init__(self) -> None:
         self.sources: list[Any] = []
+        self._pinned_ahead = False
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         from lightning_nvcomp.integrations.lightning_sharded import CompressedShardedSaves
@@ -193,6 +217,10 @@ class SavingsLogging:
                     logger.log_metrics(metrics, step=step)
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if not self._pinned_ahead:
+            self._pinned_ahead = True
+            if self.sources and torch.cuda.is_available():
+                pinned.pool().reserve(gpu_state_nbytes(trainer.lightning_module, trainer.optimizers))
         self._flush(trainer)
 
     def on_train_epoch_end(self, trainer: Any, *args: Any) -> None:
