@@ -102,6 +102,7 @@ def measure_single(state: dict, root: str, device: str, rep: int, codec: str) ->
         "blocked_s": float("nan"),
         "stage_s": float("nan"),
         "gc": "-",
+        "pool_state": "-",
         "async_s": float("nan"),
         "bytes": os.path.getsize(path),
         "load_s": load_s,
@@ -135,6 +136,7 @@ def measure(name: str, make, state: dict, root: str, fresh: callable, device: st
     peak_extra_gb(device, True)
     begin = time.perf_counter()
     async_writer = make(apath)
+    in_use, overflow = pool().in_use_nbytes, pool().overflow_nbytes  # held from earlier saves; pageable so far
     with Collections() as collected:
         future = dcp.async_save(state, storage_writer=async_writer)
         sync()
@@ -168,6 +170,7 @@ def measure(name: str, make, state: dict, root: str, fresh: callable, device: st
         "blocked_s": blocked,
         "stage_s": stage_s,
         "gc": f"{collected.full} / {collected.seconds:.3f}",
+        "pool_state": f"{in_use / 1e9:.2f} / {(pool().overflow_nbytes - overflow) / 1e9:.2f}",
         "async_s": async_done,
         "bytes": size,
         "load_s": load_s,
@@ -197,6 +200,7 @@ def measure_floor(state: dict, root: str, rep: int) -> dict:
         **dict.fromkeys(("blocked_s", "stage_s", "async_s", "load_s", "extra_gb", "load_gb", "pinned_gb"), nan),
         "pool_gb": nan,
         "gc": "-",
+        "pool_state": "-",
         "bytes": 0,
         "exact": True,
     }
@@ -308,21 +312,23 @@ def main() -> None:
         "- each method: one warm-up save, then per repetition (methods in turn, in reverse order every other repetition): "
         "dcp.save (files fsynced), "
         "dcp.async_save (blocked = until it returns, of it staging = our writer's stage(), the full garbage "
-        "collections and the seconds of all collections while it blocked, done = until its future is), dcp.load onto the same device; "
+        "collections and the seconds of all collections while it blocked, the pinned pool's bytes still held by "
+        "earlier saves as it began and the bytes it had to give as pageable memory meanwhile, done = until its future "
+        "is), dcp.load onto the same device; "
         "extra GPU GB = peak GPU memory allocated above the state's during the save and the async save (load: "
         "during the load, above the state and its empty target); pinned GB = pinned host memory torch's caching "
         "host allocator holds after the method's async save (in use + cached: reused by the next save), of which "
         "our pool = the slabs of lightning_nvcomp's pinned pool (bounded, reused by every save of ours)",
         "",
-        "| method | rep | codec | dcp.save s | async blocked s | of it staging s | full GCs / GC s in it | async done s | "
-        ".distcp MB | "
+        "| method | rep | codec | dcp.save s | async blocked s | of it staging s | full GCs / GC s in it | "
+        "pool GB in use before / pageable in it | async done s | .distcp MB | "
         "vs FileSystemWriter | dcp.load s | extra GPU GB save / load | pinned GB | of which our pool | bit-exact |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['method']} | {r['rep']} | {r['codec']} | {r['save_s']:.3f} | {r['blocked_s']:.3f} | "
-            f"{r['stage_s']:.3f} | {r['gc']} | {r['async_s']:.3f} | {r['bytes'] / 1e6:.2f} | {r['bytes'] / base:.3f} | {r['load_s']:.3f} | "
+            f"{r['stage_s']:.3f} | {r['gc']} | {r['pool_state']} | {r['async_s']:.3f} | {r['bytes'] / 1e6:.2f} | {r['bytes'] / base:.3f} | {r['load_s']:.3f} | "
             f"{r['extra_gb']:.2f} / {r['load_gb']:.2f} | {r['pinned_gb']:.2f} | {r['pool_gb']:.2f} | {'yes' if r['exact'] else 'NO'} |"
         )
     publish(lines + summary(rows), args.out)

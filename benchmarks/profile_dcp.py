@@ -1,8 +1,10 @@
 """Where our DCP path spends its time (a diagnostic, not a benchmark): a trained GPT's model + AdamW state saved
 (``--phase save``), saved with ``dcp.async_save`` until it returns (``async``) or loaded back (``load``) through our
-writer/reader under cProfile (main thread), the second of two runs, next to DCP's own of the same state.
+writer/reader under cProfile (main thread), each of ``--codec``'s codecs (comma-separated) profiled in the last of ``--repeat`` runs,
+next to DCP's own of the same state, the methods in turn.
 
     python benchmarks/profile_dcp.py --dim 1024 --layers 20 --codec ans --phase load
+    python benchmarks/profile_dcp.py --codec ans,auto --phase async --repeat 4   # where two codecs' staging differs
 """
 
 from __future__ import annotations
@@ -36,17 +38,21 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dir", default="/tmp/dcp-profile")
     parser.add_argument("--phase", choices=("save", "async", "load"), default="load")
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--lines", type=int, default=40, help="profile lines printed per codec")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = GPT(dim=args.dim, layers=args.layers, heads=args.dim // 64, context=256).to(args.device)
     opt = train(model, stdlib_corpus(16 << 20), args.steps, 16, args.device, log_every=args.steps)
     model_sd, optim_sd = get_state_dict(model, opt)
     state = {"model": model_sd, "optim": optim_sd}
-    plain, ours = os.path.join(args.dir, "plain"), os.path.join(args.dir, "ours")
-    for p in (plain, ours):
-        shutil.rmtree(p, ignore_errors=True)
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(plain))  # also the warm-up of each path
-    dcp.save(state, storage_writer=NvcompFileSystemWriter(ours, codec=args.codec))
+    codecs = args.codec.split(",")
+    names = ["plain", *codecs]
+    for name in names:  # also the warm-up of each path
+        path = os.path.join(args.dir, name)
+        shutil.rmtree(path, ignore_errors=True)
+        writer = dcp.FileSystemWriter(path) if name == "plain" else NvcompFileSystemWriter(path, codec=name)
+        dcp.save(state, storage_writer=writer)
 
     def fresh() -> dict:
         return {
@@ -58,12 +64,12 @@ def main() -> None:
         }
 
     def run(name: str, profile: cProfile.Profile | None) -> float:
-        ours = name == "ours"
+        ours = name != "plain"
         target = fresh() if args.phase == "load" else state
         path = os.path.join(args.dir, name if args.phase == "load" else f"{name}-{args.phase}")
         if args.phase != "load":
             shutil.rmtree(path, ignore_errors=True)
-        writer = NvcompFileSystemWriter(path, codec=args.codec) if ours else dcp.FileSystemWriter(path)
+        writer = NvcompFileSystemWriter(path, codec=name) if ours else dcp.FileSystemWriter(path)
         reader = NvcompFileSystemReader(path) if ours else dcp.FileSystemReader(path)
         sync()
         begin = time.perf_counter()
@@ -89,14 +95,15 @@ def main() -> None:
             assert exact, f"{name}: the load is not bit-exact"
         return took
 
-    for rep in range(2):
-        for name in ("plain", "ours"):
-            profile = cProfile.Profile() if name == "ours" and rep == 1 else None
+    profiles = {}
+    for rep in range(args.repeat):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            profile = profiles[name] = cProfile.Profile() if name != "plain" and rep == args.repeat - 1 else None
             print(f"rep {rep} {name} {args.phase}: {run(name, profile):.3f} s", flush=True)
-            if profile:
-                stats = pstats.Stats(profile)
-                stats.sort_stats("tottime").print_stats(25)
-                stats.sort_stats("cumulative").print_stats(40)
+    for name, profile in profiles.items():
+        if profile is not None:
+            print(f"\n### {name}, {args.phase}, rep {args.repeat - 1}")
+            pstats.Stats(profile).sort_stats("cumulative").print_stats(args.lines)
     shutil.rmtree(args.dir, ignore_errors=True)
 
 

@@ -215,6 +215,8 @@ def test_a_lightning_fit_pins_ahead_of_its_first_save(tmp_path):
         logger=False,
         enable_progress_bar=False,
     )
+    if not any(isinstance(c, lightning_nvcomp.NvcompSavings) for c in trainer.callbacks):
+        trainer.callbacks.append(lightning_nvcomp.NvcompSavings())  # not installed (no entry points): run from source
     module = TinyModule(in_dim=8, hidden=1 << 16)  # ~6 MB of GPU state with AdamW's
     trainer.fit(module, TinyData())
     assert seen["state"] > 5 << 20 and seen["pool"] >= seen["state"], seen
