@@ -205,14 +205,15 @@ class _LoadRecordsCollector(dcp.DefaultLoadPlanner):
 
 
 def _collections_inside_our_code(run):
-    """``run()``'s result, and how many garbage collections started while a function of lightning_nvcomp below the
-    writer's own ``stage`` was running (coding, copying, listing the shards: not the pause's entry and exit)."""
+    """``run()``'s result, and the garbage collections that started on the main thread while a function of
+    lightning_nvcomp below the writer's own ``stage`` was running there (coding, copying, listing the shards: not
+    the pause's entry and exit; the write behind, on a thread of DCP's, may collect)."""
     package = Path(NvcompFileSystemWriter.__module__.replace(".", "/")).parts[0]
     outer = {"writer.py", "resources.py", "contextlib.py"}
     inside = []
 
     def seen(phase, info):
-        if phase != "start":
+        if phase != "start" or threading.current_thread() is not threading.main_thread():
             return
         frame = sys._getframe(1)
         while frame is not None:

@@ -64,15 +64,15 @@ def _piece(data: np.ndarray, ready: torch.cuda.Event | None) -> int:
 
 
 class Crc32:
-    """The CRC-32 of a 1-D uint8 CPU tensor, computed in the background; :meth:`result` waits for it.
+    """The CRC-32 of a 1-D uint8 CPU tensor (or array), computed in the background; :meth:`result` waits for it.
 
     Args:
         data: the bytes; they must not change until the result is in.
         ready: a CUDA event recorded after the copy that fills ``data`` (the pieces wait for it).
     """
 
-    def __init__(self, data: torch.Tensor, ready: torch.cuda.Event | None = None) -> None:
-        array = data.numpy()
+    def __init__(self, data: torch.Tensor | np.ndarray, ready: torch.cuda.Event | None = None) -> None:
+        array = data if isinstance(data, np.ndarray) else data.numpy()
         self._pieces: list[tuple[Future, int]] = [
             (_pool().submit(_piece, array[i : i + PIECE_NBYTES], ready), min(PIECE_NBYTES, array.size - i))
             for i in range(0, array.size, PIECE_NBYTES)
@@ -131,8 +131,10 @@ def crc32_batch(blobs: list[torch.Tensor], ready: torch.cuda.Event | None = None
     return out
 
 
-def crc32(data: torch.Tensor) -> int:
-    """The CRC-32 of a 1-D uint8 CPU tensor, its pieces computed in parallel (a small one right here)."""
-    if data.numel() <= PIECE_NBYTES:
-        return zlib.crc32(memoryview(data.numpy()))
-    return Crc32(data).result()
+def crc32(data: torch.Tensor | np.ndarray) -> int:
+    """The CRC-32 of a 1-D uint8 CPU tensor (or array: a read-only buffer's, say), its pieces computed in parallel
+    (a small one right here)."""
+    array = data if isinstance(data, np.ndarray) else data.numpy()
+    if array.size <= PIECE_NBYTES:
+        return zlib.crc32(memoryview(array))
+    return Crc32(array).result()

@@ -9,10 +9,13 @@ import pickle
 import re
 import struct
 import zipfile
+import zlib
 from typing import Any, BinaryIO
 
+import numpy as np
 import torch
 
+from lightning_nvcomp.codec import checksum
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, RefusedObjectsError
 from lightning_nvcomp.format.contents import find_contents
 from lightning_nvcomp.format.decode import _describe, _keep_on_gpu
@@ -119,7 +122,7 @@ def read(
         )
         foreign = _describe.get() is None and _foreign_storages(obj, state.produced)
         if foreign and pickle_bytes is not None:
-            _check_data_crcs(source, name)
+            _check_data_crcs(source, name, obj)
             if fd_path is not None and not mmap:  # a file of ours with plain storages in it: load them copied
                 source.seek(0)
                 obj = torch.load(source, map_location=map_location, weights_only=weights_only)
@@ -240,20 +243,72 @@ def check_zip(f: BinaryIO, name: str) -> None:
         _check_data_crcs(f, name)
 
 
-def _check_data_crcs(f: BinaryIO, name: str) -> None:
-    """Check the zip CRC-32 of every storage entry (a plain ``torch.save`` file's tensors have no other check)."""
+def _check_data_crcs(f: BinaryIO, name: str, loaded: object = None) -> None:
+    """Check the zip CRC-32 of every storage entry (a plain ``torch.save`` file's tensors have no other check):
+    where ``loaded`` (what ``torch.load`` returned) holds one storage, in host memory, and the zip one entry of its
+    size (a DCP item), over the loaded bytes themselves; else over each entry's bytes in ``f`` (an in-memory file's
+    without a copy). Large ones' pieces in parallel; :func:`_check_structure` has validated every entry's header and
+    extent already."""
     try:
         with zipfile.ZipFile(f) as archive:
-            for info in archive.infolist():
-                with archive.open(info) as entry:
-                    while entry.read(16 << 20):
-                        pass
+            entries = [i for i in archive.infolist() if "/data/" in i.filename]
+        sole = _sole_host_storage(loaded, entries) if loaded is not None else None
+        if sole is not None:
+            crc = checksum.crc32(sole)
+            if crc != entries[0].CRC:
+                raise CorruptCheckpointError(
+                    f"{name}: a tensor's stored bytes are damaged (entry {entries[0].filename!r}: CRC-32 {crc:#010x}, "
+                    f"recorded {entries[0].CRC:#010x})"
+                )
+            return
+        whole = f.getvalue() if isinstance(f, io.BytesIO) else None  # the BytesIO's own bytes: not copied
+        for info in entries:
+            f.seek(info.header_offset)
+            header = f.read(30)
+            start = info.header_offset + 30 + sum(struct.unpack("<HH", header[26:30]))
+            if whole is not None:
+                crc = checksum.crc32(np.frombuffer(whole, np.uint8, info.compress_size, start))
+            else:
+                crc = _file_crc32(f, start, info.compress_size)
+            if crc != info.CRC:
+                raise CorruptCheckpointError(
+                    f"{name}: a tensor's stored bytes are damaged (entry {info.filename!r}: CRC-32 {crc:#010x}, "
+                    f"recorded {info.CRC:#010x})"
+                )
     except (zipfile.BadZipFile, EOFError, ValueError, struct.error) as err:
         raise CorruptCheckpointError(
             f"{name}: a tensor's stored bytes are damaged ({type(err).__name__}: {err})"
         ) from None
     finally:
         f.seek(0)
+
+
+def _sole_host_storage(loaded: object, entries: list[zipfile.ZipInfo]) -> np.ndarray | None:
+    """The bytes of the one storage ``loaded`` holds, if it holds one, in host memory, and ``entries`` is one entry
+    of its size (so those bytes are that entry's); else None."""
+    contents = find_contents(loaded)
+    storages = {t.untyped_storage()._cdata: t.untyped_storage() for t in contents.tensors}
+    if len(entries) != 1 or len(storages) != 1 or contents.storages:
+        return None
+    (storage,) = storages.values()
+    if storage.device.type != "cpu" or storage.nbytes() != entries[0].file_size:
+        return None
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,)).numpy()
+
+
+def _file_crc32(f: BinaryIO, start: int, nbytes: int) -> int:
+    """The CRC-32 of ``nbytes`` of ``f`` from ``start``, read in pieces into one reused buffer."""
+    f.seek(start)
+    buffer = bytearray(min(nbytes, 16 << 20))
+    crc = 0
+    while nbytes:
+        view = memoryview(buffer)[: min(nbytes, len(buffer))]
+        got = f.readinto(view)  # type: ignore[attr-defined]
+        if not got:
+            raise EOFError(f"the file ends {nbytes} bytes early")
+        crc = zlib.crc32(view[:got], crc)
+        nbytes -= got
+    return crc
 
 
 def _foreign_storages(obj: object, produced: set[int]) -> bool:

@@ -9,7 +9,7 @@ import os
 import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Any
+from typing import IO, Any, BinaryIO, cast
 
 import torch
 from torch.distributed.checkpoint.filesystem import FileSystemReader
@@ -156,17 +156,19 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
         """Read an item stored by plain DCP (a byte item, or a tensor as ``torch.save`` wrote it)."""
         view = _compat.slice_file(self, stream, info)
         descriptors = _compat.transform_descriptors(info)
+        source: IO[bytes] = _ItemView(stream, info.offset, info.length)
         if descriptors:
-            data = _compat.load_transformed(self, req, descriptors, view).read(-1)
-        else:
-            data = _read_exactly(view, info.length, where)
+            source = io.BytesIO(_compat.load_transformed(self, req, descriptors, view).read(-1))
         if req.type == LoadItemType.BYTE_IO:
+            data = source.read(-1) if descriptors else _read_exactly(view, info.length, where)
             if data[:4] == b"PK\x03\x04" or zipfile.is_zipfile(io.BytesIO(data)):  # else a custom planner's bytes
                 fileformat.check_zip(io.BytesIO(data), where)
             _check_torch_zip(data, where)  # the planner's torch.load would fail it with a bare RuntimeError
             planner.load_bytes(req, io.BytesIO(data))
             return
-        tensor = fileformat.read(io.BytesIO(data), where, map_location="cpu", state=budget)  # every CRC checked
+        # As DCP's reader, torch.load reads the item from the file itself (one copy); every CRC-32 is checked, the
+        # tensor's over the bytes loaded (format.read). The caller has checked that the file holds the whole item.
+        tensor = fileformat.read(cast(BinaryIO, source), where, map_location="cpu", state=budget)
         if not isinstance(tensor, torch.Tensor):
             raise CorruptCheckpointError(f"{where}: holds a {type(tensor).__name__}, not a tensor")
         self._commit(req, tensor, planner.resolve_tensor(req).detach(), planner, where)
@@ -198,6 +200,40 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
                 f"{where} holds {tensor.dtype} {tuple(tensor.shape)} where the checkpoint metadata records "
                 f"{expected_dtype} {shape}: the item is damaged"
             )
+
+
+class _ItemView(io.RawIOBase):
+    """Bytes ``offset`` to ``offset + length`` of an open data file as a seekable file of their own, for
+    ``torch.load`` and ``zipfile`` to read an item in place (DCP's own view of an item seeks from its end wrongly)."""
+
+    def __init__(self, stream: Any, offset: int, length: int) -> None:
+        super().__init__()
+        self._stream, self._offset, self._length, self._pos = stream, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._length}[whence]
+        if base + offset < 0:
+            raise ValueError(f"seek to {base + offset}, before the item's start")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        n = max(0, min(len(buffer), self._length - self._pos))
+        if not n:
+            return 0
+        self._stream.seek(self._offset + self._pos)
+        got = self._stream.readinto(memoryview(buffer).cast("B")[:n]) or 0
+        self._pos += got
+        return got
 
 
 def _find_chunk(md: TensorStorageMetadata, index: Any) -> Any:
