@@ -3,8 +3,9 @@
 training by every rank with Lightning's own strategy and with ours (:class:`~lightning_nvcomp.NvcompFSDPStrategy`:
 gANS, Zstd, auto), in one run. Per rank and in total: bytes, ratio, time ``trainer.save_checkpoint`` blocked training,
 peak extra GPU memory. Then Lightning's own and our checkpoint are loaded back through the strategy into the
-zeroed model and optimizer (bit-exact on every rank), and both on one process (resharded to 1), where ours must
-equal Lightning's bit for bit.
+zeroed model and optimizer (bit-exact on every rank: Lightning's checkpoint by Lightning's own load, ours by ours),
+and both on one process (resharded to 1; Lightning's by DCP's reader, ours by ours), where ours must equal
+Lightning's bit for bit.
 
     torchrun --nproc_per_node 2 benchmarks/lightning_fsdp_bench.py --out benchmarks/results/lightning_fsdp.md
     torchrun --nproc_per_node 2 benchmarks/lightning_fsdp_bench.py --strategy mp --dim 64 --layers 2 --steps 3 --dir /tmp/lf  # CPU
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
@@ -116,7 +118,10 @@ class SaveAndLoad(L.Callback):
                     t.zero_()
                 sync()
                 begin = time.perf_counter()
-                strategy.load_checkpoint(paths[name])
+                if name == "Lightning":  # Lightning's own load (its readers), as its own save above
+                    self.own.load_checkpoint(strategy, paths[name])
+                else:
+                    strategy.load_checkpoint(paths[name])
                 sync()
                 seconds = time.perf_counter() - begin
                 same: list = [None] * trainer.world_size
@@ -131,7 +136,7 @@ class SaveAndLoad(L.Callback):
                 whole[name] = {}
                 _load_state_dict(
                     whole[name],
-                    storage_reader=NvcompFileSystemReader(paths[name]),
+                    storage_reader=(FileSystemReader if name == "Lightning" else NvcompFileSystemReader)(paths[name]),
                     planner=_EmptyStateDictLoadPlanner(),
                     no_dist=True,
                 )
@@ -269,7 +274,8 @@ def report(args: argparse.Namespace, n_params: int, world: int, bench: SaveAndLo
         ]
     lines += ["", "| load | seconds (rep 0, 1, ...) | bit-exact |", "|---|---|---|"]
     for name, runs in bench.loads.items():
-        where = name if "one process" in name else f"{name}, strategy.load_checkpoint on {world} ranks"
+        how = "Lightning's own" if name == "Lightning" else "our"
+        where = name if "one process" in name else f"{name}, {how} strategy.load_checkpoint on {world} ranks"
         sames = [same for _, same in runs]
         verdict = ("yes" if all(sames) else "NO") if None not in sames else "see below"
         lines.append(f"| {where} | {' / '.join(f'{sec:.2f}' for sec, _ in runs)} | {verdict} |")
