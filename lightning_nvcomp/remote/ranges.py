@@ -3,11 +3,12 @@ ranges after them fetched ahead, while the decoder works on what arrived (:class
 
 from __future__ import annotations
 
-import io
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+from lightning_nvcomp.sized_reader import SizedReader
 
 #: Reads smaller than this (zip headers, the central directory, the pickle) fetch a window of their own instead of
 #: whole blocks, and start no read-ahead.
@@ -18,7 +19,7 @@ SMALL_WINDOW = 64 << 10
 SMALL_WINDOWS = 256
 
 
-class RangeReader(io.RawIOBase):
+class RangeReader(SizedReader):
     """A read-only, seekable binary file over ``fetch(start, end)``, which returns bytes ``start..end`` of a remote
     object (``fsspec``'s ``cat_file``).
 
@@ -41,35 +42,18 @@ class RangeReader(io.RawIOBase):
     def __init__(
         self, fetch: Callable[[int, int], bytes], nbytes: int, name: str, block_nbytes: int, max_parallel: int
     ) -> None:
-        super().__init__()
-        self._fetch, self._nbytes, self.name = fetch, nbytes, name
+        super().__init__(nbytes, name)
+        self._fetch = fetch
         self._block, self._ahead = block_nbytes, max_parallel
         self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="lnv-read")
         self._blocks: OrderedDict[int, Future[bytes]] = OrderedDict()  # block index -> its bytes, least recent first
         self._windows: OrderedDict[int, bytes] = OrderedDict()  # small windows by start, least recent first
         self._nblocks = -(-nbytes // block_nbytes)
         self._whole = self._nblocks <= max_parallel  # small enough to fetch whole at once
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._nbytes}[whence]
-        if base + offset < 0:
-            raise ValueError(f"{self.name}: negative seek position {base + offset}")
-        self._pos = base + offset
-        return self._pos
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
-        start = self._pos
+        start = self.position
         end = min(start + view.nbytes, self._nbytes)
         if end <= start:
             return 0
@@ -77,7 +61,7 @@ class RangeReader(io.RawIOBase):
             self._read_blocks(view, start, end)
         else:
             view[: end - start] = self._window(start, end)
-        self._pos = end
+        self.position = end
         return end - start
 
     def _window(self, start: int, end: int) -> bytes:
@@ -93,7 +77,7 @@ class RangeReader(io.RawIOBase):
         return data[: end - start]
 
     def readall(self) -> bytes:
-        out = bytearray(max(0, self._nbytes - self._pos))
+        out = bytearray(max(0, self._nbytes - self.position))
         got = self.readinto(out)
         return bytes(out[:got])
 

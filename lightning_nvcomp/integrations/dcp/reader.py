@@ -34,6 +34,7 @@ from lightning_nvcomp.integrations.dcp.metadata import (
 )
 from lightning_nvcomp.remote.options import RemoteOptions
 from lightning_nvcomp.resources import collector_paused
+from lightning_nvcomp.sized_reader import SizedReader
 
 
 class NvcompFileSystemReader(OnStorage, FileSystemReader):
@@ -156,7 +157,7 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
         """Read an item stored by plain DCP (a byte item, or a tensor as ``torch.save`` wrote it)."""
         view = _compat.slice_file(self, stream, info)
         descriptors = _compat.transform_descriptors(info)
-        source: IO[bytes] = _ItemView(stream, info.offset, info.length)
+        source: Any = _ItemView(stream, info.offset, info.length, where)
         if descriptors:
             source = io.BytesIO(_compat.load_transformed(self, req, descriptors, view).read(-1))
         if req.type == LoadItemType.BYTE_IO:
@@ -202,37 +203,21 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
             )
 
 
-class _ItemView(io.RawIOBase):
+class _ItemView(SizedReader):
     """Bytes ``offset`` to ``offset + length`` of an open data file as a seekable file of their own, for
     ``torch.load`` and ``zipfile`` to read an item in place (DCP's own view of an item seeks from its end wrongly)."""
 
-    def __init__(self, stream: Any, offset: int, length: int) -> None:
-        super().__init__()
-        self._stream, self._offset, self._length, self._pos = stream, offset, length, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._length}[whence]
-        if base + offset < 0:
-            raise ValueError(f"seek to {base + offset}, before the item's start")
-        self._pos = base + offset
-        return self._pos
+    def __init__(self, stream: Any, offset: int, length: int, name: str) -> None:
+        super().__init__(length, name)
+        self._stream, self._offset = stream, offset
 
     def readinto(self, buffer: Any) -> int:
-        n = max(0, min(len(buffer), self._length - self._pos))
+        n = max(0, min(len(buffer), self._nbytes - self.position))
         if not n:
             return 0
-        self._stream.seek(self._offset + self._pos)
+        self._stream.seek(self._offset + self.position)
         got = self._stream.readinto(memoryview(buffer).cast("B")[:n]) or 0
-        self._pos += got
+        self.position += got
         return got
 
 
