@@ -131,12 +131,12 @@ def test_dcp_file_system_reader_is_ours_only_within_the_block(tmp_path):
     import torch.distributed.checkpoint as dcp
 
     from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
-    from lightning_nvcomp.integrations._lightning_compat import dcp_file_system_reader_as
+    from lightning_nvcomp.integrations.dcp_names import filesystem_classes_as
 
     own = dcp.FileSystemReader
     state = {"w": torch.arange(1000, dtype=torch.float32)}
     dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))
-    with dcp_file_system_reader_as(NvcompFileSystemReader):
+    with filesystem_classes_as(reader=NvcompFileSystemReader):
         from torch.distributed.checkpoint import FileSystemReader
 
         loaded = {"w": torch.zeros(1000)}
@@ -144,6 +144,6 @@ def test_dcp_file_system_reader_is_ours_only_within_the_block(tmp_path):
     assert FileSystemReader is NvcompFileSystemReader
     assert torch.equal(loaded["w"].view(torch.uint8), state["w"].view(torch.uint8))
     assert dcp.FileSystemReader is own
-    with pytest.raises(OSError), dcp_file_system_reader_as(NvcompFileSystemReader):
+    with pytest.raises(OSError), filesystem_classes_as(reader=NvcompFileSystemReader):
         raise OSError("the load failed")
     assert dcp.FileSystemReader is own

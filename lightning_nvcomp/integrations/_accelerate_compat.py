@@ -11,11 +11,9 @@ look them up (``accelerate.utils.fsdp_utils``: ``save_fsdp_model``, ``save_fsdp_
 ``load_fsdp_optimizer``; read in Accelerate 1.15, the same calls since the 0.2x releases). With
 ``state_dict_type="SHARDED_STATE_DICT"`` they do ``import torch.distributed.checkpoint as dist_cp`` in the function
 body and call ``dist_cp.save(..., storage_writer=dist_cp.FileSystemWriter(ckpt_dir))`` /
-``dist_cp.load(..., storage_reader=dist_cp.FileSystemReader(ckpt_dir))``, with no way to pass a writer or reader in.
-The names are torch's public ones, but that Accelerate resolves them on the module at each call is its internal
-detail: while the attached ``save_state`` / ``load_state`` runs, those two module attributes are the compressed DCP
-writer's and reader's factories, and the originals are put back after (torch's own code imports the classes from
-``torch.distributed.checkpoint.filesystem`` and does not see the swap).
+``dist_cp.load(..., storage_reader=dist_cp.FileSystemReader(ckpt_dir))``, with no way to pass a writer or reader in:
+while the attached ``save_state`` / ``load_state`` runs, those names are the compressed DCP writer's and reader's
+factories (:func:`lightning_nvcomp.integrations.dcp_names.filesystem_classes_as`).
 """
 
 from __future__ import annotations
@@ -27,7 +25,8 @@ from types import ModuleType
 from typing import Any
 
 import accelerate.checkpointing as checkpointing
-import torch.distributed.checkpoint as dist_cp
+
+from lightning_nvcomp.integrations.dcp_names import filesystem_classes_as
 
 _SWAP = threading.Lock()  # one swap at a time: two attached Accelerators must not restore each other's functions
 
@@ -43,16 +42,9 @@ def checkpoint_io_as(
     ``load(original load)``, and Accelerate's FSDP sharded checkpoints are written by ``dcp_writer(ckpt_dir)`` and
     read by ``dcp_reader(ckpt_dir)`` (each where given); the originals are put back after."""
     wanted: list[tuple[ModuleType, str, Any]] = [
-        (module, name, given)
-        for module, name, given in (
-            (checkpointing, "save", save),
-            (checkpointing, "load", load),
-            (dist_cp, "FileSystemWriter", dcp_writer),
-            (dist_cp, "FileSystemReader", dcp_reader),
-        )
-        if given is not None
+        (checkpointing, name, given) for name, given in (("save", save), ("load", load)) if given is not None
     ]
-    with _SWAP:
+    with _SWAP, filesystem_classes_as(dcp_writer, dcp_reader):
         originals = [(module, name, getattr(module, name, None)) for module, name, _ in wanted]
         missing = [f"{module.__name__}.{name}" for module, name, original in originals if original is None]
         if missing:

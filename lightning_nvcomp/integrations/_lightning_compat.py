@@ -8,9 +8,9 @@ strategies point it at their writer while their own ``save_checkpoint`` runs (se
 model_parallel`` (Lightning 2.4-2.6), its reading twin (``dcp.load(state, checkpoint_id=path)``): pointed at the
 compressed reader while ``load_checkpoint`` runs, so loads decode in bulk (DCP's default reader decodes item by
 item). FSDP1's optimizer state is read by a ``FileSystemReader(path=path)`` that ``FSDPStrategy.load_checkpoint``
-(Lightning 2.1-2.6) makes itself, importing the name from ``torch.distributed.checkpoint`` as it runs:
-:func:`dcp_file_system_reader_as` points that name at the compressed reader while the load runs (per item, DCP's
-reader made FSDP1's resumes slower than Lightning's own: ``benchmarks/results/round7``).
+(Lightning 2.1-2.6) makes itself, importing the name from ``torch.distributed.checkpoint`` as it runs: the compressed
+strategy points that name at its reader while the load runs
+(:func:`lightning_nvcomp.integrations.dcp_names.filesystem_classes_as`).
 
 ``FSDPStrategy._state_dict_type`` (Lightning 2.1-2.6) and ``ModelParallelStrategy._save_distributed_checkpoint``
 (Lightning 2.4-2.6): the constructor arguments ``state_dict_type`` and ``save_distributed_checkpoint`` as the
@@ -45,20 +45,6 @@ def distributed_checkpoint_helper_as(module: ModuleType, name: str, helper: Call
         yield
     finally:
         setattr(module, name, original)
-
-
-@contextlib.contextmanager
-def dcp_file_system_reader_as(reader: Callable[..., Any]) -> Iterator[None]:
-    """Within the block, ``torch.distributed.checkpoint.FileSystemReader`` (the name, as code that imports it while
-    the block runs sees it) is ``reader``; DCP's own class is put back after. Hold a lock around it."""
-    import torch.distributed.checkpoint as dcp_package
-
-    original = dcp_package.FileSystemReader
-    dcp_package.FileSystemReader = reader  # type: ignore[assignment,misc]
-    try:
-        yield
-    finally:
-        dcp_package.FileSystemReader = original  # type: ignore[misc]
 
 
 def _setting(strategy: Any, name: str) -> Any:

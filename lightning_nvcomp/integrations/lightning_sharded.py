@@ -43,12 +43,12 @@ from lightning_nvcomp.integrations._config import option_errors
 from lightning_nvcomp.integrations._lightning_compat import (
     DISTRIBUTED_LOAD,
     DISTRIBUTED_SAVE,
-    dcp_file_system_reader_as,
     distributed_checkpoint_helper_as,
     fsdp_saves_sharded,
     model_parallel_saves_distributed,
 )
 from lightning_nvcomp.integrations._require import MissingExtraError
+from lightning_nvcomp.integrations.dcp_names import filesystem_classes_as
 from lightning_nvcomp.options import SaveOptions
 
 try:
@@ -209,7 +209,7 @@ class CompressedShardedSaves(abc.ABC):
         with (
             _SWAP,
             distributed_checkpoint_helper_as(self._loader_module, DISTRIBUTED_LOAD, compressed_load),
-            dcp_file_system_reader_as(reader),  # FSDP1's optimizer state: FSDPStrategy makes this reader itself
+            filesystem_classes_as(reader=reader),  # FSDP1's optimizer state: FSDPStrategy makes this reader itself
         ):
             return super().load_checkpoint(checkpoint_path, *args, **kwargs)  # type: ignore[misc]
 
