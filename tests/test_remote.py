@@ -428,7 +428,7 @@ def test_dcp_on_s3_single_process(bucket):
     url = f"s3://{name}/dcp/step-1"
     saved = state(2)
     writer = NvcompFileSystemWriter(url, codec="zstd", remote=SMALL_PARTS)
-    dcp.save(saved, storage_writer=writer, no_dist=True)
+    dcp.save(saved, storage_writer=writer)
     assert writer.stats is not None and writer.stats.items == 3
     first = sorted(objects(fs, name))
     assert ".metadata" in {k.rsplit("/", 1)[-1] for k in first} and uploads(fs, name) == []
@@ -438,18 +438,18 @@ def test_dcp_on_s3_single_process(bucket):
 
     for reader in (NvcompFileSystemReader(url, remote=SMALL_PARTS), FsspecReader(url)):
         got = target()
-        dcp.load(got, storage_reader=reader, no_dist=True)
+        dcp.load(got, storage_reader=reader)
         assert_tree_bit_exact(
             {k: v for k, v in saved.items() if isinstance(v, torch.Tensor)}, {k: got[k] for k in ("w", "h", "i")}
         )
         assert got["step"] == saved["step"] and got["name"] == "run"
     # overwritten in place: the new data file never reuses the old name, the old one is deleted after .metadata
     newer = state(3)
-    dcp.save(newer, storage_writer=NvcompFileSystemWriter(url, codec="zstd", remote=SMALL_PARTS), no_dist=True)
+    dcp.save(newer, storage_writer=NvcompFileSystemWriter(url, codec="zstd", remote=SMALL_PARTS))
     second = sorted(objects(fs, name))
     assert len(second) == len(first) and set(second) != set(first)
     got = target()
-    dcp.load(got, storage_reader=NvcompFileSystemReader(url), no_dist=True)
+    dcp.load(got, storage_reader=NvcompFileSystemReader(url))
     assert_tree_bit_exact(newer["w"], got["w"])
 
 
