@@ -144,6 +144,8 @@ def measure(name: str, make, state: dict, root: str, fresh: callable, device: st
     future.result()
     async_done = time.perf_counter() - begin
     stage_s = async_writer.stats.stage_s if isinstance(async_writer, NvcompFileSystemWriter) else float("nan")
+    if isinstance(async_writer, NvcompFileSystemWriter) and async_writer.stats.codec != codec:
+        codec = f"{codec} / {async_writer.stats.codec}"  # auto decides per mode: the async save's may differ
     async_gb = peak_extra_gb(device, False)
     pinned_gb = pinned_pool_gb(device)
     pool_gb = pool().nbytes / 1e9
@@ -320,7 +322,7 @@ def main() -> None:
         "host allocator holds after the method's async save (in use + cached: reused by the next save), of which "
         "our pool = the slabs of lightning_nvcomp's pinned pool (bounded, reused by every save of ours)",
         "",
-        "| method | rep | codec | dcp.save s | async blocked s | of it staging s | full GCs / GC s in it | "
+        "| method | rep | codec (sync / async where they differ) | dcp.save s | async blocked s | of it staging s | full GCs / GC s in it | "
         "pool GB in use before / pageable in it | async done s | .distcp MB | "
         "vs FileSystemWriter | dcp.load s | extra GPU GB save / load | pinned GB | of which our pool | bit-exact |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
