@@ -5,10 +5,15 @@
 # FSDPStrategy(state_dict_type="sharded") and Accelerate's FSDP2 save_state with writes held to 200 MB/s by a cgroup
 # (benchmarks/throttle.sh), and a cProfile of our dcp.save and dcp.async_save (main thread). Carry .whl; results under $OUT.
 #   bash benchmarks/sharded_gpu.sh          (PARTS: a space-separated subset of "dcp items lightning accelerate profile")
+# Everything is written under $OUT/sharded and packed into $OUT/sharded.tgz after each part (the device tool brings
+# back at most 8 files of a call: the archive is one).
 set -uo pipefail
-OUT=${OUT:-$PWD/gpu-out}
+DEST=${OUT:-$PWD/gpu-out}
+OUT=$DEST/sharded
 PARTS=${PARTS:-"dcp items lightning accelerate profile"}
 mkdir -p "$OUT"
+pack() { tar czf "$DEST/sharded.tgz" -C "$OUT" .; }
+trap pack EXIT
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc;
