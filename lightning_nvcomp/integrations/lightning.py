@@ -185,8 +185,9 @@ class SavingsLogging:
     IO (``default_root_dir``, the first logger's ``save_dir``, a ``ModelCheckpoint``'s ``dirpath``), so that a URL
     whose fsspec implementation is missing (or a ``pathlib`` path made from a URL) fails naming it before anything
     is written. After the first training batch (the optimizer state exists by then) it starts pinning, on a thread
-    of its own, the host memory the saves copy the GPU state's coded bytes into (as much as that state's bytes,
-    within :class:`~lightning_nvcomp.codec.pinned.PinnedPool`'s limit), so the first save does not wait for it."""
+    of its own, the host memory the first save will copy the GPU state's coded bytes into (for async saves as much
+    as that state's bytes, for streamed sync saves two slabs; within
+    :class:`~lightning_nvcomp.codec.pinned.PinnedPool`'s limit), so the first save does not wait for it."""
 
     def __init__(self) -> None:
         self.sources: list[Any] = []
@@ -220,8 +221,15 @@ class SavingsLogging:
         if not self._pinned_ahead:
             self._pinned_ahead = True
             if self.sources and torch.cuda.is_available():
-                pinned.pool().reserve(gpu_state_nbytes(trainer.lightning_module, trainer.optimizers))
+                self._pin_ahead(trainer)
         self._flush(trainer)
+
+    def _pin_ahead(self, trainer: Any) -> None:
+        """Start pinning what the first save will copy into: an async save holds its whole coded snapshot in the
+        pool (as much as the GPU state, at most); a sync save (and a sharded one) streams, so two slabs."""
+        state = gpu_state_nbytes(trainer.lightning_module, trainer.optimizers)
+        held = any(isinstance(s, NvcompCheckpointIO) and s.writer.options.async_save for s in self.sources)
+        pinned.pool().reserve(state if held else min(state, 2 * pinned.SLAB_NBYTES))
 
     def on_train_epoch_end(self, trainer: Any, *args: Any) -> None:
         self._flush(trainer)
