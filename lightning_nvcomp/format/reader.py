@@ -253,23 +253,9 @@ def _check_data_crcs(f: BinaryIO, name: str, loaded: object = None) -> None:
         with zipfile.ZipFile(f) as archive:
             entries = [i for i in archive.infolist() if "/data/" in i.filename]
         sole = _sole_host_storage(loaded, entries) if loaded is not None else None
-        if sole is not None:
-            crc = checksum.crc32(sole)
-            if crc != entries[0].CRC:
-                raise CorruptCheckpointError(
-                    f"{name}: a tensor's stored bytes are damaged (entry {entries[0].filename!r}: CRC-32 {crc:#010x}, "
-                    f"recorded {entries[0].CRC:#010x})"
-                )
-            return
-        whole = f.getvalue() if isinstance(f, io.BytesIO) else None  # the BytesIO's own bytes: not copied
+        whole = f.getvalue() if isinstance(f, io.BytesIO) and sole is None else None  # its own bytes: not copied
         for info in entries:
-            f.seek(info.header_offset)
-            header = f.read(30)
-            start = info.header_offset + 30 + sum(struct.unpack("<HH", header[26:30]))
-            if whole is not None:
-                crc = checksum.crc32(np.frombuffer(whole, np.uint8, info.compress_size, start))
-            else:
-                crc = _file_crc32(f, start, info.compress_size)
+            crc = checksum.crc32(sole) if sole is not None else _entry_crc32(f, info, whole)
             if crc != info.CRC:
                 raise CorruptCheckpointError(
                     f"{name}: a tensor's stored bytes are damaged (entry {info.filename!r}: CRC-32 {crc:#010x}, "
@@ -296,9 +282,15 @@ def _sole_host_storage(loaded: object, entries: list[zipfile.ZipInfo]) -> np.nda
     return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,)).numpy()
 
 
-def _file_crc32(f: BinaryIO, start: int, nbytes: int) -> int:
-    """The CRC-32 of ``nbytes`` of ``f`` from ``start``, read in pieces into one reused buffer."""
+def _entry_crc32(f: BinaryIO, info: zipfile.ZipInfo, whole: bytes | None) -> int:
+    """The CRC-32 of a stored entry's bytes: in ``whole`` (the file's bytes, when in memory) without a copy, else
+    read from ``f`` in pieces into one reused buffer."""
+    f.seek(info.header_offset)
+    start = info.header_offset + 30 + sum(struct.unpack("<HH", f.read(30)[26:30]))
+    if whole is not None:
+        return checksum.crc32(np.frombuffer(whole, np.uint8, info.compress_size, start))
     f.seek(start)
+    nbytes = info.compress_size
     buffer = bytearray(min(nbytes, 16 << 20))
     crc = 0
     while nbytes:

@@ -160,19 +160,13 @@ _register_with_pytorch_lightning()
 
 def gpu_state_nbytes(module: Any, optimizers: list[Any], device_type: str = "cuda") -> int:
     """Bytes of this rank's tensors on ``device_type`` that a checkpoint of ``module`` and ``optimizers`` holds: the
-    parameters, the buffers and the optimizer state (a DTensor's local shard), each tensor once."""
+    parameters and buffers (each once, as the module lists them) and the optimizer state (a DTensor's local shard)."""
     tree = {
         "params": list(module.parameters()),
         "buffers": list(module.buffers()),
         "optim": [o.state for o in optimizers],
     }
-    seen: set[int] = set()
-    total = 0
-    for _, t in local_tensors_named(tree):
-        if t.device.type == device_type and id(t) not in seen:
-            seen.add(id(t))
-            total += t.numel() * t.element_size()
-    return total
+    return sum(t.numel() * t.element_size() for _, t in local_tensors_named(tree) if t.device.type == device_type)
 
 
 class SavingsLogging:

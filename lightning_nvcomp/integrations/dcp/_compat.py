@@ -11,7 +11,6 @@ where torch's DCP itself is older than the package supports or lacks what every 
 from __future__ import annotations
 
 import importlib
-import io
 import re
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -113,7 +112,6 @@ __all__ = [
     "reader_init_args",
     "set_placement_device",
     "sharded_like",
-    "slice_file",
     "split_by_size_and_type",
     "stamp_dcp_version",
     "torch_zip_reader",
@@ -215,22 +213,13 @@ def metadata_path(reader: Any, rank: int | None) -> Any:
     return reader.fs.concat_path(reader.path, ".metadata" if rank is None else f"__{rank}.metadata")
 
 
-def slice_file(reader: Any, stream: Any, info: Any) -> IO[bytes]:
-    """``FileSystemReader._slice_file`` (2.2+): the view of one item's bytes in an open data file, as DCP's reader
-    takes it. Fallback: the item's bytes read into memory (every caller reads them whole anyway)."""
-    if _has((2, 2), reader, "_slice_file"):
-        return reader._slice_file(stream, info)
-    stream.seek(info.offset)
-    return io.BytesIO(stream.read(info.length))
-
-
 def transform_descriptors(info: Any) -> Sequence[str]:
     """``_StorageInfo.transform_descriptors`` (2.7+, DCP's stream extensions): the transforms applied to an item's
     bytes; none before 2.7."""
     return (getattr(info, "transform_descriptors", None) or ()) if TORCH >= (2, 7) else ()
 
 
-def load_transformed(reader: Any, req: ReadItem, descriptors: Sequence[str], view: IO[bytes]) -> IO[bytes]:
+def load_transformed(reader: Any, req: ReadItem, descriptors: Sequence[str], view: Any) -> IO[bytes]:
     """Undo an item's stream transforms with the reader's ``transforms`` (2.7+, where items can have them)."""
     transforms = getattr(reader, "transforms", None)
     if TORCH < (2, 7) or transforms is None:

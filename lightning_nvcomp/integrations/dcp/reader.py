@@ -9,7 +9,7 @@ import os
 import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Any, BinaryIO, cast
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.filesystem import FileSystemReader
@@ -155,9 +155,9 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
         budget: fileformat.LoadState,
     ) -> None:
         """Read an item stored by plain DCP (a byte item, or a tensor as ``torch.save`` wrote it)."""
-        view = _compat.slice_file(self, stream, info)
+        view = _ItemView(stream, info.offset, info.length, where)
         descriptors = _compat.transform_descriptors(info)
-        source: Any = _ItemView(stream, info.offset, info.length, where)
+        source: Any = view
         if descriptors:
             source = io.BytesIO(_compat.load_transformed(self, req, descriptors, view).read(-1))
         if req.type == LoadItemType.BYTE_IO:
@@ -169,7 +169,7 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
             return
         # As DCP's reader, torch.load reads the item from the file itself (one copy); every CRC-32 is checked, the
         # tensor's over the bytes loaded (format.read). The caller has checked that the file holds the whole item.
-        tensor = fileformat.read(cast(BinaryIO, source), where, map_location="cpu", state=budget)
+        tensor = fileformat.read(source, where, map_location="cpu", state=budget)
         if not isinstance(tensor, torch.Tensor):
             raise CorruptCheckpointError(f"{where}: holds a {type(tensor).__name__}, not a tensor")
         self._commit(req, tensor, planner.resolve_tensor(req).detach(), planner, where)
@@ -253,7 +253,7 @@ def _stream_size(stream: Any) -> int:
         return size
 
 
-def _read_exactly(view: IO[bytes], length: int, where: str) -> bytes:
+def _read_exactly(view: io.RawIOBase, length: int, where: str) -> bytes:
     data = view.read(length)
     if len(data) != length:
         raise CorruptCheckpointError(f"{where}: the file ends {length - len(data)} bytes early")
