@@ -57,6 +57,13 @@ def _state(seed: int = 0) -> dict:
     }
 
 
+def _assert_loads_back(path: Path, expected: dict) -> None:
+    """Our reader loads the checkpoint at ``path`` into a zeroed copy of ``expected``, bit for bit."""
+    loaded = zeros_like_state(expected)
+    dcp.load(loaded, storage_reader=NvcompFileSystemReader(path))
+    assert_state_equal(loaded, expected)
+
+
 # -- multi-process ----------------------------------------------------------------------------------------------
 
 
@@ -140,9 +147,7 @@ def test_codec_none_roundtrip_one_process(tmp_path):
     with open(tmp_path / ".metadata", "rb") as f:
         infos = [i for i in pickle.load(f).storage_data.values() if isinstance(i, NvcompStorageInfo)]
     assert len(infos) == 4 and {i.codec for i in infos} == {"none"}
-    loaded = zeros_like_state(state)
-    dcp.load(loaded, storage_reader=NvcompFileSystemReader(tmp_path))
-    assert_state_equal(loaded, state)
+    _assert_loads_back(tmp_path, state)
 
 
 class _RecordsCollector(dcp.DefaultSavePlanner):
@@ -187,9 +192,7 @@ def test_save_pauses_the_collector_while_writing_and_restores_it(tmp_path, enabl
         assert planner.collector_on == [enabled_before] * len(planner.collector_on) and planner.collector_on
     finally:
         gc.enable()
-    loaded = zeros_like_state(state)
-    dcp.load(loaded, storage_reader=NvcompFileSystemReader(tmp_path / "main"))
-    assert_state_equal(loaded, state)
+    _assert_loads_back(tmp_path / "main", state)
 
 
 class _LoadRecordsCollector(dcp.DefaultLoadPlanner):
@@ -244,9 +247,7 @@ def test_async_staging_pauses_the_collector_and_restores_it(tmp_path):
     finally:
         gc.set_threshold(*thresholds)
     future.result()
-    loaded = zeros_like_state(expected)
-    dcp.load(loaded, storage_reader=NvcompFileSystemReader(tmp_path))
-    assert_state_equal(loaded, expected)
+    _assert_loads_back(tmp_path, expected)
 
 
 def test_load_pauses_the_collector_while_reading_and_restores_it(tmp_path):
@@ -459,9 +460,7 @@ def test_async_save_one_process_compresses_while_staging(tmp_path, codec):
             value.zero_()
     future.result()
     assert writer.stats.stage_s > 0 and writer.stats.items == 4 and (codec == "none" or writer.stats.ratio > 1.1)
-    loaded = zeros_like_state(expected)
-    dcp.load(loaded, storage_reader=NvcompFileSystemReader(tmp_path))
-    assert_state_equal(loaded, expected)
+    _assert_loads_back(tmp_path, expected)
 
 
 # -- GPU --------------------------------------------------------------------------------------------------------
