@@ -3,14 +3,16 @@
 # its own time limit: the DCP benchmark (the ~250M GPT, 3.03 GB of state: FileSystemWriter, ours ans and auto, our
 # single file, DCP's own cost; 4 repetitions, medians), the many-small-items case on the GPU, then Lightning's
 # FSDPStrategy(state_dict_type="sharded") and Accelerate's FSDP2 save_state with writes held to 200 MB/s by a cgroup
-# (benchmarks/throttle.sh), and a cProfile of our dcp.save and dcp.async_save (main thread). Carry .whl; results under $OUT.
-#   bash benchmarks/sharded_gpu.sh          (PARTS: a space-separated subset of "dcp items lightning accelerate profile")
+# (benchmarks/throttle.sh), a cProfile of our dcp.save and dcp.async_save (main thread), the compressed staging's
+# batch sizes against our single-file snapshot (staging_bench.py), and the gpu-marked tests of $GPU_TESTS (default: all).
+# Carry .whl; results under $OUT.
+#   bash benchmarks/sharded_gpu.sh   (PARTS: a space-separated subset of "tests dcp items lightning accelerate profile staging")
 # Everything is written under $OUT/sharded and packed into $OUT/sharded.tgz after each part (the device tool brings
 # back at most 8 files of a call: the archive is one).
 set -uo pipefail
 DEST=${OUT:-$PWD/gpu-out}
 OUT=$DEST/sharded
-PARTS=${PARTS:-"dcp items lightning accelerate profile"}
+PARTS=${PARTS:-"tests dcp items lightning accelerate profile staging"}
 mkdir -p "$OUT"
 pack() { tar czf "$DEST/sharded.tgz" -C "$OUT" .; }
 trap pack EXIT
@@ -24,6 +26,14 @@ throttled() {  # run "$@" with its writes held to 200 MB/s
   cg=$(bash benchmarks/throttle.sh /tmp/lnv-throttled 200) || return 1
   (echo $BASHPID > "$cg/cgroup.procs" && exec "$@")
 }
+if has tests; then
+  timeout ${TESTS_S:-240} python3 -m pytest -q -m gpu ${GPU_TESTS:-tests} -p no:cacheprovider > "$OUT/pytest-gpu.txt" 2>&1
+  tail -n 5 "$OUT/pytest-gpu.txt"
+fi
+if has staging; then
+  (cd benchmarks && timeout ${STAGING_S:-150} python3 staging_bench.py --batch-mib ${STAGING_MIB:-64,128,256} --repeat 4 \
+    --profile --out "$OUT/staging.md" > "$OUT/staging.log" 2>&1); tail -n 8 "$OUT/staging.md"
+fi
 if has dcp; then
   (cd benchmarks && timeout ${DCP_S:-200} python3 dcp_bench.py --dim 1024 --layers 20 --steps 20 --repeat 4 \
     --methods "FileSystemWriter,Nvcomp ans,Nvcomp auto,single file: lightning_nvcomp.save / load,DCP's own cost (a writer that writes no item)" \

@@ -313,7 +313,10 @@ class CodecPolicy:
         raw = sum(t.numel() * t.element_size() for t in tensors)
         gbps = self.write_gbps(directory, raw)  # a first probe no larger than this checkpoint
         predictions = [predict(raw, p, gbps, self.mode, self.interval) for p in self.profiles(tensors)]
-        chosen = choose(predictions, self.interval)
+        # Until the interval is known, an async save's write is predicted to end before the next save (as if the
+        # interval were endless): so is its tie tolerance, else a GPU coder's few ms lose the first save to `none`.
+        tie_interval = math.inf if self.interval is None and self.mode == "async" else self.interval
+        chosen = choose(predictions, tie_interval)
         self._decisions += 1
         close = [
             p

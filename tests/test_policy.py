@@ -321,6 +321,18 @@ def test_async_saves_learn_the_interval_and_count_the_wait_it_causes(tmp_path):
     assert next(p for p in predictions if p.codec == "none").blocked_s == pytest.approx(10.0 - 1.0)
 
 
+def test_a_first_async_save_ties_within_the_absolute_tolerance_before_the_interval_is_known():
+    # 1 GB coded in 50 ms by gANS against a raw copy in 0 s: no interval yet, so the write is taken to end before the
+    # next save and 0.1 s is a tie, won by gANS's smaller file (the first checkpoint is not stored uncompressed). A
+    # sync save, which waits for its write, keeps the relative tolerance only, as does an async one saving every 1 s.
+    ans = CodecProfile("ans", ratio=1.25, encode_gbps=20.0)
+    t = [torch.empty(GB // 4, dtype=torch.float32, device="meta")]
+    assert CodecPolicy(mode="async", write_gbps=100.0, profiles=[ans, NONE]).decide(t, ".")[0].codec == "ans"
+    assert CodecPolicy(mode="sync", write_gbps=100.0, profiles=[ans, NONE]).decide(t, ".")[0].codec == "none"
+    every_second = CodecPolicy(mode="async", interval_s=1.0, write_gbps=100.0, profiles=[ans, NONE])
+    assert every_second.decide(t, ".")[0].codec == "none"
+
+
 def test_a_close_runner_up_no_save_has_measured_is_tried_at_the_next_decision(caplog):
     import logging
 
