@@ -25,7 +25,7 @@ from lightning_nvcomp.codec.record import (
     pack,
     to_host,
 )
-from lightning_nvcomp.codec.schema import Layout, _padded, _segments
+from lightning_nvcomp.codec.schema import _CHUNK_ALIGN, Layout, _padded, _segments
 from lightning_nvcomp.errors import CorruptCheckpointError
 from lightning_nvcomp.resources import shared
 
@@ -119,25 +119,39 @@ def _sample(datas: list[torch.Tensor]) -> torch.Tensor:
 
 def _planes(datas: list[torch.Tensor], columns: list[int], width: int, work: str) -> torch.Tensor:
     """The ``[width, n]`` byte planes of the buffers side by side, buffer i's from its column on (``columns[i]``
-    plane columns each; the columns past its own bytes are left uninitialised: no chunk covers them)."""
+    plane columns each; the columns past its own bytes are left uninitialised: no chunk covers them): a transposing
+    copy per buffer, straight into its columns (numpy on the CPU)."""
     total = sum(columns)
-    if work == "cpu":  # numpy: a transposing copy per buffer, straight into its columns (no concatenation)
-        out = np.empty((width, total), dtype=np.uint8)
-        column = 0
-        for d, n in zip(datas, columns):
-            if d.numel():
+    on_cpu = work == "cpu"
+    out = np.empty((width, total), dtype=np.uint8) if on_cpu else byte_planes.empty(width, total, torch.device(work))
+    column = 0
+    for d, n in zip(datas, columns):
+        if d.numel():
+            if on_cpu:
                 out[:, column : column + d.numel() // width] = d.numpy().reshape(-1, width).T
-            column += n
-        return torch.from_numpy(out)
-    pads = [n * width - d.numel() for d, n in zip(datas, columns)]
-    zeros = torch.zeros(max(pads), dtype=torch.uint8, device=work)
-    data = concatenate([part for d, pad in zip(datas, pads) for part in (d, zeros[:pad])])
-    return byte_planes.split(data, width)
+            else:
+                out[:, column : column + d.numel() // width].copy_(d.view(-1, width).t())
+        column += n
+    return torch.from_numpy(out) if on_cpu else out
+
+
+def _joined(pieces: list[torch.Tensor | tuple[int, int]]) -> list[torch.Tensor | tuple[int, int]]:
+    """``pieces`` with each run of ``(offset, length)`` ranges that follow each other in their buffer, none but the
+    last needing padding, as one range: packed, they are the same bytes (one copy instead of one per chunk)."""
+    joined: list[torch.Tensor | tuple[int, int]] = []
+    for p in pieces:
+        last = joined[-1] if joined else None
+        if isinstance(p, tuple) and isinstance(last, tuple) and sum(last) == p[0] and last[1] % _CHUNK_ALIGN == 0:
+            joined[-1] = (last[0], last[1] + p[1])
+        else:
+            joined.append(p)
+    return joined
 
 
 def _pack(flat: torch.Tensor, pieces: list[torch.Tensor | tuple[int, int]]) -> torch.Tensor:
     """:func:`~lightning_nvcomp.codec.record.pack` of chunks given as coded tensors or ``(offset, length)`` ranges
     of ``flat`` (kept raw); on the CPU, copied with numpy into one buffer (no tensor per chunk)."""
+    pieces = _joined(pieces)
     if flat.device.type != "cpu":
         return pack([flat[p[0] : p[0] + p[1]] if isinstance(p, tuple) else p for p in pieces])
     sizes = [p[1] if isinstance(p, tuple) else p.numel() for p in pieces]

@@ -18,6 +18,16 @@ from lightning_nvcomp.codec.engine import ChunkEngine, Span
 _ALGORITHM = {"ans": "ANS", "zstd": "Zstd"}
 
 
+class _PinnedBuffer:
+    """Pinned host memory nvCOMP borrows (its ``ptr``), from torch's caching host allocator."""
+
+    __slots__ = ("memory", "ptr")
+
+    def __init__(self, nbytes: int, stream: object = None) -> None:
+        self.memory = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        self.ptr = self.memory.data_ptr()
+
+
 @functools.cache
 def nvcomp_module() -> ModuleType | None:
     """``nvidia.nvcomp`` if it is installed and loads, else None."""
@@ -51,6 +61,11 @@ class NvcompEngine(ChunkEngine):
             raise RuntimeError("the nvCOMP engine needs a CUDA GPU and nvidia-nvcomp-cu12 (or -cu13)")
         self._nvcomp = module
         self._local = threading.local()
+        # nvCOMP's own pinned allocations (each call's chunk sizes) are cudaHostAlloc / cudaFreeHost per call: a
+        # page-locked allocation serializes every stream, so a batch's device-to-host copy stopped overlapping the
+        # next batch's coding. torch's caching host allocator reuses its blocks instead.
+        if hasattr(module, "set_pinned_allocator"):
+            module.set_pinned_allocator(_PinnedBuffer)
 
     def _codec(self, codec: str, data_type: str, device: torch.device):
         stream = torch.cuda.current_stream(device)

@@ -51,7 +51,12 @@ def pack(pieces: list[torch.Tensor]) -> torch.Tensor:
         return torch.empty(0, dtype=torch.uint8)
     device = pieces[0].device
     zeros = torch.zeros(_CHUNK_ALIGN, dtype=torch.uint8, device=device)
-    return concatenate([part for p in pieces for part in (p, zeros[: _padded(p.numel()) - p.numel()])])
+    parts = []
+    for p in pieces:
+        parts.append(p)
+        if p.numel() % _CHUNK_ALIGN:
+            parts.append(zeros[: _padded(p.numel()) - p.numel()])
+    return concatenate(parts)
 
 
 def concatenate(parts: list[torch.Tensor]) -> torch.Tensor:
