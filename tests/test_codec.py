@@ -607,6 +607,16 @@ def test_encode_batch_specials_and_typed_layouts():
     assert batch.encode_batch([], torch.float32, "zstd") == []
 
 
+def test_packing_joins_only_adjacent_raw_ranges_that_need_no_padding_between():
+    flat = torch.arange(100, dtype=torch.uint8)
+    coded = torch.full((5,), 7, dtype=torch.uint8)
+    pieces = [(0, 16), (16, 5), (21, 16), coded, (40, 16), (56, 16), (80, 3)]
+    assert batch._joined(pieces)[:2] == [(0, 21), (21, 16)]  # (16, 5) needs padding: (21, 16) starts a new range
+    assert batch._joined(pieces)[3:] == [(40, 32), (80, 3)]
+    unjoined = record.pack([flat[p[0] : p[0] + p[1]] if isinstance(p, tuple) else p for p in pieces])
+    assert torch.equal(batch._pack(flat, pieces), unjoined)
+
+
 def test_encode_batch_refuses_buffers_larger_than_a_segment():
     with pytest.raises(ValueError, match="at most"):
         batch.encode_batch([torch.zeros(record.CPU_SEGMENT_NBYTES + 64, dtype=torch.uint8)], torch.uint8, "zstd")
