@@ -30,8 +30,11 @@ from lightning_nvcomp.format.writer import _LayoutCache, _StorageKey, _StoredBlo
 from lightning_nvcomp.format.zip import ArchiveWriter
 from lightning_nvcomp.resources import shared
 
-#: Raw bytes coded per batch (and so the scratch and pinned host memory one batch borrows).
-BATCH_NBYTES = 64 << 20
+#: Raw bytes coded per batch, by the tensors' device type (and so the scratch and pinned host memory one batch
+#: borrows: on a GPU about 3.5x this at the peak, with the previous batch's copy in flight). On a GPU what a batch
+#: costs is its calls, not its bytes: 128 MiB staged a 3 GB state in 0.15-0.18 s against 0.19-0.25 s at 64 MiB
+#: (benchmarks/results/round8), with 0.48 GB of extra GPU memory.
+BATCH_NBYTES = {"cpu": 64 << 20, "cuda": 128 << 20}
 #: Tensors smaller than this are stored raw (checksummed, not coded): a codec call per byte plane costs them more
 #: time than the few bytes it could save (LayerNorm and bias vectors, optimizer steps).
 RAW_NBYTES = 4 << 10
@@ -86,7 +89,7 @@ def _kind(name: str, t: torch.Tensor) -> tuple:
 def code_tensors(tensors: list[tuple[str, torch.Tensor]], codec: str) -> Iterator[list[tuple[int, CodedTensor]]]:
     """Code each ``(name, tensor)`` of ``tensors`` (each :func:`storable`) with ``codec`` (``ans``, ``zstd``;
     ``none`` stores raw, checksummed), yielding each batch as it is done, as ``(index, coded)`` pairs: tensors of
-    one kind in batches of up to :data:`BATCH_NBYTES`, a tensor larger than a segment alone (in several
+    one kind in batches of up to :data:`BATCH_NBYTES` for their device, a tensor larger than a segment alone (in several
     segments). The tensors are read when their batch is coded, not after. Batches of CPU tensors are coded on
     CPU threads, up to :data:`BATCHES_AHEAD` at a time, and yielded in order; GPU batches one after another (they
     queue on the GPU)."""
@@ -97,7 +100,7 @@ def code_tensors(tensors: list[tuple[str, torch.Tensor]], codec: str) -> Iterato
     jobs = [
         (device, functools.partial(_code_batch, tensors, batch, "raw" if tiny else coder))
         for (device, _, _, tiny), indices in batches.items()
-        for batch in _cut(indices, tensors, records.segment_nbytes(device, "raw" if tiny else coder))
+        for batch in _cut(indices, tensors, records.segment_nbytes(device, "raw" if tiny else coder), device)
     ]
     ahead = min(BATCHES_AHEAD, cpu_threads() // 4)
     pool = shared("items-pool", lambda: ThreadPoolExecutor(BATCHES_AHEAD, thread_name_prefix="lnv-items"))
@@ -134,8 +137,12 @@ def _code_batch(tensors: list[tuple[str, torch.Tensor]], batch: list[int], coder
     ]
 
 
-def _cut(indices: list[int], tensors: list[tuple[str, torch.Tensor]], segment: int) -> Iterator[list[int]]:
-    """Consecutive runs of ``indices`` of at most :data:`BATCH_NBYTES`; a tensor larger than ``segment`` alone."""
+def _cut(
+    indices: list[int], tensors: list[tuple[str, torch.Tensor]], segment: int, device: torch.device
+) -> Iterator[list[int]]:
+    """Consecutive runs of ``indices`` of at most :data:`BATCH_NBYTES` (for ``device``); a tensor larger than
+    ``segment`` alone."""
+    limit = BATCH_NBYTES.get(device.type, BATCH_NBYTES["cpu"])
     run: list[int] = []
     nbytes = 0
     for i in indices:
@@ -144,7 +151,7 @@ def _cut(indices: list[int], tensors: list[tuple[str, torch.Tensor]], segment: i
         if size > segment:
             yield [i]
             continue
-        if run and nbytes + size > BATCH_NBYTES:
+        if run and nbytes + size > limit:
             yield run
             run, nbytes = [], 0
         run.append(i)
