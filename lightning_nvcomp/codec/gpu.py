@@ -61,9 +61,9 @@ class NvcompEngine(ChunkEngine):
             raise RuntimeError("the nvCOMP engine needs a CUDA GPU and nvidia-nvcomp-cu12 (or -cu13)")
         self._nvcomp = module
         self._local = threading.local()
-        # nvCOMP's own pinned allocations (each call's chunk sizes) are cudaHostAlloc / cudaFreeHost per call: a
-        # page-locked allocation serializes every stream, so a batch's device-to-host copy stopped overlapping the
-        # next batch's coding. torch's caching host allocator reuses its blocks instead.
+        # nvCOMP's own pinned allocations (each call's chunk sizes) are a cudaHostAlloc and a cudaFreeHost per call,
+        # and a page-locked allocation serializes every stream (a batch's device-to-host copy then waits for the next
+        # batch's coding). torch's caching host allocator reuses its blocks instead.
         if hasattr(module, "set_pinned_allocator"):
             module.set_pinned_allocator(_PinnedBuffer)
 
