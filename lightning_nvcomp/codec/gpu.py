@@ -62,8 +62,8 @@ class NvcompEngine(ChunkEngine):
         self._nvcomp = module
         self._local = threading.local()
         # nvCOMP's own pinned allocations (each call's chunk sizes) are a cudaHostAlloc and a cudaFreeHost per call,
-        # and a page-locked allocation serializes every stream (a batch's device-to-host copy then waits for the next
-        # batch's coding). torch's caching host allocator reuses its blocks instead.
+        # and a page-locked allocation serializes every stream (a batch's device-to-host copy and the next batch's
+        # coding cannot overlap). torch's caching host allocator reuses its blocks instead.
         if hasattr(module, "set_pinned_allocator"):
             module.set_pinned_allocator(_PinnedBuffer)
 
