@@ -22,7 +22,7 @@ import zstandard
 
 import lightning_nvcomp
 from lightning_nvcomp import resources
-from lightning_nvcomp.codec import planes, record
+from lightning_nvcomp.codec import engines, planes, record
 from lightning_nvcomp.codec.gpu import gpu_available, nvcomp_version
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
@@ -56,7 +56,7 @@ def plane_bound(data: torch.Tensor, width: int) -> float:
 
 def gpu_codec_rows(data: torch.Tensor, dtype: torch.dtype, codec: str) -> dict:
     """Ratio and kernel-level GB/s (planes + nvCOMP, one batch over the whole buffer) for our GPU path."""
-    engine = record.engine_for(codec, data.device)
+    engine = engines.engine_for(codec, data.device)
     layout = record.choose_layout(engine, data, dtype, codec)
     enc_s, pieces = timed(lambda: record.encode_segment(engine, data, layout))
     stored = record.pack(pieces)
@@ -86,7 +86,7 @@ def end_to_end(data: torch.Tensor, dtype: torch.dtype, codec: str, repeat: int =
 
 def ans_raw_bytes(data: torch.Tensor) -> tuple[float, float]:
     """gANS on the raw bytes (the nvCOMP blog's way): ratio and GB/s."""
-    engine = record.engine_for("ans", data.device)
+    engine = engines.engine_for("ans", data.device)
     spans = [(o, min(1 << 20, data.numel() - o)) for o in range(0, data.numel(), 1 << 20)]
     secs, coded = timed(lambda: engine.encode(data, spans, "ans", "|u1"))
     return data.numel() / sum(c.numel() for c in coded), data.numel() / secs / 1e9

@@ -1,6 +1,6 @@
 """Where ``dcp.async_save``'s compressed staging spends the time training waits (a diagnostic for issue 14's
 ``async_save`` target, not a benchmark of record): a trained GPT's model + AdamW state on the GPU, staged by
-``NvcompFileSystemWriter(codec="ans")`` under several GPU batch sizes (``items.BATCH_NBYTES["cuda"]``), next to our single-file
+``NvcompFileSystemWriter(codec="ans")`` under several GPU batch sizes (``item_batches.BATCH_NBYTES["cuda"]``), next to our single-file
 async snapshot of the same state (``format.snapshot``), each ``--repeat`` times in alternating order. Per staging:
 the blocked time, how much of it is spent inside nvCOMP's encode calls (which wait for their GPU work), the batches
 coded, and the GPU memory allocated above the state's at the peak.
@@ -27,7 +27,7 @@ from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.codec import gpu as gpu_engine
 from lightning_nvcomp.codec.gpu import nvcomp_version
 from lightning_nvcomp.dcp import NvcompFileSystemWriter
-from lightning_nvcomp.format import items
+from lightning_nvcomp.format import item_batches
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from common import local_tensors, publish, sync  # noqa: E402
@@ -75,7 +75,7 @@ def main() -> None:
     clock = EncodeClock()
 
     def dcp_staging(batch_mib: int) -> dict:
-        items.BATCH_NBYTES["cuda"] = batch_mib << 20
+        item_batches.BATCH_NBYTES["cuda"] = batch_mib << 20
         path = os.path.join(args.dir, f"dcp-{batch_mib}")
         shutil.rmtree(path, ignore_errors=True)  # before the clock starts: deleting GBs of files takes a while
         writer = NvcompFileSystemWriter(path, codec="ans")

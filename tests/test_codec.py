@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightning_nvcomp.codec import batch, checksum, planes, record, schema
+from lightning_nvcomp.codec import batch, checksum, engines, planes, record, schema
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import (
     CheckpointError,
@@ -62,7 +62,7 @@ def stored_nbytes(blobs: list[torch.Tensor]) -> int:
 
 
 def small_layout(mp: pytest.MonkeyPatch, segment: int, chunk: int) -> None:
-    mp.setattr(record, "SEGMENT_NBYTES", segment)
+    mp.setattr(engines, "SEGMENT_NBYTES", segment)
     for key in list(record.CHUNK_NBYTES):
         mp.setitem(record.CHUNK_NBYTES, key, chunk)
 
@@ -619,4 +619,4 @@ def test_packing_joins_only_adjacent_raw_ranges_that_need_no_padding_between():
 
 def test_encode_batch_refuses_buffers_larger_than_a_segment():
     with pytest.raises(ValueError, match="at most"):
-        batch.encode_batch([torch.zeros(record.CPU_SEGMENT_NBYTES + 64, dtype=torch.uint8)], torch.uint8, "zstd")
+        batch.encode_batch([torch.zeros(engines.CPU_SEGMENT_NBYTES + 64, dtype=torch.uint8)], torch.uint8, "zstd")

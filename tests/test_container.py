@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import lightning_nvcomp
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp import storage, temp_names
-from lightning_nvcomp.codec import record
+from lightning_nvcomp.codec import engines, record
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.format import DTYPES, TensorInfo, describe
 from lightning_nvcomp.format import writer as format_writer
@@ -149,7 +149,7 @@ def test_roundtrip_hypothesis(case, codec, small_groups):
         if small_groups:  # many records (storages above 64 bytes alone, groups of <= 256 bytes), many segments
             mp.setattr(format_writer, "_SMALL_NBYTES", 64)
             mp.setattr(format_writer, "_GROUP_NBYTES", 256)
-            mp.setattr(record, "SEGMENT_NBYTES", 1024)
+            mp.setattr(engines, "SEGMENT_NBYTES", 1024)
             for key in list(record.CHUNK_NBYTES):
                 mp.setitem(record.CHUNK_NBYTES, key, 128)
         path = Path(tmp) / "ck.pt"

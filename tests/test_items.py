@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from lightning_nvcomp.codec import batch, record, schema
 from lightning_nvcomp.errors import CorruptCheckpointError
-from lightning_nvcomp.format import LoadState
+from lightning_nvcomp.format import LoadState, item_batches
 from lightning_nvcomp.format import items as tensor_items
 from lightning_nvcomp.format.zip import ArchiveWriter
 
@@ -25,7 +25,7 @@ CPU = torch.device("cpu")
 def archives(tensors: list[tuple[str, torch.Tensor]], codec: str) -> list[torch.Tensor]:
     """Each tensor written as its own archive, as the DCP writer does; the archives' bytes, in input order."""
     out: dict[int, torch.Tensor] = {}
-    for coded_batch in tensor_items.code_tensors(tensors, codec):
+    for coded_batch in item_batches.code_tensors(tensors, codec):
         for index, coded in coded_batch:
             buffer = io.BytesIO()
             tensor_items.write_tensor(ArchiveWriter(buffer), coded)
@@ -118,9 +118,9 @@ def test_decode_batch_checks_every_segment():
 def test_tiny_tensors_are_stored_raw_and_the_rest_coded():
     """Under RAW_NBYTES a codec call per plane costs more than it saves: such tensors are raw records (still
     checksummed); from RAW_NBYTES on they are coded."""
-    n = tensor_items.RAW_NBYTES // 4
+    n = item_batches.RAW_NBYTES // 4
     tensors = [("a.bias", trained_like(n - 1, torch.float32)), ("b.bias", trained_like(n, torch.float32, 1))]
-    coded = {i: c for b in tensor_items.code_tensors(tensors, "zstd") for i, c in b}
+    coded = {i: c for b in item_batches.code_tensors(tensors, "zstd") for i, c in b}
     assert coded[0].coding.layout.codecs == ("raw",) and coded[0].segments[0].checksum() is not None
     assert "zstd" in coded[1].coding.layout.codecs
     for (_, t), got in zip(

@@ -13,15 +13,12 @@ import torch
 from lightning_nvcomp.codec import checksum as checksums
 from lightning_nvcomp.codec import planes as byte_planes
 from lightning_nvcomp.codec.checksum import Crc32, crc32_batch
+from lightning_nvcomp.codec.engines import codes_on_gpu, default_segment, engine_for, engine_on
 from lightning_nvcomp.codec.record import (
     Coding,
     Segment,
     choose_layout,
-    codes_on_gpu,
     concatenate,
-    default_segment,
-    engine_for,
-    engine_on,
     pack,
     to_host,
 )

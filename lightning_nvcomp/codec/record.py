@@ -14,12 +14,12 @@ from lightning_nvcomp.codec import checksum as checksums
 from lightning_nvcomp.codec import pinned
 from lightning_nvcomp.codec import planes as byte_planes
 from lightning_nvcomp.codec.checksum import Checksum, Crc32, crc32
-from lightning_nvcomp.codec.cpu import CpuZstdEngine, cpu_threads
+from lightning_nvcomp.codec.cpu import cpu_threads
 from lightning_nvcomp.codec.engine import ChunkEngine
-from lightning_nvcomp.codec.gpu import NvcompEngine, gpu_available, nvcomp_version
+from lightning_nvcomp.codec.engines import codes_on_gpu, default_segment, engine_for, engine_on, work_device
+from lightning_nvcomp.codec.gpu import nvcomp_version
 from lightning_nvcomp.codec.schema import (
     _CHUNK_ALIGN,
-    CODECS,
     FORMAT_VERSION,
     Layout,
     _chunk_lengths,
@@ -28,14 +28,9 @@ from lightning_nvcomp.codec.schema import (
     seal,
     validate,
 )
-from lightning_nvcomp.errors import CodecUnavailableError, CorruptCheckpointError
+from lightning_nvcomp.errors import CorruptCheckpointError
 from lightning_nvcomp.resources import shared
 
-#: Default segment size: the bytes coded by one engine call (nvCOMP calls have a fixed cost, up to ~20 ms for Zstd)
-#: and the GPU scratch a save borrows (planes + compressed output, about 2x this).
-SEGMENT_NBYTES = 256 << 20
-#: On the CPU, segments are coded in parallel on threads: smaller ones keep every core busy.
-CPU_SEGMENT_NBYTES = 16 << 20
 #: Uncompressed chunk size per (codec, device type), measured best on an H200 (benchmarks/results), within nvCOMP's
 #: limits (gANS <= 16 MiB); typed gANS (``<f4``) runs fastest on larger chunks.
 CHUNK_NBYTES = {("ans", "cuda"): 1 << 20, ("zstd", "cuda"): 64 << 10, ("zstd", "cpu"): 1 << 20, ("raw", "cpu"): 1 << 20}
@@ -67,52 +62,6 @@ def concatenate(parts: list[torch.Tensor]) -> torch.Tensor:
     if parts[0].device.type == "cpu" and sum(part.numel() for part in parts) >= len(parts) << 12:
         return torch.from_numpy(np.concatenate([part.numpy() for part in parts]))
     return torch.cat(parts)
-
-
-def segment_nbytes(device: torch.device, codec: str) -> int:
-    """The default segment size of a buffer on ``device`` coded with ``codec``: :data:`SEGMENT_NBYTES` where it is
-    coded on a GPU, at most :data:`CPU_SEGMENT_NBYTES` on the CPU."""
-    return default_segment(codes_on_gpu(engine_for(codec, device), device))
-
-
-def codes_on_gpu(engine: ChunkEngine | None, device: torch.device) -> bool:
-    """Whether data on ``device`` is coded on a GPU (gANS codes CPU data there; raw stays where it is)."""
-    return engine.device_type == "cuda" if engine is not None else device.type == "cuda"
-
-
-def default_segment(on_gpu: bool) -> int:
-    return SEGMENT_NBYTES if on_gpu else min(SEGMENT_NBYTES, CPU_SEGMENT_NBYTES)
-
-
-def engine_for(codec: str, device: torch.device) -> ChunkEngine | None:
-    """The engine that codes ``codec`` for data on ``device`` (None for ``"raw"``).
-
-    Raises CodecUnavailableError for gANS without a GPU and nvCOMP.
-    """
-    if codec == "raw":
-        return None
-    if codec == "ans":
-        if not gpu_available():
-            raise CodecUnavailableError(
-                "gANS needs a CUDA GPU and nvCOMP (pip install nvidia-nvcomp-cu12, or -cu13 for CUDA 13); it has no CPU coder"
-            )
-        return _nvcomp_engine()
-    if codec == "zstd":
-        return _nvcomp_engine() if device.type == "cuda" and gpu_available() else _cpu_engine()
-    raise ValueError(f"unknown codec {codec!r}; expected one of {CODECS}")
-
-
-def engine_on(device: torch.device) -> ChunkEngine:
-    """The engine that decodes on ``device``: nvCOMP on a GPU, CPU zstd otherwise."""
-    return _nvcomp_engine() if device.type == "cuda" else _cpu_engine()
-
-
-def _cpu_engine() -> ChunkEngine:
-    return shared("cpu-zstd-engine", CpuZstdEngine)
-
-
-def _nvcomp_engine() -> ChunkEngine:
-    return shared("nvcomp-engine", NvcompEngine)
 
 
 def plane_spans(width: int, n: int, pitch: int, chunk: int) -> list[list[tuple[int, int]]]:
@@ -202,7 +151,8 @@ class Encoder:
         dtype: what the bytes are (it picks the byte planes).
         codec: ``"ans"``, ``"zstd"`` or ``"raw"`` (stored as is, still checksummed).
         segment: the bytes coded per engine call, a multiple of 512, and so the scratch memory (default
-            :data:`SEGMENT_NBYTES` on the GPU, at most :data:`CPU_SEGMENT_NBYTES` on the CPU).
+            :data:`~lightning_nvcomp.codec.engines.SEGMENT_NBYTES` on the GPU, at most
+            :data:`~lightning_nvcomp.codec.engines.CPU_SEGMENT_NBYTES` on the CPU).
         layout: the layout to use instead of choosing one (by sampling the data): any layout codes any data of
             this size losslessly.
 
@@ -344,23 +294,6 @@ def decode_segment(
         engine.decode(stored, src_spans, flat, out_spans, codec, layout.data_type)
     if layout.planes > 1:
         byte_planes.join(plane_out, out)
-
-
-def work_device(layout: Layout, meta: dict, device: torch.device) -> torch.device:
-    """Where a record bound for ``device`` decodes: gANS on a GPU (the target's, else the current one), zstd on the
-    target's GPU when it is one, anything else on the CPU. CodecUnavailableError for gANS without a GPU."""
-    coded = set(layout.codecs) - {"raw"}
-    if "ans" in coded:
-        if not gpu_available():
-            raise CodecUnavailableError(
-                f"data compressed with gANS (nvCOMP {meta.get('nvcomp')}) needs a CUDA GPU and nvCOMP to decode; gANS "
-                "has no CPU decoder. Load it on a GPU machine, or convert it there once: "
-                "lightning-nvcomp convert IN OUT --codec zstd"
-            )
-        return device if device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
-    if coded and device.type == "cuda" and gpu_available():
-        return device
-    return torch.device("cpu")
 
 
 def decode(

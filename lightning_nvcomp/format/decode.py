@@ -14,8 +14,8 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from lightning_nvcomp.codec import batch as batch_coding
+from lightning_nvcomp.codec import engines, schema
 from lightning_nvcomp.codec import record as records
-from lightning_nvcomp.codec import schema
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.format.contents import DTYPES
 from lightning_nvcomp.format.load_state import LoadState, _load_state
@@ -279,7 +279,7 @@ def decode_tensors(calls: list[tuple], device: torch.device, state: LoadState) -
     for i, p in enumerate(placed):
         layout = p.rec[_LAYOUT]
         try:
-            work = records.work_device(layout, p.rec, device)
+            work = engines.work_device(layout, p.rec, device)
         except CheckpointError as err:
             raise type(err)(f"tensor {p.at.name!r}: {err}") from None
         batches.setdefault((layout, str(work)), []).append(i)

@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.errors import CheckpointError
 from lightning_nvcomp.format import items as tensor_items
-from lightning_nvcomp.format.items import CodedTensor, code_tensors, storable
+from lightning_nvcomp.format.item_batches import CodedTensor, code_tensors, storable
 from lightning_nvcomp.format.zip import ArchiveWriter
 from lightning_nvcomp.integrations.dcp import _compat
 from lightning_nvcomp.integrations.dcp.metadata import NvcompStorageInfo
@@ -126,7 +126,7 @@ class DataFiles:
 
     def _write_file(self, name: str, items: list[WriteItem], planner: SavePlanner) -> Outcome:
         """Write one data file: byte items as they are, then the tensor items, coded in batches
-        (:func:`~lightning_nvcomp.format.items.code_tensors`) and each written as its own archive on a disk thread
+        (:func:`~lightning_nvcomp.format.item_batches.code_tensors`) and each written as its own archive on a disk thread
         while the next batch is coded. Returns the write results and the seconds spent coding."""
         results: list[WriteResult] = []
         with self.fs.create_stream(self.fs.concat_path(self.path, name), "wb") as stream:

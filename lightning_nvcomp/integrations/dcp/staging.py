@@ -13,7 +13,7 @@ from torch.distributed.checkpoint.metadata import STATE_DICT_TYPE
 
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.codec import pinned
-from lightning_nvcomp.format.items import CodedTensor, code_tensors, storable
+from lightning_nvcomp.format.item_batches import CodedTensor, code_tensors, storable
 from lightning_nvcomp.integrations.dcp import _compat
 from lightning_nvcomp.integrations.dcp._compat import DTensor, Shard, ShardedTensor
 from lightning_nvcomp.tree import leaves
@@ -64,7 +64,7 @@ class StagedShard:
 
 class Stager:
     """One staging: copies a state dict as DCP's staging does, compressing the shards on ``devices`` with ``codec``
-    (in batches, once every shard is found: :func:`~lightning_nvcomp.format.items.code_tensors`).
+    (in batches, once every shard is found: :func:`~lightning_nvcomp.format.item_batches.code_tensors`).
     :attr:`shards` maps each placeholder's storage address to its compressed shard."""
 
     def __init__(self, codec: str, devices: tuple[str, ...]) -> None:

@@ -1,0 +1,150 @@
+"""DCP items coded in bulk: each tensor's bytes are a record of their own, coded in batches with tensors of its kind
+(:func:`code_tensors`: one layout, one engine call and one wait per batch instead of per tensor), ready for
+:func:`~lightning_nvcomp.format.items.write_tensor` to write as an item's archive."""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from lightning_nvcomp.codec import batch as batch_coding
+from lightning_nvcomp.codec import engines
+from lightning_nvcomp.codec import record as records
+from lightning_nvcomp.codec.cpu import cpu_threads
+from lightning_nvcomp.format.contents import DTYPES
+from lightning_nvcomp.format.writer import _LayoutCache
+from lightning_nvcomp.resources import shared
+
+#: Raw bytes coded per batch, by the tensors' device type (and so the scratch and pinned host memory one batch
+#: borrows: on a GPU about 3.5x this at the peak, with the previous batch's copy in flight). On a GPU what a batch
+#: costs is its calls, not its bytes: 128 MiB staged a 3 GB state in 0.15-0.18 s against 0.19-0.25 s at 64 MiB
+#: (benchmarks/results/round8), with 0.48 GB of extra GPU memory.
+BATCH_NBYTES = {"cpu": 64 << 20, "cuda": 128 << 20}
+#: Tensors smaller than this are stored raw (checksummed, not coded): a codec call per byte plane costs them more
+#: time than the few bytes it could save (LayerNorm and bias vectors, optimizer steps).
+RAW_NBYTES = 4 << 10
+#: Most CPU batches coded at once (each holds its planes and packed bytes, about twice :data:`BATCH_NBYTES`,
+#: meanwhile); one per four cores (a batch's zstd runs on all of them): on a machine of fewer than eight cores,
+#: batches are coded one after another (on two cores, coding them ahead competed with the writer thread and the
+#: zstd threads and made the save slower).
+BATCHES_AHEAD = 4
+
+
+@dataclass
+class CodedTensor:
+    """One tensor coded as a record of its own: what :func:`~lightning_nvcomp.format.items.write_tensor` writes. ``name`` is the tensor's
+    name in messages (a DCP item's fully qualified name)."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    device: str
+    coding: records.Coding
+    segments: list[records.Segment]
+
+    @property
+    def raw_nbytes(self) -> int:
+        return self.coding.nbytes
+
+
+def storable(t: torch.Tensor) -> bool:
+    """Whether :func:`code_tensors` stores ``t``: a dense tensor of a dtype the format names, on the CPU or a GPU."""
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.layout == torch.strided
+        and t.device.type in ("cpu", "cuda")
+        and t.dtype in DTYPES.values()
+        and not t.is_conj()
+        and not t.is_neg()
+    )
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8, device=t.device)
+
+
+def _kind(name: str, t: torch.Tensor) -> tuple:
+    """Tensors coded in one batch share a layout: same device and dtype, and the same last name part (``weight``,
+    ``exp_avg_sq``...), whose values are alike; tiny ones (under :data:`RAW_NBYTES`) apart, stored raw."""
+    return (t.device, t.dtype, name.rsplit(".", 1)[-1], t.numel() * t.element_size() < RAW_NBYTES)
+
+
+def code_tensors(tensors: list[tuple[str, torch.Tensor]], codec: str) -> Iterator[list[tuple[int, CodedTensor]]]:
+    """Code each ``(name, tensor)`` of ``tensors`` (each :func:`storable`) with ``codec`` (``ans``, ``zstd``;
+    ``none`` stores raw, checksummed), yielding each batch as it is done, as ``(index, coded)`` pairs: tensors of
+    one kind in batches of up to :data:`BATCH_NBYTES` for their device, a tensor larger than a segment alone (in several
+    segments). The tensors are read when their batch is coded, not after. Batches of CPU tensors are coded on
+    CPU threads, up to :data:`BATCHES_AHEAD` at a time, and yielded in order; GPU batches one after another (they
+    queue on the GPU)."""
+    coder = "raw" if codec == "none" else codec
+    batches: dict[tuple, list[int]] = {}
+    for index, (name, t) in enumerate(tensors):
+        batches.setdefault(_kind(name, t), []).append(index)
+    jobs = [
+        (device, functools.partial(_code_batch, tensors, batch, "raw" if tiny else coder))
+        for (device, _, _, tiny), indices in batches.items()
+        for batch in _cut(indices, tensors, engines.segment_nbytes(device, "raw" if tiny else coder), device)
+    ]
+    ahead = min(BATCHES_AHEAD, cpu_threads() // 4)
+    pool = shared("items-pool", lambda: ThreadPoolExecutor(BATCHES_AHEAD, thread_name_prefix="lnv-items"))
+    pending: deque[Future[list[tuple[int, CodedTensor]]]] = deque()
+    for device, job in jobs:
+        if device.type != "cpu" or ahead < 2:
+            while pending:
+                yield pending.popleft().result()
+            yield job()
+            continue
+        if len(pending) >= ahead:
+            yield pending.popleft().result()
+        pending.append(pool.submit(job))
+    while pending:
+        yield pending.popleft().result()
+
+
+def _code_batch(tensors: list[tuple[str, torch.Tensor]], batch: list[int], coder: str) -> list[tuple[int, CodedTensor]]:
+    """Code the tensors ``batch`` indexes (one kind, see :func:`_cut`) together with ``coder``."""
+    datas = [_bytes(tensors[i][1]) for i in batch]
+    dtype, device = tensors[batch[0]][1].dtype, datas[0].device
+    layouts = shared("layouts", _LayoutCache)
+    key = (coder, dtype, "batch", tuple((d.device, d.data_ptr(), d.numel()) for d in datas))
+    if datas[0].numel() > engines.segment_nbytes(device, coder):  # alone in its batch
+        encoder = records.Encoder(datas[0], dtype, coder, layout=layouts.get(key))
+        coded = [(encoder.coding, list(encoder))]
+    else:
+        coded = batch_coding.encode_batch(datas, dtype, coder, layouts.get(key))
+    if coded:
+        layouts.put(key, coded[0][0].layout)
+    return [
+        (i, CodedTensor(tensors[i][0], tensors[i][1].dtype, tuple(tensors[i][1].shape), device.type, *c))
+        for i, c in zip(batch, coded)
+    ]
+
+
+def _cut(
+    indices: list[int], tensors: list[tuple[str, torch.Tensor]], segment: int, device: torch.device
+) -> Iterator[list[int]]:
+    """Consecutive runs of ``indices`` of at most :data:`BATCH_NBYTES` (for ``device``); a tensor larger than
+    ``segment`` alone."""
+    limit = BATCH_NBYTES.get(device.type, BATCH_NBYTES["cpu"])
+    run: list[int] = []
+    nbytes = 0
+    for i in indices:
+        t = tensors[i][1]
+        size = t.numel() * t.element_size()
+        if size > segment:
+            yield [i]
+            continue
+        if run and nbytes + size > limit:
+            yield run
+            run, nbytes = [], 0
+        run.append(i)
+        nbytes += size
+    if run:
+        yield run
