@@ -21,7 +21,7 @@ from lightning_nvcomp.format.writer import _LayoutCache
 from lightning_nvcomp.resources import shared
 
 #: Raw bytes coded per batch, by the tensors' device type (and so the scratch and pinned host memory one batch
-#: borrows: on a GPU about 3.5x this at the peak, with the previous batch's copy in flight). On a GPU what a batch
+#: borrows: on a GPU the peak measured 3.6-3.7x this). On a GPU what a batch
 #: costs is its calls, not its bytes: 128 MiB staged a 3 GB state in 0.15-0.18 s against 0.19-0.25 s at 64 MiB
 #: (benchmarks/results/round8), with 0.48 GB of extra GPU memory.
 BATCH_NBYTES = {"cpu": 64 << 20, "cuda": 128 << 20}
