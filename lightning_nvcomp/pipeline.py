@@ -20,7 +20,9 @@ from lightning_nvcomp.baseline import Baseline
 from lightning_nvcomp.locations import StorageBackend, is_url, storage_for
 from lightning_nvcomp.options import Codec, Durability, SaveOptions
 from lightning_nvcomp.policy import CodecPolicy, Prediction
+from lightning_nvcomp.resources import collector_paused
 from lightning_nvcomp.stats import SaveStats, ratio
+from lightning_nvcomp.steps import StepTimer
 from lightning_nvcomp.storage import StagedWrite, Storage, wait_for_discards
 
 log = logging.getLogger(__name__)
@@ -123,6 +125,9 @@ class CheckpointWriter:
         self._last_held = self._group_held = 0  # host bytes the last committed / this checkpoint's snapshots hold
         self._group: list[Any] = []  # SaveStats, or futures of them
         self._blocked = self._waited = self._probe_s = 0.0
+        #: The training's optimizer steps, timed from the first save that writes behind it (async, or ``background``
+        #: durability) until :meth:`close`: how much slower they run while a write is in progress.
+        self.steps = StepTimer(lambda: self.pending() > 0)
 
     def storage_for(self, path: str | os.PathLike) -> StorageBackend:
         """The storage ``path`` is written to and read from: :attr:`storage` for a local path, the remote storage of
@@ -159,11 +164,20 @@ class CheckpointWriter:
         begin = time.perf_counter()
         if not self._group:  # a checkpoint's first file: auto learns the interval between checkpoints
             self.policy.save_started(begin)
+        if self.options.async_save or self.options.durable is Durability.BACKGROUND:
+            self.steps.start()
+        self.steps.save_started()
+        self.policy.observe_slowdown(self.steps.slowdown())
         self._make_room(path)
         if self.options.async_save:
-            contents = fileformat.find_contents(obj)
-            codec, prediction = saving.resolve_codec(self.options.codec.value, contents.tensors, directory, self.policy)
-            snap = fileformat.snapshot(obj, codec, contents, isolate=True, staging_nbytes=self.options.staging_nbytes)
+            with collector_paused():  # as in a sync save (see saving.save_file)
+                contents = fileformat.find_contents(obj)
+                codec, prediction = saving.resolve_codec(
+                    self.options.codec.value, contents.tensors, directory, self.policy
+                )
+                snap = fileformat.snapshot(
+                    obj, codec, contents, isolate=True, staging_nbytes=self.options.staging_nbytes
+                )
             self._queue(path, self._background(self._write, snap, path, storage, prediction, begin), snap.held_nbytes)
         elif self.options.durable is Durability.BACKGROUND and isinstance(storage, Storage):
             staged: list[StagedWrite] = []
@@ -209,10 +223,13 @@ class CheckpointWriter:
             return
         self._last_held, self._group_held = self._group_held, 0
         self._checkpoints += 1
+        slowdown = self.steps.slowdown()
         if any(isinstance(s, Future) for s in group):  # the writer thread runs this after the group's writes
-            self._inflight.append((label, self._background(self._record, group, blocked, waited, probe_s, step, label)))
+            self._inflight.append(
+                (label, self._background(self._record, group, blocked, waited, probe_s, slowdown, step, label))
+            )
         else:
-            self._record(group, blocked, waited, probe_s, step, label)
+            self._record(group, blocked, waited, probe_s, slowdown, step, label)
 
     def _make_room(self, path: str) -> None:
         """Wait for earlier writes of ``path``, then for the oldest earlier checkpoint's background writes while the
@@ -275,14 +292,28 @@ class CheckpointWriter:
         self.policy.observe_write(directory, stats.file_nbytes, stats.seconds + time.perf_counter() - flush_begin)
         return replace(stats, durable_s=time.perf_counter() - begin)
 
-    def _record(self, group: list[Any], blocked: float, waited: float, probe_s: float, step: int, label: str) -> None:
+    def _record(
+        self,
+        group: list[Any],
+        blocked: float,
+        waited: float,
+        probe_s: float,
+        slowdown: float | None,
+        step: int,
+        label: str,
+    ) -> None:
         if any(isinstance(s, Future) and s.exception() is not None for s in group):
             return  # a failed write is reported (once) by wait(); a failed checkpoint has no savings
         stats = _combined([s.result() if isinstance(s, Future) else s for s in group], label)
         storage = self.storage_for(label)
         directory = label if storage.isdir(label) else storage.parent(label)
         baseline_s = self.baseline.seconds(stats.raw_nbytes, self.policy.write_gbps(directory))
-        metrics = self.savings.add(stats, blocked, baseline_s, waited, probe_s)
+        # How long this checkpoint's writes ran behind training: until durable, or (durability "os") written.
+        if stats.durable_s is not None:
+            behind_s = max(0.0, stats.durable_s - blocked)
+        else:
+            behind_s = stats.write_s if self.options.async_save else 0.0
+        metrics = self.savings.add(stats, blocked, baseline_s, waited, probe_s, slowdown, behind_s)
         with self._lock:
             self._metrics.append((step, metrics))
         self.report(telemetry.summary(label, stats, metrics))
@@ -325,6 +356,7 @@ class CheckpointWriter:
         try:
             self.wait()
         finally:
+            self.steps.stop()
             wait_for_discards()
             if self._executor is not None:
                 self._executor.shutdown(wait=True)

@@ -9,7 +9,9 @@ throughput ``E`` to storage that takes ``W`` bytes/s per writer costs
   ``max(encode, write)`` (the file is durable when the save returns);
 * async mode: training is blocked ``encode`` (the snapshot is in host memory), plus any part of the previous write
   still running when the next save starts: ``max(0, write - interval)``, the interval given or observed
-  (:meth:`CodecPolicy.observe_interval`).
+  (:meth:`CodecPolicy.observe_interval`), plus what training loses running slower while the write runs behind
+  it: ``min(write, interval) * s / (1 + s)`` where its steps take ``1 + s`` times as long meanwhile (measured:
+  :meth:`CodecPolicy.observe_slowdown`; 0 until then).
 
 The codec that loses the least training time wins; a tie (see :func:`choose`) goes to the smaller file, then to the
 checkpoint durable sooner.
@@ -30,6 +32,7 @@ from lightning_nvcomp.calibration import CodecProfile, bulk_device, calibrate, c
 from lightning_nvcomp.locations import StorageBackend, storage_for
 from lightning_nvcomp.probe import FALLBACK_GBPS, PROBE_NBYTES, measure_bandwidth
 from lightning_nvcomp.remote.options import RemoteOptions
+from lightning_nvcomp.steps import slowed_seconds
 from lightning_nvcomp.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -84,9 +87,15 @@ class Prediction:
 
 
 def predict(
-    raw_nbytes: int, profile: CodecProfile, write_gbps: float, mode: str = "sync", interval_s: float | None = None
+    raw_nbytes: int,
+    profile: CodecProfile,
+    write_gbps: float,
+    mode: str = "sync",
+    interval_s: float | None = None,
+    slowdown: float = 0.0,
 ) -> Prediction:
-    """Predict what saving ``raw_nbytes`` with ``profile``'s codec costs in ``mode`` ("sync" or "async")."""
+    """Predict what saving ``raw_nbytes`` with ``profile``'s codec costs in ``mode`` ("sync" or "async"), where
+    training steps take ``1 + slowdown`` times as long while an async save's write runs behind them."""
     if mode not in ("sync", "async"):
         raise ValueError(f"mode must be 'sync' or 'async', not {mode!r}")
     if write_gbps <= 0 or raw_nbytes < 0:
@@ -96,7 +105,8 @@ def predict(
     if mode == "sync":
         blocked = max(encode_s, write_s)
     else:
-        blocked = encode_s + max(0.0, write_s - (interval_s if interval_s is not None else math.inf))
+        interval = interval_s if interval_s is not None else math.inf
+        blocked = encode_s + max(0.0, write_s - interval) + slowed_seconds(slowdown, min(write_s, interval))
     return Prediction(profile.codec, profile.ratio, encode_s, write_s, blocked)
 
 
@@ -169,6 +179,8 @@ class CodecPolicy:
         self._measured: set[str] = set()  # codecs a real save has refined (observe_save)
         self._observed_interval: float | None = None  # moving average of the seconds between saves
         self._last_start: float | None = None  # when the last save started (save_started)
+        #: How much longer training steps take while a write runs behind them (:meth:`observe_slowdown`).
+        self.slowdown = 0.0
 
     def in_mode(self, mode: str, interval_s: float | None = None) -> CodecPolicy:
         """A policy for ``mode`` that shares this one's measurements (probe and calibration happen once)."""
@@ -184,7 +196,7 @@ class CodecPolicy:
             self.remote,
         )
         other._bandwidth, other._profiles, other._assumed = self._bandwidth, self._profiles, self._assumed
-        other._observed_interval = self._observed_interval
+        other._observed_interval, other.slowdown = self._observed_interval, self.slowdown
         return other
 
     def write_gbps(self, directory: str, raw_nbytes: int | None = None) -> float:
@@ -303,6 +315,12 @@ class CodecPolicy:
                 seconds if old is None else (1 - INTERVAL_WEIGHT) * old + INTERVAL_WEIGHT * seconds
             )
 
+    def observe_slowdown(self, slowdown: float | None) -> None:
+        """Use the slowdown of training while writes run behind it, as measured now (a
+        :meth:`~lightning_nvcomp.steps.StepTimer.slowdown`; None: not measured, keep the last)."""
+        if slowdown is not None:
+            self.slowdown = max(0.0, slowdown)
+
     @property
     def interval(self) -> float | None:
         """The seconds between saves the predictions use: the given ``interval_s``, else the observed ones."""
@@ -312,7 +330,7 @@ class CodecPolicy:
         """The chosen codec's prediction and every candidate's, for saving ``tensors`` into ``directory``."""
         raw = sum(t.numel() * t.element_size() for t in tensors)
         gbps = self.write_gbps(directory, raw)  # a first probe no larger than this checkpoint
-        predictions = [predict(raw, p, gbps, self.mode, self.interval) for p in self.profiles(tensors)]
+        predictions = [predict(raw, p, gbps, self.mode, self.interval, self.slowdown) for p in self.profiles(tensors)]
         # Until the interval is known, an async save's write is predicted to end before the next save (as if the
         # interval were endless): so is its tie tolerance, else a GPU coder's few ms lose the first save to `none`.
         tie_interval = math.inf if self.interval is None and self.mode == "async" else self.interval

@@ -17,7 +17,7 @@ from lightning_nvcomp.format.zip import ArchiveWriter
 from lightning_nvcomp.locations import StorageBackend, storage_for
 from lightning_nvcomp.options import Codec
 from lightning_nvcomp.policy import CodecPolicy, Prediction
-from lightning_nvcomp.resources import shared
+from lightning_nvcomp.resources import collector_paused, shared
 from lightning_nvcomp.stats import SaveStats
 
 
@@ -97,7 +97,21 @@ def save_file(
     staging_nbytes: int | None = None,
 ) -> SaveStats:
     """:func:`save` through ``write(path, fill)`` (a storage's ``write``, or ``write_staged`` and its size), into
-    ``directory``, with no write bandwidth learnt: what the save did."""
+    ``directory``, with no write bandwidth learnt: what the save did. The garbage collector is paused meanwhile
+    (see :func:`~lightning_nvcomp.resources.collector_paused`)."""
+    with collector_paused():
+        return _save_file(obj, path, codec, policy, write, directory, staging_nbytes)
+
+
+def _save_file(
+    obj: object,
+    path: str | os.PathLike,
+    codec: str,
+    policy: CodecPolicy | None,
+    write: Callable[[str, Callable[[BinaryIO], None]], int],
+    directory: str,
+    staging_nbytes: int | None,
+) -> SaveStats:
     contents = find_contents(obj)
     codec, prediction = resolve_codec(codec, contents.tensors, directory, policy)
     begin = time.perf_counter()

@@ -8,7 +8,10 @@ file; absent with durability ``os``), ``baseline_s`` (an uncompressed ``torch.sa
 durability, timed on the first checkpoint: see :mod:`lightning_nvcomp.baseline`), ``probe_s`` (0 but on a save that
 probed: the one-off bandwidth probe, baseline timing and ``auto``'s codec calibration, which training waited for
 besides ``blocked_s``),
-``predicted_blocked_s`` (auto only), ``saved_s`` (= baseline - blocked), and the run's totals ``saved_s_total``,
+``predicted_blocked_s`` (auto only), ``slowdown`` (how much longer training steps took while writes ran behind them
+than while none did, measured on the run's optimizer steps: :mod:`lightning_nvcomp.steps`; absent until measured),
+``slowed_s`` (what that cost while this checkpoint's writes ran behind training), ``lost_s`` (= blocked + slowed: the
+training time the checkpoint cost), ``saved_s`` (= baseline - lost), and the run's totals ``saved_s_total``,
 ``saved_gpu_hours_total`` (x world size) and ``saved_usd_total`` (x price).
 """
 
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 from lightning_nvcomp.options import Codec
 from lightning_nvcomp.policy import Prediction
 from lightning_nvcomp.stats import SaveStats
+from lightning_nvcomp.steps import slowed_seconds
 
 PREFIX = "nvcomp/"
 
@@ -38,12 +42,22 @@ class Savings:
     history: list[dict[str, float]] = field(default_factory=list)
 
     def add(
-        self, stats: SaveStats, blocked_s: float, baseline_s: float, waited_s: float = 0.0, probe_s: float = 0.0
+        self,
+        stats: SaveStats,
+        blocked_s: float,
+        baseline_s: float,
+        waited_s: float = 0.0,
+        probe_s: float = 0.0,
+        slowdown: float | None = None,
+        behind_s: float = 0.0,
     ) -> dict[str, float]:
         """Record one save that blocked training ``blocked_s`` (``waited_s`` of it for earlier writes) where the
-        baseline save would have taken ``baseline_s``, after a one-off probe of ``probe_s``; return its metrics
-        (prefixed) including the running totals."""
-        saved_s = baseline_s - blocked_s
+        baseline save would have taken ``baseline_s``, after a one-off probe of ``probe_s``, and whose writes then
+        ran ``behind_s`` behind training, which ran ``slowdown`` slower meanwhile (None: not measured); return its
+        metrics (prefixed) including the running totals."""
+        slowed_s = slowed_seconds(slowdown or 0.0, behind_s)
+        lost_s = blocked_s + slowed_s
+        saved_s = baseline_s - lost_s
         self.saved_s_total += saved_s
         metrics = {
             "raw_gb": stats.raw_nbytes / 1e9,
@@ -54,6 +68,8 @@ class Savings:
             "waited_s": waited_s,
             "probe_s": probe_s,
             "write_s": stats.write_s,
+            "slowed_s": slowed_s,
+            "lost_s": lost_s,
             "baseline_s": baseline_s,
             "saved_s": saved_s,
             "saved_s_total": self.saved_s_total,
@@ -61,6 +77,8 @@ class Savings:
         }
         if stats.durable_s is not None:
             metrics["durable_s"] = stats.durable_s
+        if slowdown is not None:
+            metrics["slowdown"] = slowdown
         if stats.prediction is not None:  # auto: what it predicted for the codec it chose, and for the others
             metrics["predicted_blocked_s"] = stats.prediction.blocked_s
             for p in (stats.prediction, *stats.prediction.alternatives):
@@ -91,8 +109,13 @@ def summary(path: str, stats: SaveStats, metrics: dict[str, float]) -> str:
     m = {k.removeprefix(PREFIX): v for k, v in metrics.items()}
     return (
         f"lightning_nvcomp: {path}: {stats.codec} {_sizes(stats.raw_nbytes, stats.file_nbytes)} ({m['ratio']:.3f}x), "
-        f"training blocked {_seconds(m['blocked_s'])} (torch.save: {_seconds(m['baseline_s'])}), "
-        f"saved {_seconds(m['saved_s_total'])} so far"
+        f"training blocked {_seconds(m['blocked_s'])} (torch.save: {_seconds(m['baseline_s'])})"
+        + (
+            f", slowed {m['slowdown'] * 100:.1f}% while written behind it ({_seconds(m['slowed_s'])})"
+            if "slowdown" in m
+            else ""
+        )
+        + f", saved {_seconds(m['saved_s_total'])} so far"
         + (f"; {_why(stats.prediction)}" if stats.prediction is not None else "")
         + (f"; the one-off storage probe and calibration took {_seconds(m['probe_s'])}" if m.get("probe_s") else "")
     )

@@ -282,3 +282,32 @@ def run_killable(
         stdout, stderr = proc.communicate()
         raise AssertionError(f"{label} run hung:\n{stdout[-3000:]}\n{stderr[-12000:]}") from None
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def collections_within(function_name: str, run):
+    """``run()``'s result, and how many garbage collections started on the main thread while a function named
+    ``function_name`` was on its stack, with the collector set to run at every allocation meanwhile (so that any
+    stretch of it the collector is not paused for would collect)."""
+    import gc
+    import threading
+
+    started = []
+
+    def seen(phase, info):
+        if phase != "start" or threading.current_thread() is not threading.main_thread():
+            return
+        frame = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code.co_name == function_name:
+                started.append(info["generation"])
+                return
+            frame = frame.f_back
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    gc.callbacks.append(seen)
+    try:
+        return run(), len(started)
+    finally:
+        gc.callbacks.remove(seen)
+        gc.set_threshold(*thresholds)

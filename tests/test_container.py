@@ -34,6 +34,7 @@ from conftest import (
     assert_bit_exact,
     assert_tree_bit_exact,
     child_json,
+    collections_within,
     python_child,
     random_tensor,
     special_floats,
@@ -590,6 +591,23 @@ def test_save_stats(tmp_path):
     plain = lightning_nvcomp.save(obj, tmp_path / "plain.pt", codec="none")
     assert plain.codec == "none" and plain.raw_nbytes == stats.raw_nbytes
     assert plain.file_nbytes == (tmp_path / "plain.pt").stat().st_size > stats.file_nbytes
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise RuntimeError("this object does not pickle")
+
+
+def test_a_save_runs_no_garbage_collection_and_leaves_the_collector_as_it_was(tmp_path):
+    """A save (what training waits for) runs with the collector paused, even set to run at every allocation; it is
+    on again after the save and after a failed one."""
+    obj = {f"layer{i}": {"w": trained_like(4096, torch.float32, i), "b": torch.zeros(8)} for i in range(50)}
+    _, collections = collections_within("_save_file", lambda: lightning_nvcomp.save(obj, tmp_path / "ck.pt", "zstd"))
+    assert collections == 0 and gc.isenabled()
+    with pytest.raises(RuntimeError, match="does not pickle"):
+        lightning_nvcomp.save({"f": _Unpicklable(), **obj}, tmp_path / "bad.pt", codec="zstd")
+    assert gc.isenabled() and not (tmp_path / "bad.pt").exists()
+    assert_tree_bit_exact(lightning_nvcomp.load(tmp_path / "ck.pt"), obj)
 
 
 def test_auto_codec_without_gpu_measures_and_never_picks_ans(tmp_path):

@@ -47,6 +47,8 @@ METRICS = {
         "waited_s",
         "probe_s",
         "write_s",
+        "slowed_s",
+        "lost_s",
         "durable_s",
         "baseline_s",
         "saved_s",
@@ -788,7 +790,8 @@ def test_telemetry_values_are_consistent(logged_run) -> None:
         assert round(metrics["nvcomp/stored_gb"] * 1e9) == logged_run["sizes"][step]  # the real file size
         assert metrics["nvcomp/ratio"] == pytest.approx(metrics["nvcomp/raw_gb"] / metrics["nvcomp/stored_gb"])
         assert metrics["nvcomp/blocked_s"] > 0 and metrics["nvcomp/write_s"] > 0 and metrics["nvcomp/baseline_s"] > 0
-        assert metrics["nvcomp/saved_s"] == pytest.approx(metrics["nvcomp/baseline_s"] - metrics["nvcomp/blocked_s"])
+        assert metrics["nvcomp/slowed_s"] == 0 and metrics["nvcomp/lost_s"] == metrics["nvcomp/blocked_s"]
+        assert metrics["nvcomp/saved_s"] == pytest.approx(metrics["nvcomp/baseline_s"] - metrics["nvcomp/lost_s"])
         assert metrics["nvcomp/saved_usd_total"] == pytest.approx(metrics["nvcomp/saved_gpu_hours_total"] * 2.5)
         assert metrics["nvcomp/saved_gpu_hours_total"] == pytest.approx(metrics["nvcomp/saved_s_total"] / 3600)
     assert second["nvcomp/saved_s_total"] == pytest.approx(first["nvcomp/saved_s"] + second["nvcomp/saved_s"])

@@ -21,6 +21,7 @@ from lightning_nvcomp.format.contents import find_contents
 from lightning_nvcomp.format.decode import _describe, _keep_on_gpu
 from lightning_nvcomp.format.load_state import LoadState, _load
 from lightning_nvcomp.locations import StorageBackend, storage_for
+from lightning_nvcomp.resources import collector_paused
 
 
 def load(
@@ -59,6 +60,9 @@ def load(
         CodecUnavailableError: a codec it needs cannot run here (gANS without a GPU).
         CheckpointError: anything else about the file (not a checkpoint, refused by ``weights_only``, too large
             to decode). Errors of the machine (memory, devices, threads) pass through, the file named.
+
+    On the main thread, Python's garbage collector is paused while the file is read (see
+    :func:`~lightning_nvcomp.resources.collector_paused`).
     """
     storage = storage or storage_for(path)
     path = os.fspath(path)
@@ -68,7 +72,7 @@ def load(
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     token = _keep_on_gpu.set(keep_on_gpu and map_location is None)
     try:
-        with storage.open_read(path) as f:
+        with collector_paused(), storage.open_read(path) as f:
             return read(f, path, map_location, weights_only, mmap, max_decoded_nbytes)
     finally:
         _keep_on_gpu.reset(token)
