@@ -125,6 +125,8 @@ def child(args: argparse.Namespace) -> None:
         "waited_s": [s.get("nvcomp/waited_s", 0.0) for s in saves],
         "durable_s": [s.get("nvcomp/durable_s") for s in saves],
         "codecs": [CODECS.get(s["nvcomp/codec_id"], "?") for s in saves],
+        "slowdown": [s.get("nvcomp/slowdown") for s in saves],
+        "slowed_s": [s.get("nvcomp/slowed_s", 0.0) for s in saves],
     }
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -203,15 +205,19 @@ def main() -> None:
         f"- the fit without checkpoints: {base['fit_s']:.2f} s, peak GPU {base['peak_gb']:.2f} GB. Lost = fit wall "
         "time minus that; blocked = each save_checkpoint call (AsyncCheckpointIO: its background writes, not what "
         "training waited); durable = until the checkpoint was fsynced (ours; Lightning's IOs never fsync); extra "
-        "GPU = peak GPU memory above the fit without checkpoints",
+        "GPU = peak GPU memory above the fit without checkpoints; slowdown = how much longer training steps took "
+        "while our writes ran behind them than while none did, as each save reported it (nvcomp/slowdown), and "
+        "slowed = what that cost over the run as our metrics count it (nvcomp/slowed_s)",
         "",
-        "| checkpoint IO | lost s | blocked s per save | waited s | durable s | codecs | extra GPU GB | file GB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| checkpoint IO | lost s | blocked s per save | waited s | durable s | codecs | slowdown per save | slowed s | "
+        "extra GPU GB | file GB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['io']} | {r['fit_s'] - base['fit_s']:+.2f} | {_fmt(r['blocked_s'])} | "
             f"{sum(r['waited_s']):.2f} | {_fmt(r['durable_s'])} | {','.join(sorted(set(r['codecs']))) or '-'} | "
+            f"{_fmt(r.get('slowdown', []))} | {sum(r.get('slowed_s', [])):.2f} | "
             f"{r['peak_gb'] - base['peak_gb']:.2f} | {r['size_gb']:.2f} |"
         )
     text = "\n".join(lines) + "\n"
