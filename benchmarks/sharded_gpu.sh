@@ -6,13 +6,14 @@
 # (benchmarks/throttle.sh), a cProfile of our dcp.save and dcp.async_save (main thread), the compressed staging's
 # batch sizes against our single-file snapshot (staging_bench.py), and the gpu-marked tests of $GPU_TESTS (default: all).
 # Carry .whl; results under $OUT.
-#   bash benchmarks/sharded_gpu.sh   (PARTS: a space-separated subset of "tests dcp items lightning accelerate profile staging")
+#   bash benchmarks/sharded_gpu.sh   (PARTS: a space-separated subset of "tests dcp items reshard lightning accelerate
+#   profile staging"; reshard: resharded dcp.load 1 -> 2 and 2 -> 1 ranks on the one GPU, reshard_bench.py)
 # Everything is written under $OUT/sharded and packed into $OUT/sharded.tgz after each part (the device tool brings
 # back at most 8 files of a call: the archive is one).
 set -uo pipefail
 DEST=${OUT:-$PWD/gpu-out}
 OUT=$DEST/sharded
-PARTS=${PARTS:-"tests dcp items lightning accelerate profile staging"}
+PARTS=${PARTS:-"tests dcp items reshard lightning accelerate profile staging"}
 mkdir -p "$OUT"
 pack() { tar czf "$DEST/sharded.tgz" -C "$OUT" .; }
 trap pack EXIT
@@ -42,6 +43,10 @@ fi
 if has items; then
   (cd benchmarks && timeout ${ITEMS_S:-90} python3 dcp_items_bench.py --device cuda --codec ans --out "$OUT/dcp_items_gpu.md" \
     > "$OUT/dcp_items_gpu.log" 2>&1); tail -n 8 "$OUT/dcp_items_gpu.md"
+fi
+if has reshard; then
+  (cd benchmarks && timeout ${RESHARD_S:-170} python3 reshard_bench.py --dim 1024 --layers 20 --steps 20 --repeat 4 \
+    --out "$OUT/reshard.md" > "$OUT/reshard.log" 2>&1); tail -n 7 "$OUT/reshard.md"
 fi
 if has lightning; then
   throttled timeout ${LIGHTNING_S:-110} torchrun --nproc_per_node 1 benchmarks/lightning_fsdp_bench.py --dim 768 --layers 12 \
