@@ -1,7 +1,7 @@
 """Resharded ``dcp.load`` on one GPU: a trained GPT's model + AdamW state saved by one rank is loaded by two ranks
 (each tensor split along its first dimension as a ``DTensor``), and the two ranks' checkpoint is loaded back by one
 rank into whole tensors; each with DCP's ``FileSystemReader`` and with ours, in alternating order, next to the
-same-rank load. The two ranks are processes sharing the one GPU over gloo (NCCL refuses two ranks on one device);
+same-rank load, onto the device and into CPU tensors (``--profile``: a cProfile of our CPU-tensor load). The two ranks are processes sharing the one GPU over gloo (NCCL refuses two ranks on one device);
 their state stays on the GPU, so our reader decodes there. Loads are bit-exact: the one-rank loads against the
 trained state, the two-rank loads of our files against those of DCP's.
 
@@ -12,9 +12,11 @@ trained state, the two-rank loads of our files against those of DCP's.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime
 import os
 import pathlib
+import pstats
 import shutil
 import statistics
 import sys
@@ -99,10 +101,17 @@ def two_ranks(rank: int, args: argparse.Namespace, results) -> None:
     one = {"FileSystemReader": f"{args.dir}/one/plain", "ours": f"{args.dir}/one/ours"}
     times, loaded = timed_loads(one, lambda: targets(one["ours"], args.device, mesh), args.repeat, dist.barrier)
     exact = same(loaded["ours"], loaded["FileSystemReader"])
-    for name, writer in (("plain", dcp.FileSystemWriter), ("ours", lambda p: NvcompFileSystemWriter(p, codec=args.codec))):
+    for name, writer in (
+        ("plain", dcp.FileSystemWriter),
+        ("ours", lambda p: NvcompFileSystemWriter(p, codec=args.codec)),
+    ):
         dcp.save(loaded["FileSystemReader"], storage_writer=writer(f"{args.dir}/two/{name}"))
     results.put((rank, times, exact))
     dist.destroy_process_group()
+
+
+def fmt(times: list[float]) -> str:
+    return f"{statistics.median(times):.3f} ({' / '.join(f'{t:.3f}' for t in times)})"
 
 
 def main() -> None:
@@ -115,6 +124,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=4)
     parser.add_argument("--dir", default="/tmp/reshard-bench")
     parser.add_argument("--port", type=int, default=29517)
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of our load into CPU tensors")
     parser.add_argument("--out")
     args = parser.parse_args()
 
@@ -135,6 +145,16 @@ def main() -> None:
     times, loaded = timed_loads(one, lambda: targets(one["ours"], args.device), args.repeat)
     rows.append(("1 -> 1 (same ranks)", times, all(same(t, trained) for t in loaded.values())))
     del loaded
+    if args.device != "cpu":
+        times, loaded = timed_loads(one, lambda: targets(one["ours"], "cpu"), args.repeat)
+        on_cpu = {k: v.cpu() for k, v in trained.items()}
+        rows.append(("1 -> 1 into CPU tensors", times, all(same(t, on_cpu) for t in loaded.values())))
+        del loaded
+        if args.profile:
+            target = targets(one["ours"], "cpu")
+            profile = cProfile.Profile()
+            profile.runcall(dcp.load, target, storage_reader=NvcompFileSystemReader(one["ours"]))
+            pstats.Stats(profile).sort_stats("tottime").print_stats(25)
 
     results = mp.get_context("spawn").SimpleQueue()
     mp.start_processes(two_ranks, args=(args, results), nprocs=2, start_method="spawn")
@@ -153,7 +173,6 @@ def main() -> None:
     shutil.rmtree(args.dir, ignore_errors=True)
 
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)"
-    fmt = lambda ts: f"{statistics.median(ts):.3f} ({' / '.join(f'{t:.3f}' for t in ts)})"
     lines = [
         "# Resharded dcp.load on one device",
         "",

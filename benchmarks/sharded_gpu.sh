@@ -45,8 +45,8 @@ if has items; then
     > "$OUT/dcp_items_gpu.log" 2>&1); tail -n 8 "$OUT/dcp_items_gpu.md"
 fi
 if has reshard; then
-  (cd benchmarks && timeout ${RESHARD_S:-170} python3 reshard_bench.py --dim 1024 --layers 20 --steps 20 --repeat 4 \
-    --out "$OUT/reshard.md" > "$OUT/reshard.log" 2>&1); tail -n 7 "$OUT/reshard.md"
+  (cd benchmarks && timeout ${RESHARD_S:-170} python3 reshard_bench.py --dim 1024 --layers 20 --steps 20 --repeat 4 --profile \
+    --out "$OUT/reshard.md" > "$OUT/reshard.log" 2>&1); tail -n 8 "$OUT/reshard.md"
 fi
 if has lightning; then
   throttled timeout ${LIGHTNING_S:-110} torchrun --nproc_per_node 1 benchmarks/lightning_fsdp_bench.py --dim 768 --layers 12 \
