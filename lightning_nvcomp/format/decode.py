@@ -264,11 +264,14 @@ def decode_tensor(
     return _tensor(placed, _record_storages(blobs, placed.rec, name, state, placed.keys)[placed.at.storage])
 
 
-def decode_tensors(calls: list[tuple], device: torch.device, state: LoadState) -> list[torch.Tensor]:
+def decode_tensors(
+    calls: list[tuple], device: torch.device, state: LoadState, as_decoded: bool = False
+) -> list[torch.Tensor]:
     """Run many :func:`decode_tensor` calls (their argument tuples) of one load at once, every argument validated
     as there: records of one layout decode together (:func:`~lightning_nvcomp.codec.batch.decode_batch`: one
     engine call per codec instead of one per record), on ``device`` where it is a GPU, and the tensors are returned
-    on ``device``."""
+    on ``device``; with ``as_decoded``, a tensor bound for the CPU that a GPU decoded (gANS) stays there, for the
+    caller to copy it into its destination in one copy."""
     placed = []
     for args in calls:
         if len(args) < 9:
@@ -299,7 +302,7 @@ def decode_tensors(calls: list[tuple], device: torch.device, state: LoadState) -
     for i, p in enumerate(placed):
         start, nbytes = p.rec["storages"][p.at.storage]
         storage = decoded[i][start : start + nbytes]
-        if storage.device != device:
+        if storage.device != device and not as_decoded:
             storage = storage.to(device)
         elif storage.numel() != decoded[i].numel():
             storage = storage.clone()

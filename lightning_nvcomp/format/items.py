@@ -248,11 +248,14 @@ def read_tensor(data: torch.Tensor, name: str, device: torch.device, state: Load
     return tensor
 
 
-def read_tensors(items: list[tuple[torch.Tensor, str]], device: torch.device, state: LoadState) -> list[torch.Tensor]:
+def read_tensors(
+    items: list[tuple[torch.Tensor, str]], device: torch.device, state: LoadState, as_decoded: bool = False
+) -> list[torch.Tensor]:
     """Read many tensor items (each ``(archive bytes, name)``, as for :func:`read_tensor`) at once: their
     ``decode_tensor`` calls are made together (:func:`~lightning_nvcomp.format.decode.decode_tensors`: records of
-    one layout decode in one engine call), returned on ``device``. Items of another shape, and a batch that fails,
-    are read one by one, so that an error names the item."""
+    one layout decode in one engine call), returned on ``device`` (with ``as_decoded``: those bound for the CPU that
+    a GPU decoded, on that GPU). Items of another shape, and a batch that fails, are read one by one, so that an
+    error names the item."""
     calls: list[_Call | None] = []
     for data, _ in items:
         try:
@@ -263,7 +266,7 @@ def read_tensors(items: list[tuple[torch.Tensor, str]], device: torch.device, st
     ours = [i for i, call in enumerate(calls) if call is not None]
     tensors: dict[int, torch.Tensor] = {}
     try:
-        decoded = decode_tensors([calls[i].args for i in ours], device, state)  # type: ignore[union-attr]
+        decoded = decode_tensors([calls[i].args for i in ours], device, state, as_decoded)  # type: ignore[union-attr]
         tensors.update(zip(ours, decoded))
     except CheckpointError:
         pass  # read one by one below: the item at fault raises, named

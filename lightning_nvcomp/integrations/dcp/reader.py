@@ -73,7 +73,8 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
         path = _compat.metadata_path(self, kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as f:
             data = f.read()
-        metadata = _load_metadata(data, str(path))
+        with collector_paused():  # the metadata of thousands of items would set off full collections
+            metadata = _load_metadata(data, str(path))
         if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -139,7 +140,8 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
                 parts = [(data[i.offset - base : i.offset - base + i.length], w) for (_, i), w in zip(window, wheres)]
                 for device in devices:  # one batch per target device
                     mine = [k for k, (req, _) in enumerate(window) if targets[id(req)].device == device]
-                    tensors = read_tensors([parts[k] for k in mine], device, budget) if mine else []
+                    # gANS decoded on a GPU for a CPU target is copied from there into the target: one copy
+                    tensors = read_tensors([parts[k] for k in mine], device, budget, as_decoded=True) if mine else []
                     for k, tensor in zip(mine, tensors):
                         _check_raw_nbytes(tensor, window[k][1], wheres[k])
                         req = window[k][0]
