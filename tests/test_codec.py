@@ -617,6 +617,21 @@ def test_packing_joins_only_adjacent_raw_ranges_that_need_no_padding_between():
     assert torch.equal(batch._pack(flat, pieces), unjoined)
 
 
+@pytest.mark.parametrize("sizes", [[4096], [4096, 0], [100, 4096, 0, 7]])
+def test_raw_batches_are_copied_once_and_never_alias_their_buffers(sizes):
+    """Buffers stored raw are packed straight from their own memory (no plane buffer in between), yet into memory of
+    their own: a buffer changed after it was coded (training goes on) leaves its blob as it was."""
+    datas = [tensor_bytes(trained_like(n, torch.uint8, seed)) for seed, n in enumerate(sizes)]
+    expected = [d.clone() for d in datas]
+    coded = batch.encode_batch(datas, torch.uint8, "raw")
+    for d in datas:
+        d.fill_(0xAB)
+    for want, (coding, segments) in zip(expected, coded):
+        meta = record.describe(coding, [n for s in segments for n in s.sizes], [s.crc for s in segments])
+        assert torch.equal(record.decode([s.blob for s in segments], meta), want)
+    assert_batch_matches_encoder(expected, torch.uint8, "raw")
+
+
 def test_encode_batch_refuses_buffers_larger_than_a_segment():
     with pytest.raises(ValueError, match="at most"):
         batch.encode_batch([torch.zeros(engines.CPU_SEGMENT_NBYTES + 64, dtype=torch.uint8)], torch.uint8, "zstd")

@@ -13,10 +13,12 @@ import torch
 from lightning_nvcomp.codec import checksum as checksums
 from lightning_nvcomp.codec import planes as byte_planes
 from lightning_nvcomp.codec.checksum import Crc32, crc32_batch
+from lightning_nvcomp.codec.engine import ChunkEngine
 from lightning_nvcomp.codec.engines import codes_on_gpu, default_segment, engine_for, engine_on
 from lightning_nvcomp.codec.record import (
     Coding,
     Segment,
+    _raw_sizes,
     choose_layout,
     concatenate,
     pack,
@@ -57,6 +59,41 @@ def encode_batch(
     columns = [-(-d.numel() // (_BATCH_ALIGN * width)) * _BATCH_ALIGN * width // layout.planes for d in datas]
     if sum(columns) == 0:
         return [(Coding(dtype, 0, layout, segment), []) for _ in datas]
+    codings = [Coding(dtype, d.numel(), layout, segment) for d in datas]
+    if layout.planes == 1 and set(layout.codecs) == {"raw"}:  # stored as they are: one copy, no plane buffer
+        sizes = [_raw_sizes(d.numel(), layout.chunk) for d in datas]
+        nonempty = [d for d in datas if d.numel()]
+        packed = pack(nonempty)
+        if packed is nonempty[0]:  # one buffer needing no padding: the blob must not be the tensor's own memory
+            packed = packed.clone()
+    else:
+        packed, sizes = _coded(datas, columns, layout, engine, work)
+    ready: torch.cuda.Event | None = None
+    if on_gpu:  # the copy runs on a stream of its own, beside the coding of the next batch
+        copier = shared(f"d2h-stream-{packed.device}", lambda: torch.cuda.Stream(packed.device))
+        copier.wait_stream(torch.cuda.current_stream(packed.device))
+        with torch.cuda.stream(copier):
+            host = to_host(packed)
+            ready = torch.cuda.Event()
+            ready.record(copier)
+        packed.record_stream(copier)  # its memory is not reused before the copy has read it
+    else:
+        host = packed
+    blobs, at = [], 0
+    for item_sizes in sizes:
+        nbytes = sum(_padded(n) for n in item_sizes)
+        blobs.append(host[at : at + nbytes])
+        at += nbytes
+    crcs = iter(crc32_batch([b for b, n in zip(blobs, sizes) if n], ready))
+    segments = [[Segment(b, n, next(crcs))] if n else [] for b, n in zip(blobs, sizes)]
+    return list(zip(codings, segments))
+
+
+def _coded(
+    datas: list[torch.Tensor], columns: list[int], layout: Layout, engine: ChunkEngine | None, work: str
+) -> tuple[torch.Tensor, list[list[int]]]:
+    """The buffers' byte planes side by side (buffer i's from ``columns[:i]`` on), coded with ``layout``: their
+    chunks packed into one buffer on ``work``, and each buffer's chunk sizes."""
     flat, pitch = byte_planes.flatten(_planes(datas, columns, layout.planes, work))
     # Buffer i's plane k is row k of the batch's planes, from its column on: its chunks are those Encoder cuts from
     # its own planes, at these offsets. A chunk is an (offset, length) of `flat` until coded smaller.
@@ -82,29 +119,9 @@ def encode_batch(
             for k in ks:
                 stored[k] = [c if c.numel() < n else (o, n) for (o, n), c in zip(item[k], coded)]
     chunks = [[piece for plane in stored for piece in plane] for stored in pieces]
-    codings = [Coding(dtype, d.numel(), layout, segment) for d in datas]
-    # One packed buffer (on a GPU, one copy of it to pinned host memory): each buffer's blob is its range of it.
+    # One packed buffer (on a GPU, copied to pinned host memory by the caller): each buffer's blob is its range of it.
     packed = _pack(flat, [piece for c in chunks for piece in c])
-    ready: torch.cuda.Event | None = None
-    if on_gpu:  # the copy runs on a stream of its own, beside the coding of the next batch
-        copier = shared(f"d2h-stream-{packed.device}", lambda: torch.cuda.Stream(packed.device))
-        copier.wait_stream(torch.cuda.current_stream(packed.device))
-        with torch.cuda.stream(copier):
-            host = to_host(packed)
-            ready = torch.cuda.Event()
-            ready.record(copier)
-        packed.record_stream(copier)  # its memory is not reused before the copy has read it
-    else:
-        host = packed
-    sizes = [[c[1] if isinstance(c, tuple) else c.numel() for c in item] for item in chunks]
-    blobs, at = [], 0
-    for item_sizes in sizes:
-        nbytes = sum(_padded(n) for n in item_sizes)
-        blobs.append(host[at : at + nbytes])
-        at += nbytes
-    crcs = iter(crc32_batch([b for b, n in zip(blobs, sizes) if n], ready))
-    segments = [[Segment(b, n, next(crcs))] if n else [] for b, n in zip(blobs, sizes)]
-    return list(zip(codings, segments))
+    return packed, [[c[1] if isinstance(c, tuple) else c.numel() for c in item] for item in chunks]
 
 
 def _sample(datas: list[torch.Tensor]) -> torch.Tensor:
