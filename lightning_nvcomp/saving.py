@@ -87,6 +87,7 @@ def save(
     return stats
 
 
+@collector_paused()
 def save_file(
     obj: object,
     path: str | os.PathLike,
@@ -99,19 +100,6 @@ def save_file(
     """:func:`save` through ``write(path, fill)`` (a storage's ``write``, or ``write_staged`` and its size), into
     ``directory``, with no write bandwidth learnt: what the save did. The garbage collector is paused meanwhile
     (see :func:`~lightning_nvcomp.resources.collector_paused`)."""
-    with collector_paused():
-        return _save_file(obj, path, codec, policy, write, directory, staging_nbytes)
-
-
-def _save_file(
-    obj: object,
-    path: str | os.PathLike,
-    codec: str,
-    policy: CodecPolicy | None,
-    write: Callable[[str, Callable[[BinaryIO], None]], int],
-    directory: str,
-    staging_nbytes: int | None,
-) -> SaveStats:
     contents = find_contents(obj)
     codec, prediction = resolve_codec(codec, contents.tensors, directory, policy)
     begin = time.perf_counter()

@@ -284,13 +284,15 @@ def run_killable(
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
-def collections_within(function_name: str, run):
-    """``run()``'s result, and how many garbage collections started on the main thread while a function named
-    ``function_name`` was on its stack, with the collector set to run at every allocation meanwhile (so that any
-    stretch of it the collector is not paused for would collect)."""
+def collections_within(on_stack, run):
+    """``run()``'s result, and the names of the functions on whose account garbage collections started on the main
+    thread: the innermost frame on its stack for which ``on_stack(frame)`` is true (a string: a function of that
+    name), with the collector set to run at every allocation meanwhile (so that any stretch of it the collector is
+    not paused for would collect)."""
     import gc
     import threading
 
+    matches = (lambda frame: frame.f_code.co_name == on_stack) if isinstance(on_stack, str) else on_stack
     started = []
 
     def seen(phase, info):
@@ -298,8 +300,8 @@ def collections_within(function_name: str, run):
             return
         frame = sys._getframe(1)
         while frame is not None:
-            if frame.f_code.co_name == function_name:
-                started.append(info["generation"])
+            if matches(frame):
+                started.append(frame.f_code.co_name)
                 return
             frame = frame.f_back
 
@@ -307,7 +309,7 @@ def collections_within(function_name: str, run):
     gc.set_threshold(1, 1, 1)
     gc.callbacks.append(seen)
     try:
-        return run(), len(started)
+        return run(), started
     finally:
         gc.callbacks.remove(seen)
         gc.set_threshold(*thresholds)

@@ -7,11 +7,11 @@ them all (each process start costs seconds) and each test below asserts on its s
 from __future__ import annotations
 
 import gc
+import inspect
 import io
 import os
 import pickle
 import struct
-import sys
 import threading
 import zipfile
 from pathlib import Path
@@ -214,30 +214,12 @@ class _LoadRecordsCollector(dcp.DefaultLoadPlanner):
         return super().resolve_tensor(read_item)
 
 
-def _collections_inside_our_code(run):
-    """``run()``'s result, and the garbage collections that started on the main thread while a function of
-    lightning_nvcomp below the writer's own ``stage`` was running there (coding, copying, listing the shards: not
-    the pause's entry and exit; the write behind, on a thread of DCP's, may collect)."""
+def _inside_our_code(frame) -> bool:
+    """A frame of lightning_nvcomp below the writer's own ``stage`` (coding, copying, listing the shards: not the
+    pause's entry and exit)."""
+    path = Path(frame.f_code.co_filename)
     package = Path(NvcompFileSystemWriter.__module__.replace(".", "/")).parts[0]
-    outer = {"writer.py", "resources.py", "contextlib.py"}
-    inside = []
-
-    def seen(phase, info):
-        if phase != "start" or threading.current_thread() is not threading.main_thread():
-            return
-        frame = sys._getframe(1)
-        while frame is not None:
-            path = Path(frame.f_code.co_filename)
-            if package in path.parts and path.name not in outer:
-                inside.append(frame.f_code.co_name)
-                return
-            frame = frame.f_back
-
-    gc.callbacks.append(seen)
-    try:
-        return run(), inside
-    finally:
-        gc.callbacks.remove(seen)
+    return package in path.parts and path.name not in {"writer.py", "resources.py", "contextlib.py"}
 
 
 def test_async_staging_pauses_the_collector_and_restores_it(tmp_path):
@@ -245,14 +227,9 @@ def test_async_staging_pauses_the_collector_and_restores_it(tmp_path):
     collector set to run at every allocation, and leaves it on; the checkpoint is the state at the call."""
     state = _state(10)
     expected = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
-    thresholds = gc.get_threshold()
-    gc.set_threshold(1, 1, 1)
-    try:
-        writer = NvcompFileSystemWriter(tmp_path, codec="zstd", stage_compress="all")
-        future, inside = _collections_inside_our_code(lambda: dcp.async_save(state, storage_writer=writer))
-        assert inside == [] and gc.isenabled()
-    finally:
-        gc.set_threshold(*thresholds)
+    writer = NvcompFileSystemWriter(tmp_path, codec="zstd", stage_compress="all")
+    future, inside = collections_within(_inside_our_code, lambda: dcp.async_save(state, storage_writer=writer))
+    assert inside == [] and gc.isenabled()  # the write behind, on a thread of DCP's, may collect
     future.result()
     _assert_loads_back(tmp_path, expected)
 
@@ -262,10 +239,12 @@ def test_metadata_is_written_with_the_collector_paused(tmp_path):
     thousands of items, collections there cost a fifth of a save (benchmarks/results/round9); the collector is on
     after it."""
     state = _state(12)
+    ours = inspect.getsourcefile(NvcompFileSystemWriter)
     _, collections = collections_within(
-        "_finish", lambda: dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))
+        lambda frame: frame.f_code.co_name == "finish" and frame.f_code.co_filename == ours,
+        lambda: dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd")),
     )
-    assert collections == 0 and gc.isenabled()
+    assert collections == [] and gc.isenabled()
     _assert_loads_back(tmp_path, state)
 
 

@@ -271,14 +271,11 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         fut.set_result(results)
         return fut
 
+    @collector_paused()
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Write ``.metadata`` atomically, with its CRC-32 (see ``_checked_metadata``; the new checkpoint exists from
         that instant), then delete data files no longer referenced (an overwritten checkpoint's). The garbage
         collector is paused meanwhile: the metadata of thousands of items set off full collections."""
-        with collector_paused():
-            self._finish(metadata, results)
-
-    def _finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         infos = [r.storage_data for rs in results for r in rs]
         items, raw_nbytes, stored_nbytes = _tally(infos)
         self.totals = {"raw_nbytes": raw_nbytes, "stored_nbytes": stored_nbytes, "items": items}
