@@ -90,7 +90,7 @@ def test_a_measured_slowdown_moves_auto_to_the_smaller_file_in_async_mode(tmp_pa
     run at half speed meanwhile, zstd's shorter write loses less."""
     profiles = [CodecProfile("none", 1.0, float("inf")), CodecProfile("zstd", 1.5, 10.0)]
     policy = CodecPolicy("async", interval_s=60.0, write_gbps=1.0, profiles=profiles)
-    state = [torch.zeros(1_000_000_000, dtype=torch.float32)]  # 4 GB as the model sees it; never written
+    state = [torch.empty(1_000_000_000, dtype=torch.float32, device="meta")]  # 4 GB as the model sees it
     assert policy.decide(state, str(tmp_path))[0].codec == "none"
     policy.observe_slowdown(None)  # not measured: nothing changes
     assert policy.decide(state, str(tmp_path))[0].codec == "none"
@@ -110,26 +110,29 @@ class _SlowedWhileWriting(TinyModule):
 
     def training_step(self, batch, batch_idx):
         writer = self.trainer.strategy.checkpoint_io.writer
-        time.sleep(0.02 if writer.pending() else 0.01)
+        time.sleep(0.008 if writer.pending() else 0.004)
         return super().training_step(batch, batch_idx)
 
 
 def test_a_fit_reports_the_slowdown_and_what_it_cost(tmp_path: Path):
     """A real fit with async saves whose writes run behind training: once steps of both kinds are timed, each
-    save's metrics carry the slowdown (about 1.0 here), its cost while that checkpoint was written, and the lost
-    time (blocked + slowed) the savings are counted from."""
+    save's metrics carry the slowdown (the model's 4 ms more per step while a write runs: up to 1.0, less by the
+    step's own time), its cost while that checkpoint was written, and the lost time (blocked + slowed) the savings
+    are counted from."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    plugin = NvcompCheckpointIO(codec="none", async_save=True, probe_mb=4)
-    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=12, save_top_k=-1)
-    trainer = quiet_trainer(tmp_path, plugins=[plugin], callbacks=[checkpoints], max_epochs=12)
+    # Page-cache durability: each write takes a memory copy's time, far less than the 48 steps between saves, so
+    # steps of both kinds occur whatever the disk.
+    plugin = NvcompCheckpointIO(codec="none", async_save=True, durable="os", probe_mb=4)
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=48, save_top_k=-1)
+    trainer = quiet_trainer(tmp_path, plugins=[plugin], callbacks=[checkpoints], max_epochs=30)
     torch.manual_seed(0)
     trainer.fit(_SlowedWhileWriting(), datamodule=TinyData(n=64))
     history = plugin.savings.history
     measured = [m for m in history if "nvcomp/slowdown" in m]
-    assert len(history) >= 6 and measured, history
+    assert len(history) == 5 and measured, history
     for m in measured:
-        assert 0.4 < m["nvcomp/slowdown"] < 1.6, m
+        assert 0.15 < m["nvcomp/slowdown"] < 1.6, m
         assert m["nvcomp/slowed_s"] > 0
         assert m["nvcomp/lost_s"] == pytest.approx(m["nvcomp/blocked_s"] + m["nvcomp/slowed_s"])
         assert m["nvcomp/saved_s"] == pytest.approx(m["nvcomp/baseline_s"] - m["nvcomp/lost_s"])
