@@ -1,6 +1,7 @@
 """Shared helpers for the CPU test suite: bit-exact tensor comparison, test data, child-process runners.
 
-Nothing here changes global behaviour: no autouse fixtures, no hypothesis profiles, no patched modules.
+Nothing here changes global behaviour (no hypothesis profiles, no patched modules); its one autouse fixture puts
+back torch's deterministic mode, which Lightning's Trainer turns on for the whole process, after each test.
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ from lightning_nvcomp.format import DTYPES
 _BITS_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_mode_restored():
+    """Lightning's ``Trainer(deterministic=True)`` turns torch's deterministic mode on for the whole process; each
+    test leaves it as it found it (torch 2.4's ``torch.empty`` of a float8 dtype fails in that mode)."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def tensor_bytes(t: torch.Tensor) -> torch.Tensor:
