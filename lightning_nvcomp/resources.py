@@ -3,7 +3,7 @@
 Each is made on first use, one per process, by the module that uses it (``shared(name, make)``); :func:`reset`
 drops them all, shutting the thread pools down after their queued work: what tests and benchmarks call to start
 from a fresh process state, instead of reaching into each module. And :func:`collector_paused`, the one use of the
-process's garbage collector.
+process's garbage collector (and :class:`PauseBetweenCalls`, its pause across a DCP plan).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
+import weakref
 from collections.abc import Iterator
 from concurrent.futures import Executor
 from typing import Callable, TypeVar
@@ -42,33 +43,83 @@ def reset() -> None:
             resource.shutdown(wait=True)
 
 
-_pause_depth = 0  # collector_paused blocks open now (only the main thread opens them)
-_enable_after = False  # whether the collector was on when the outermost block began
+_pause_lock = threading.Lock()
+_pause_depth = 0  # pauses open now (collector_paused blocks of the main thread, PauseBetweenCalls spans)
+_enable_after = False  # whether the collector was on when the first of them began
+
+
+def _pause() -> None:
+    global _pause_depth, _enable_after
+    with _pause_lock:
+        if _pause_depth == 0:
+            _enable_after = gc.isenabled()
+            gc.disable()
+        _pause_depth += 1
+
+
+def _resume() -> None:
+    global _pause_depth
+    with _pause_lock:
+        _pause_depth -= 1
+        if _pause_depth == 0 and _enable_after:
+            gc.enable()
 
 
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off for the block when it runs on the main thread (a save or load the
-    training waits for), and back on after the outermost such block if it was on before it.
+    training waits for), and back on after the last pause open if it was on before the first.
 
     Why: the items of a DCP checkpoint of a deep model are thousands of records, each a few objects alive until
     written or placed; enough of them outlive a young collection to set off full ones, each walking every object of
     the training process (about two per save and per load on the CPU items state, where DCP's own writer and reader
     set off about one: ``benchmarks/gc_loop_bench.py``). Reference counting still frees what the block drops; the
-    next collection after it looks at the rest. Off the main thread (a write behind training) the collector is left alone: pausing it there
-    would pause it for the training too.
+    next collection after it looks at the rest. Off the main thread (a write behind training) the collector is left
+    alone: pausing it there would pause it for the training too.
     """
-    global _pause_depth, _enable_after
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    if _pause_depth == 0:
-        _enable_after = gc.isenabled()
-        gc.disable()
-    _pause_depth += 1
+    _pause()
     try:
         yield
     finally:
-        _pause_depth -= 1
-        if _pause_depth == 0 and _enable_after:
-            gc.enable()
+        _resume()
+
+
+class PauseBetweenCalls:
+    """A pause of the collector (as :func:`collector_paused`, on the main thread only) that one call begins and a
+    later one ends: DCP plans a save between its storage writer's ``set_up_storage_writer`` and ``write_data`` (a load
+    between ``set_up_storage_reader`` and ``read_data``), and the plan of thousands of items sets off full
+    collections too (``benchmarks/results/round10``). A plan that fails never reaches ``write_data``, and its error
+    holds the writer in a reference cycle: the pause then ends at the owner's next :meth:`begin`, when the owner is
+    collected, or ``longest_s`` after it began, whichever comes first.
+
+    Args:
+        owner: the object whose calls begin and end the pause (a writer or reader).
+        longest_s: the pause ends by itself this long after it began.
+    """
+
+    def __init__(self, owner: object, longest_s: float = 120.0) -> None:
+        self.longest_s = longest_s
+        self._lock = threading.Lock()
+        self._deadline: threading.Timer | None = None
+        weakref.finalize(owner, self.end)
+
+    def begin(self) -> None:
+        self.end()
+        if threading.current_thread() is not threading.main_thread():
+            return
+        _pause()
+        deadline = threading.Timer(self.longest_s, self.end)
+        deadline.daemon = True
+        with self._lock:
+            self._deadline = deadline
+        deadline.start()
+
+    def end(self) -> None:
+        with self._lock:
+            deadline, self._deadline = self._deadline, None
+        if deadline is not None:
+            deadline.cancel()
+            _resume()

@@ -33,7 +33,7 @@ from lightning_nvcomp.integrations.dcp.metadata import (
     check_storage_info,
 )
 from lightning_nvcomp.remote.options import RemoteOptions
-from lightning_nvcomp.resources import collector_paused
+from lightning_nvcomp.resources import PauseBetweenCalls, collector_paused
 from lightning_nvcomp.sized_reader import SizedReader
 
 
@@ -62,6 +62,7 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
         self.remote = remote
         self._use_storage(path, remote)
         self._metadata: Metadata | None = None
+        self._planning = PauseBetweenCalls(self)  # the collector, from set_up_storage_reader to read_data's end
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:
@@ -81,10 +82,23 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
         return metadata
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """DCP calls this before it plans the load: the garbage collector is paused from here to the end of
+        :meth:`read_data` (see :class:`~lightning_nvcomp.resources.PauseBetweenCalls`)."""
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
         self._metadata = metadata
+        self._planning.begin()
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        try:
+            self._read_plan(plan, planner)
+        finally:
+            self._planning.end()
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_plan(self, plan: LoadPlan, planner: LoadPlanner) -> None:
+        """Read the plan's items, file by file, each checked before it is placed."""
         per_file: dict[str, list[tuple[ReadItem, StorageInfo]]] = {}
         for req in plan.items:
             info = self.storage_data.get(req.storage_index)
@@ -102,9 +116,6 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
         with collector_paused():  # thousands of decoded items would set off full collections
             for relative_path, reqs in per_file.items():
                 self._read_file(relative_path, reqs, planner, budget)
-        fut: Future = Future()
-        fut.set_result(None)
-        return fut
 
     def _read_file(
         self,

@@ -35,7 +35,7 @@ from lightning_nvcomp.integrations.dcp.stats import DcpCheckpointStats, gather
 from lightning_nvcomp.options import Codec, SaveOptions
 from lightning_nvcomp.policy import CodecPolicy, Prediction
 from lightning_nvcomp.remote.options import RemoteOptions
-from lightning_nvcomp.resources import collector_paused, shared
+from lightning_nvcomp.resources import PauseBetweenCalls, collector_paused, shared
 from lightning_nvcomp.stats import SaveStats
 
 #: What ``stage_compress`` may be: which shards ``dcp.async_save``'s staging compresses (the rest are copied).
@@ -148,6 +148,7 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         self._chosen: tuple[str, Prediction | None] | None = None  # decided while staging, used by the next write
         self._stage_s = 0.0
         self._staged: dict[int, StagedShard] = {}  # placeholder storage data_ptr -> shard compressed at staging
+        self._planning = PauseBetweenCalls(self)  # the collector, from set_up_storage_writer to write_data's end
 
     # -- codec choice -------------------------------------------------------------------------------------------
 
@@ -231,45 +232,54 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         super().reset(checkpoint_id)
         self.totals = None
 
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """DCP calls this before it plans the save: the garbage collector is paused from here to the end of
+        :meth:`write_data` (see :class:`~lightning_nvcomp.resources.PauseBetweenCalls`)."""
+        super().set_up_storage_writer(is_coordinator, *args, **kwargs)
+        self._planning.begin()
+
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        begin = time.perf_counter()
-        staged, self._staged = self._staged, {}
-        stage_s, self._stage_s = self._stage_s, 0.0
-        chosen, self._chosen = self._chosen, None
-        codec, prediction = chosen if chosen is not None else self._write_codec(plan, planner)
-        files = DataFiles(
-            self.fs,
-            self.path,
-            codec,
-            staged,
-            self.staging_nbytes,
-            fsync=self.sync_files and not self.remote_path,  # a remote file is durable once its upload completes
-            save_id=self.save_id,
-            thread_count=self.thread_count,
-            single_file_per_rank=self.single_file_per_rank,
-        )
-        outcomes = files.write(plan, planner)
-        results = [r for rs, _, _ in outcomes for r in rs]
-        seconds = time.perf_counter() - begin
-        encode_s = sum(e for _, e, _ in outcomes)
-        self.shard_devices = frozenset().union(*(devices for _, _, devices in outcomes))
-        items, raw_nbytes, stored_nbytes = _tally([r.storage_data for r in results])
-        self.stats = SaveStats(
-            path=str(self.path),
-            codec=codec,
-            raw_nbytes=raw_nbytes,
-            file_nbytes=stored_nbytes,
-            encode_s=encode_s,
-            write_s=max(0.0, seconds - encode_s),  # coding overlaps the writes: SaveStats.seconds is the wall time
-            prediction=prediction,
-            stage_s=stage_s,
-            items=items,
-        )
-        if self.codec == "auto":
-            (self.policy or default_policy("sync")).observe_write(self._directory(), stored_nbytes, seconds)
-        fut: Future[list[WriteResult]] = Future()
-        fut.set_result(results)
-        return fut
+        try:
+            begin = time.perf_counter()
+            staged, self._staged = self._staged, {}
+            stage_s, self._stage_s = self._stage_s, 0.0
+            chosen, self._chosen = self._chosen, None
+            codec, prediction = chosen if chosen is not None else self._write_codec(plan, planner)
+            files = DataFiles(
+                self.fs,
+                self.path,
+                codec,
+                staged,
+                self.staging_nbytes,
+                fsync=self.sync_files and not self.remote_path,  # a remote file is durable once its upload completes
+                save_id=self.save_id,
+                thread_count=self.thread_count,
+                single_file_per_rank=self.single_file_per_rank,
+            )
+            outcomes = files.write(plan, planner)
+            results = [r for rs, _, _ in outcomes for r in rs]
+            seconds = time.perf_counter() - begin
+            encode_s = sum(e for _, e, _ in outcomes)
+            self.shard_devices = frozenset().union(*(devices for _, _, devices in outcomes))
+            items, raw_nbytes, stored_nbytes = _tally([r.storage_data for r in results])
+            self.stats = SaveStats(
+                path=str(self.path),
+                codec=codec,
+                raw_nbytes=raw_nbytes,
+                file_nbytes=stored_nbytes,
+                encode_s=encode_s,
+                write_s=max(0.0, seconds - encode_s),  # coding overlaps the writes: SaveStats.seconds is the wall time
+                prediction=prediction,
+                stage_s=stage_s,
+                items=items,
+            )
+            if self.codec == "auto":
+                (self.policy or default_policy("sync")).observe_write(self._directory(), stored_nbytes, seconds)
+            fut: Future[list[WriteResult]] = Future()
+            fut.set_result(results)
+            return fut
+        finally:
+            self._planning.end()
 
     @collector_paused()
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
