@@ -115,6 +115,16 @@ def test_decode_batch_checks_every_segment():
         batch.decode_batch(recs, CPU)
 
 
+def test_tiny_tensors_come_first():
+    """Tiny tensors' batches are yielded before the coded ones: each costs its writer a record and its coder next
+    to nothing, so their writing runs while the large batches are coded (it was the save's tail:
+    benchmarks/results/round10)."""
+    tensors = [(f"l{i}.weight", trained_like(4096, torch.float32, i)) for i in range(3)]
+    tensors += [(f"l{i}.bias", trained_like(16, torch.float32, i)) for i in range(3)]
+    order = [[i for i, _ in b] for b in item_batches.code_tensors(tensors, "zstd")]
+    assert order == [[3, 4, 5], [0, 1, 2]]
+
+
 def test_tiny_tensors_are_stored_raw_and_the_rest_coded():
     """Under RAW_NBYTES a codec call per plane costs more than it saves: such tensors are raw records (still
     checksummed); from RAW_NBYTES on they are coded."""

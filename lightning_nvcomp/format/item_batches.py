@@ -80,16 +80,18 @@ def code_tensors(tensors: list[tuple[str, torch.Tensor]], codec: str) -> Iterato
     """Code each ``(name, tensor)`` of ``tensors`` (each :func:`storable`) with ``codec`` (``ans``, ``zstd``;
     ``none`` stores raw, checksummed), yielding each batch as it is done, as ``(index, coded)`` pairs: tensors of
     one kind in batches of up to :data:`BATCH_NBYTES` for their device, a tensor larger than a segment alone (in several
-    segments). The tensors are read when their batch is coded, not after. Batches of CPU tensors are coded on
+    segments), the batches of tiny tensors first. The tensors are read when their batch is coded, not after. Batches of CPU tensors are coded on
     CPU threads, up to :data:`BATCHES_AHEAD` at a time, and yielded in order; GPU batches one after another (they
     queue on the GPU)."""
     coder = "raw" if codec == "none" else codec
     batches: dict[tuple, list[int]] = {}
     for index, (name, t) in enumerate(tensors):
         batches.setdefault(_kind(name, t), []).append(index)
+    # Tiny tensors' batches first: they cost their writer a record each and their coder next to nothing, so their
+    # writing runs while the large batches are coded instead of after the last of them.
     jobs = [
         (device, functools.partial(_code_batch, tensors, batch, "raw" if tiny else coder))
-        for (device, _, _, tiny), indices in batches.items()
+        for (device, _, _, tiny), indices in sorted(batches.items(), key=lambda kind: not kind[0][3])
         for batch in _cut(indices, tensors, engines.segment_nbytes(device, "raw" if tiny else coder), device)
     ]
     ahead = min(BATCHES_AHEAD, cpu_threads() // 4)
