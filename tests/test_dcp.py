@@ -321,6 +321,23 @@ def test_a_failed_plan_pauses_the_collector_no_longer_than_its_writer_lives(tmp_
     assert gc.isenabled(), "the pause outlived its deadline"
 
 
+def test_views_the_coder_does_not_store_whole_sit_among_coded_items(tmp_path):
+    """A conjugate or negative view is stored through torch.save's pickling, in the same data file as the items
+    coded in batches (each item's offset counted as the file is written): both readers read every item back."""
+    state = {
+        "w": trained_like(4096, torch.float32, 1),
+        "conj": torch.complex(trained_like(40, torch.float32, 2), trained_like(40, torch.float32, 3)).conj(),
+        "neg": trained_like(30, torch.float32, 4)._neg_view(),
+        "ids": torch.arange(5),
+    }
+    dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))
+    expected = {k: v.resolve_conj().resolve_neg() for k, v in state.items()}
+    _assert_loads_back(tmp_path, expected)
+    loaded = zeros_like_state(expected)
+    dcp.load(loaded, checkpoint_id=tmp_path)
+    assert_state_equal(loaded, expected)
+
+
 def test_default_reader_decodes_in_a_fresh_interpreter(tmp_path):
     """DCP's default reader (``dcp.load(state, checkpoint_id=path)``, as Lightning's sharded loads call it), in a
     process that never imports lightning_nvcomp itself: reading .metadata imports it (NvcompStorageInfo), which

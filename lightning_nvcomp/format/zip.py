@@ -35,6 +35,11 @@ class ArchiveWriter:
         self._offset = 0
         self._central: list[tuple[bytes, bytes]] = []  # (full name, central directory record), in write order
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes written to ``f`` so far."""
+        return self._offset
+
     def add(self, name: str, data: memoryview | bytes, crc: int | None = None) -> None:
         """Append entry ``<archive>/<name>`` holding ``data`` (CRC-32 computed unless given)."""
         data = memoryview(data).cast("B")

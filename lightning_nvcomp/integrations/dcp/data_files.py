@@ -108,7 +108,9 @@ class DataFiles:
 
     def _staged_shard(self, item: WriteItem, data: torch.Tensor) -> CodedTensor | None:
         """The shard ``dcp.async_save`` compressed while staging for this item, if it is one."""
-        shard = self.staged.get(data.untyped_storage().data_ptr()) if data.numel() else None
+        if not self.staged or not data.numel():
+            return None
+        shard = self.staged.get(data.untyped_storage().data_ptr())
         if shard is None:
             return None
         held = shard.placeholder
@@ -129,28 +131,36 @@ class DataFiles:
         (:func:`~lightning_nvcomp.format.item_batches.code_tensors`) and each written as its own archive on a disk thread
         while the next batch is coded. Returns the write results and the seconds spent coding."""
         results: list[WriteResult] = []
+        # Offsets are counted here, not asked of the stream: a local file's tell() is a system call, one per item.
+        position = 0
         with self.fs.create_stream(self.fs.concat_path(self.path, name), "wb") as stream:
             for item in (i for i in items if i.type == WriteItemType.BYTE_IO):
-                payload = cast(io.BytesIO, planner.resolve_data(item))
-                offset = stream.tell()
-                stream.write(payload.getbuffer())
-                length = stream.tell() - offset
-                results.append(WriteResult(item.index, length, _compat.StorageInfo(name, offset, length)))
+                payload = cast(io.BytesIO, planner.resolve_data(item)).getbuffer()
+                stream.write(payload)
+                results.append(
+                    WriteResult(item.index, payload.nbytes, _compat.StorageInfo(name, position, payload.nbytes))
+                )
+                position += payload.nbytes
 
             serialization_id = str(secrets.randbits(128)).zfill(40)  # the file's items share torch.save's records
 
             def write(batch: list[tuple[WriteItem, CodedTensor | fileformat.Snapshot]]) -> list[WriteResult]:
+                nonlocal position
                 done = []
+                out = _Coalesced(stream)
                 for item, stored in batch:
-                    offset = stream.tell()
-                    archive = ArchiveWriter(cast(BinaryIO, stream))
-                    if isinstance(stored, CodedTensor):
+                    if isinstance(stored, CodedTensor):  # its bytes are the batch's: unchanged until out.flush()
+                        archive = ArchiveWriter(cast(BinaryIO, out))
                         tensor_items.write_tensor(archive, stored, serialization_id)
                     else:
+                        out.flush()
+                        archive = ArchiveWriter(cast(BinaryIO, stream))
                         stored.write_to(archive)
-                    length = stream.tell() - offset
-                    info = NvcompStorageInfo(name, offset, length, codec=self.codec, raw_nbytes=stored.raw_nbytes)
+                    length = archive.nbytes
+                    info = NvcompStorageInfo(name, position, length, codec=self.codec, raw_nbytes=stored.raw_nbytes)
                     done.append(WriteResult(item.index, length, info))
+                    position += length
+                out.flush()
                 return done
 
             begin = time.perf_counter()
@@ -182,3 +192,34 @@ class DataFiles:
                 stream.flush()
                 os.fsync(stream.fileno())
         return results, encode_s, frozenset(devices)
+
+
+class _Coalesced:
+    """Writes to ``stream`` in few calls: runs of small writes (an item's zip records, a tiny item's bytes) are
+    joined into one write of up to :attr:`RUN_NBYTES`, a large one goes as it is. :meth:`flush` writes the rest.
+    What is written must stay unchanged until then."""
+
+    SMALL_NBYTES = 64 << 10
+    RUN_NBYTES = 1 << 20
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._run: list[memoryview] = []
+        self._run_nbytes = 0
+
+    def write(self, data: bytes | memoryview) -> int:
+        view = memoryview(data)
+        if view.nbytes >= self.SMALL_NBYTES:
+            self.flush()
+            self._stream.write(view)
+        else:
+            self._run.append(view)
+            self._run_nbytes += view.nbytes
+            if self._run_nbytes >= self.RUN_NBYTES:
+                self.flush()
+        return view.nbytes
+
+    def flush(self) -> None:
+        if self._run:
+            self._stream.write(b"".join(self._run))
+            self._run, self._run_nbytes = [], 0
