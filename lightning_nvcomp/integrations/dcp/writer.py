@@ -240,46 +240,51 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         try:
-            begin = time.perf_counter()
-            staged, self._staged = self._staged, {}
-            stage_s, self._stage_s = self._stage_s, 0.0
-            chosen, self._chosen = self._chosen, None
-            codec, prediction = chosen if chosen is not None else self._write_codec(plan, planner)
-            files = DataFiles(
-                self.fs,
-                self.path,
-                codec,
-                staged,
-                self.staging_nbytes,
-                fsync=self.sync_files and not self.remote_path,  # a remote file is durable once its upload completes
-                save_id=self.save_id,
-                thread_count=self.thread_count,
-                single_file_per_rank=self.single_file_per_rank,
-            )
-            outcomes = files.write(plan, planner)
-            results = [r for rs, _, _ in outcomes for r in rs]
-            seconds = time.perf_counter() - begin
-            encode_s = sum(e for _, e, _ in outcomes)
-            self.shard_devices = frozenset().union(*(devices for _, _, devices in outcomes))
-            items, raw_nbytes, stored_nbytes = _tally([r.storage_data for r in results])
-            self.stats = SaveStats(
-                path=str(self.path),
-                codec=codec,
-                raw_nbytes=raw_nbytes,
-                file_nbytes=stored_nbytes,
-                encode_s=encode_s,
-                write_s=max(0.0, seconds - encode_s),  # coding overlaps the writes: SaveStats.seconds is the wall time
-                prediction=prediction,
-                stage_s=stage_s,
-                items=items,
-            )
-            if self.codec == "auto":
-                (self.policy or default_policy("sync")).observe_write(self._directory(), stored_nbytes, seconds)
-            fut: Future[list[WriteResult]] = Future()
-            fut.set_result(results)
-            return fut
+            results = self._write_plan(plan, planner)
         finally:
             self._planning.end()
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def _write_plan(self, plan: SavePlan, planner: SavePlanner) -> list[WriteResult]:
+        """Write the plan's items into data files and note this save's stats."""
+        begin = time.perf_counter()
+        staged, self._staged = self._staged, {}
+        stage_s, self._stage_s = self._stage_s, 0.0
+        chosen, self._chosen = self._chosen, None
+        codec, prediction = chosen if chosen is not None else self._write_codec(plan, planner)
+        files = DataFiles(
+            self.fs,
+            self.path,
+            codec,
+            staged,
+            self.staging_nbytes,
+            fsync=self.sync_files and not self.remote_path,  # a remote file is durable once its upload completes
+            save_id=self.save_id,
+            thread_count=self.thread_count,
+            single_file_per_rank=self.single_file_per_rank,
+        )
+        outcomes = files.write(plan, planner)
+        results = [r for rs, _, _ in outcomes for r in rs]
+        seconds = time.perf_counter() - begin
+        encode_s = sum(e for _, e, _ in outcomes)
+        self.shard_devices = frozenset().union(*(devices for _, _, devices in outcomes))
+        items, raw_nbytes, stored_nbytes = _tally([r.storage_data for r in results])
+        self.stats = SaveStats(
+            path=str(self.path),
+            codec=codec,
+            raw_nbytes=raw_nbytes,
+            file_nbytes=stored_nbytes,
+            encode_s=encode_s,
+            write_s=max(0.0, seconds - encode_s),  # coding overlaps the writes: SaveStats.seconds is the wall time
+            prediction=prediction,
+            stage_s=stage_s,
+            items=items,
+        )
+        if self.codec == "auto":
+            (self.policy or default_policy("sync")).observe_write(self._directory(), stored_nbytes, seconds)
+        return results
 
     @collector_paused()
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
