@@ -549,11 +549,17 @@ def test_async_save_one_process_compresses_while_staging(tmp_path, codec):
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and nvCOMP")
 def test_a_gpu_checkpoint_loads_into_cpu_tensors(tmp_path):
     """GPU state saved with gANS, loaded by our reader into CPU tensors (as for a conversion or an evaluation on
-    the CPU): decoded on the GPU and copied from there into each target, bit-exact, tiny raw items included; a
-    target that is a view of a larger tensor gets only its own bytes."""
+    the CPU): decoded on the GPU and copied from there into each target (through one pinned buffer per window),
+    bit-exact for every dtype, tiny raw, 0-d and empty items included; a target that is a view of a larger tensor
+    gets only its own bytes."""
     state = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in _state(20).items()}
     state["bias"] = trained_like(16, torch.float32, 21).cuda()  # stored raw: too small to code
     state["half"] = trained_like(8192, torch.bfloat16, 22).cuda()
+    state["steps"] = torch.arange(8192, dtype=torch.int64).cuda() * 3
+    state["mask"] = (trained_like(8191, torch.float32, 23) > 0).cuda()
+    state["phase"] = torch.complex(trained_like(4096, torch.float32, 24), trained_like(4096, torch.float32, 25)).cuda()
+    state["scale"] = torch.tensor(-0.0).cuda()
+    state["none"] = torch.empty(0, 3, dtype=torch.float16).cuda()
     dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="ans"))
     backing = torch.zeros(2, 8192, dtype=torch.bfloat16)
     loaded = {k: torch.zeros_like(v, device="cpu") if isinstance(v, torch.Tensor) else 0 for k, v in state.items()}

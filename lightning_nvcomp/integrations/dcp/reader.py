@@ -151,8 +151,9 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
                 parts = [(data[i.offset - base : i.offset - base + i.length], w) for (_, i), w in zip(window, wheres)]
                 for device in devices:  # one batch per target device
                     mine = [k for k, (req, _) in enumerate(window) if targets[id(req)].device == device]
-                    # gANS decoded on a GPU for a CPU target is copied from there into the target: one copy
                     tensors = read_tensors([parts[k] for k in mine], device, budget, as_decoded=True) if mine else []
+                    if device.type == "cpu":
+                        tensors = _to_host(tensors)
                     for k, tensor in zip(mine, tensors):
                         _check_raw_nbytes(tensor, window[k][1], wheres[k])
                         req = window[k][0]
@@ -331,6 +332,29 @@ def _windows(
             released[i % 2] = [_recorded(gpu) for gpu in gpus]
     for event in (e for events in released for e in events):
         event.synchronize()
+
+
+def _to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``tensors`` with those a GPU decoded (gANS items bound for CPU targets) copied into one pinned host buffer
+    of the process's pool, asynchronously, then waited for once: a synchronous copy per item into the targets'
+    pageable (often not yet touched) memory is many times slower. The host tensors are views of that buffer."""
+    on_gpu = [k for k, t in enumerate(tensors) if t.is_cuda and t.is_contiguous()]
+    if not on_gpu:
+        return tensors
+    starts, total = [], 0
+    for k in on_gpu:
+        starts.append(total)
+        total += -(-tensors[k].numel() * tensors[k].element_size() // 64) * 64  # a dtype view needs aligned starts
+    buffer = pinned_pool().empty(total)
+    out = list(tensors)
+    for k, start in zip(on_gpu, starts):
+        t = tensors[k]
+        host = buffer[start : start + t.numel() * t.element_size()]
+        host.copy_(t.reshape(-1).view(torch.uint8), non_blocking=True)
+        out[k] = host.view(t.dtype).view(t.shape)
+    for device in {tensors[k].device for k in on_gpu}:
+        torch.cuda.current_stream(device).synchronize()
+    return out
 
 
 def _recorded(device: torch.device) -> torch.cuda.Event:
