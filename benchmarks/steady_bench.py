@@ -19,6 +19,7 @@ import json
 import os
 import pathlib
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -168,6 +169,7 @@ def main() -> None:
     parser.add_argument("--precision", default="bf16-mixed")
     parser.add_argument("--cgroup", default=None)
     parser.add_argument("--label", default="local disk")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of fits (see the table's description)")
     parser.add_argument("--budget-s", type=float, default=1e9, help="start no fit after this many seconds")
     parser.add_argument("--out", default=None)
     parser.add_argument("--log", default=None, help="append each fit's lightning_nvcomp lines to this file")
@@ -176,18 +178,30 @@ def main() -> None:
         child(args)
         return
     begin = time.perf_counter()
-    rows = []
-    base = run_fit("no checkpoints", args)
-    if base is None:
-        raise SystemExit("the fit without checkpoints failed")
-    for io in args.ios.split(","):
-        if time.perf_counter() - begin > args.budget_s:
-            print(f"budget spent: {io} and after not run", file=sys.stderr)
-            break
-        row = run_fit(io, args)
-        if row is not None:
-            rows.append(row)
-            print(f"{io}: lost {row['fit_s'] - base['fit_s']:+.2f} s, blocked {_fmt(row['blocked_s'])}", flush=True)
+    ios = args.ios.split(",")
+    bases: list[dict] = []  # each round's fit without checkpoints
+    runs: dict[str, list[dict]] = {io: [] for io in ios}  # each IO's fits, with "lost_s" against their round's
+    for rnd in range(args.repeat):
+        order = ["no checkpoints", *ios] if rnd % 2 == 0 else [*reversed(ios), "no checkpoints"]
+        fits = {}
+        for io in order:
+            if time.perf_counter() - begin > args.budget_s:
+                print(f"budget spent: round {rnd + 1} from {io} on not run", file=sys.stderr)
+                break
+            row = run_fit(io, args)
+            if row is not None:
+                fits[io] = row
+                print(f"round {rnd + 1}, {io}: fit {row['fit_s']:.2f} s, blocked {_fmt(row['blocked_s'])}", flush=True)
+        base = fits.pop("no checkpoints", None)
+        if base is None:
+            if not bases:
+                raise SystemExit("the fit without checkpoints failed")
+            base = bases[-1]
+        bases.append(base)
+        for io, row in fits.items():
+            runs[io].append({**row, "lost_s": row["fit_s"] - base["fit_s"]})
+    rows = [(fits[-1], [f["lost_s"] for f in fits]) for fits in runs.values() if fits]
+    base = bases[0]
     import torch
 
     import lightning_nvcomp
@@ -202,8 +216,10 @@ def main() -> None:
         f"- byte-level GPT dim {args.dim}, {args.layers} layers, AdamW, {args.precision}, batch {args.batch}x256 bytes "
         f"of the standard library's sources; {args.steps} steps, a checkpoint every {args.every} "
         f"(ModelCheckpoint, save_top_k=1); storage: {args.label}" + (f" (cgroup {args.cgroup})" if args.cgroup else ""),
-        f"- the fit without checkpoints: {base['fit_s']:.2f} s, peak GPU {base['peak_gb']:.2f} GB. Lost = fit wall "
-        "time minus that; blocked = each save_checkpoint call (AsyncCheckpointIO: its background writes, not what "
+        f"- the fit without checkpoints: {_fmt([b['fit_s'] for b in bases])} s, peak GPU "
+        f"{base['peak_gb']:.2f} GB; {len(bases)} round(s), each the fit without checkpoints and every IO once, in reverse "
+        "order every other round. Lost = fit wall time minus that round's fit without checkpoints (median, then each "
+        "round's); the other columns are of the last round's fit; blocked = each save_checkpoint call (AsyncCheckpointIO: its background writes, not what "
         "training waited); durable = until the checkpoint was fsynced (ours; Lightning's IOs never fsync); extra "
         "GPU = peak GPU memory above the fit without checkpoints; slowdown = how much longer training steps took "
         "while our writes ran behind them than while none did, as each save reported it (nvcomp/slowdown), and "
@@ -213,9 +229,10 @@ def main() -> None:
         "extra GPU GB | file GB |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
+    for r, lost in rows:
+        each = f" ({' / '.join(f'{x:+.2f}' for x in lost)})" if len(lost) > 1 else ""
         lines.append(
-            f"| {r['io']} | {r['fit_s'] - base['fit_s']:+.2f} | {_fmt(r['blocked_s'])} | "
+            f"| {r['io']} | {statistics.median(lost):+.2f}{each} | {_fmt(r['blocked_s'])} | "
             f"{sum(r['waited_s']):.2f} | {_fmt(r['durable_s'])} | {','.join(sorted(set(r['codecs']))) or '-'} | "
             f"{_fmt(r.get('slowdown', []))} | {sum(r.get('slowed_s', [])):.2f} | "
             f"{r['peak_gb'] - base['peak_gb']:.2f} | {r['size_gb']:.2f} |"
