@@ -488,6 +488,32 @@ def test_reader_windows_reuse_their_buffers_bit_exactly(tmp_path, monkeypatch, w
         assert_state_equal(loaded, state)
 
 
+def test_the_planner_is_told_of_each_cpu_target_once_it_is_filled(tmp_path, monkeypatch):
+    """CPU targets are filled on a thread while the next window decodes: the planner's ``commit_tensor`` comes for
+    every item, once, after its target holds the stored bytes (a planner that post-processes targets sees them
+    whole), the windows many and small so that fills run behind."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    from lightning_nvcomp.integrations.dcp import reader
+
+    monkeypatch.setattr(reader, "WINDOW_NBYTES", 4096)
+    state = {f"t{i}": trained_like(3000 + 500 * i, torch.float32, i) for i in range(16)} | _state(3)
+    dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))
+    committed: list[str] = []
+
+    class Checking(DefaultLoadPlanner):
+        def commit_tensor(self, read_item, tensor):
+            name = read_item.dest_index.fqn
+            assert_bit_exact(tensor, state[name])
+            committed.append(name)
+            super().commit_tensor(read_item, tensor)
+
+    loaded = zeros_like_state(state)
+    dcp.load(loaded, storage_reader=NvcompFileSystemReader(tmp_path), planner=Checking())
+    assert sorted(committed) == sorted(k for k, v in state.items() if isinstance(v, torch.Tensor))
+    assert_state_equal(loaded, state)
+
+
 def test_unknown_codec_in_metadata_is_refused(tmp_path):
     state = _state(8)
     dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))

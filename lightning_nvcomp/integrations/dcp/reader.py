@@ -7,7 +7,9 @@ from __future__ import annotations
 import io
 import os
 import zipfile
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future as PoolFuture
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -145,19 +147,32 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
                 else:
                     self._read_one(stream, req, info, planner, where, budget)
             devices = {t.device for t in targets.values()}
-            for window, data in _windows(stream, coded, devices):
-                wheres = [f"{relative_path}: item {req.storage_index.fqn!r}" for req, _ in window]
-                base = window[0][1].offset
-                parts = [(data[i.offset - base : i.offset - base + i.length], w) for (_, i), w in zip(window, wheres)]
-                for device in devices:  # one batch per target device
-                    mine = [k for k, (req, _) in enumerate(window) if targets[id(req)].device == device]
-                    tensors = read_tensors([parts[k] for k in mine], device, budget, as_decoded=True) if mine else []
-                    if device.type == "cpu":
-                        tensors = _to_host(tensors)
-                    for k, tensor in zip(mine, tensors):
-                        _check_raw_nbytes(tensor, window[k][1], wheres[k])
-                        req = window[k][0]
-                        self._commit(req, tensor, targets[id(req)], planner, wheres[k])
+            with _Filler(planner) as filler:
+                for window, data in _windows(stream, coded, devices):
+                    wheres = [f"{relative_path}: item {req.storage_index.fqn!r}" for req, _ in window]
+                    base = window[0][1].offset
+                    parts = [
+                        (data[i.offset - base : i.offset - base + i.length], w) for (_, i), w in zip(window, wheres)
+                    ]
+                    for device in devices:  # one batch per target device
+                        mine = [k for k, (req, _) in enumerate(window) if targets[id(req)].device == device]
+                        decoded = (
+                            read_tensors([parts[k] for k in mine], device, budget, as_decoded=True) if mine else []
+                        )
+                        tensors, copied = _to_host(decoded) if device.type == "cpu" else (decoded, [])
+                        fills = []
+                        for k, tensor in zip(mine, tensors):
+                            _check_raw_nbytes(tensor, window[k][1], wheres[k])
+                            req = window[k][0]
+                            fills.append(
+                                (req, targets[id(req)], self._placed(req, tensor, targets[id(req)], wheres[k]))
+                            )
+                        if device.type == "cpu":
+                            filler.add(fills, copied, decoded)
+                        else:
+                            for req, target, part in fills:
+                                target.copy_(part)
+                                planner.commit_tensor(req, target)
 
     def _read_one(
         self,
@@ -191,15 +206,20 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
     def _commit(
         self, req: ReadItem, tensor: torch.Tensor, target: torch.Tensor, planner: LoadPlanner, where: str
     ) -> None:
-        """Check the stored chunk against the metadata and the plan, copy the requested part into ``target``."""
+        """Copy the part of the stored chunk ``req`` asks for into ``target`` (see :meth:`_placed`)."""
+        target.copy_(self._placed(req, tensor, target, where))
+        planner.commit_tensor(req, target)
+
+    def _placed(self, req: ReadItem, tensor: torch.Tensor, target: torch.Tensor, where: str) -> torch.Tensor:
+        """The part of the stored chunk ``tensor`` that ``req`` asks for, the chunk checked against the metadata and
+        the part against ``target``."""
         self._check_tensor(req, tensor, where)
         tensor = _compat.narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
         if target.size() != tensor.size():
             raise CorruptCheckpointError(
                 f"{where} has shape {tuple(tensor.shape)} where the plan expects {tuple(target.shape)}"
             )
-        target.copy_(tensor)
-        planner.commit_tensor(req, target)
+        return tensor
 
     def _check_tensor(self, req: ReadItem, tensor: torch.Tensor, where: str) -> None:
         """The stored tensor is the chunk the metadata describes: its dtype and its shape (``copy_`` into the target
@@ -334,13 +354,60 @@ def _windows(
         event.synchronize()
 
 
-def _to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+class _Filler:
+    """Fills CPU targets on a thread of its own while the caller decodes the next window, at most two windows
+    behind; the planner is told of each target once it is filled (on the caller's thread, as for every other)."""
+
+    def __init__(self, planner: LoadPlanner) -> None:
+        self._planner = planner
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lnv-dcp-fill")
+        # (the fill, its items and targets, the decoded tensors it copies from: alive until it is done)
+        self._filling: deque[tuple[PoolFuture, list[tuple[ReadItem, torch.Tensor]], list[torch.Tensor]]] = deque()
+
+    def add(
+        self,
+        fills: list[tuple[ReadItem, torch.Tensor, torch.Tensor]],
+        copied: list[torch.cuda.Event],
+        decoded: list[torch.Tensor],
+    ) -> None:
+        """Copy each ``(item, target, part)``'s part into its target, once the copies ``copied`` records (into the
+        parts, from ``decoded``) have landed."""
+        while len(self._filling) >= 2:
+            self._commit_oldest()
+        self._filling.append((self._thread.submit(_fill, copied, fills), [(r, t) for r, t, _ in fills], decoded))
+
+    def _commit_oldest(self) -> None:
+        done, filled, _ = self._filling.popleft()
+        done.result()  # raises the fill's error
+        for req, target in filled:
+            self._planner.commit_tensor(req, target)
+
+    def __enter__(self) -> _Filler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            while self._filling and exc[0] is None:
+                self._commit_oldest()
+        finally:
+            self._thread.shutdown(wait=True)
+
+
+def _fill(copied: list[torch.cuda.Event], fills: list[tuple[ReadItem, torch.Tensor, torch.Tensor]]) -> None:
+    for event in copied:
+        event.synchronize()
+    for _, target, part in fills:
+        target.copy_(part)
+
+
+def _to_host(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.cuda.Event]]:
     """``tensors`` with those a GPU decoded (gANS items bound for CPU targets) copied into one pinned host buffer
-    of the process's pool, asynchronously, then waited for once: a synchronous copy per item into the targets'
-    pageable (often not yet touched) memory is many times slower. The host tensors are views of that buffer."""
+    of the process's pool, asynchronously, and the events that record when those copies have landed: a synchronous
+    copy per item into the targets' pageable (often not yet touched) memory is many times slower. The host tensors
+    are views of that buffer."""
     on_gpu = [k for k, t in enumerate(tensors) if t.is_cuda and t.is_contiguous()]
     if not on_gpu:
-        return tensors
+        return tensors, []
     starts, total = [], 0
     for k in on_gpu:
         starts.append(total)
@@ -352,9 +419,7 @@ def _to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         host = buffer[start : start + t.numel() * t.element_size()]
         host.copy_(t.reshape(-1).view(torch.uint8), non_blocking=True)
         out[k] = host.view(t.dtype).view(t.shape)
-    for device in {tensors[k].device for k in on_gpu}:
-        torch.cuda.current_stream(device).synchronize()
-    return out
+    return out, [_recorded(device) for device in {tensors[k].device for k in on_gpu}]
 
 
 def _recorded(device: torch.device) -> torch.cuda.Event:
