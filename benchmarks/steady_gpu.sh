@@ -4,7 +4,7 @@
 # (benchmarks/throttle.sh), every checkpoint IO each in a fresh process. Carry .whl; results under $OUT.
 #   bash benchmarks/steady_gpu.sh                 (DISK_IOS / THROTTLED_IOS: comma-separated steady_bench.IOS names;
 #   PARTS: "disk", "throttled" or both; DISK_PRECISION / THROTTLED_PRECISION: the fits' precision; STEPS: each fit's
-#   steps, a checkpoint every 10; REPEAT: rounds of fits, alternating order)
+#   steps; EVERY: a checkpoint every EVERY steps (10); REPEAT: rounds of fits, alternating order)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -13,7 +13,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 DISK_IOS=${DISK_IOS:-"TorchCheckpointIO,AsyncCheckpointIO,ours ans sync,ours ans async,ours auto sync,ours auto async"}
 THROTTLED_IOS=${THROTTLED_IOS:-"AsyncCheckpointIO,ours ans async durable=os,ours auto async durable=os,ours ans sync durable=os,ours auto sync durable=os"}
 PARTS=${PARTS:-"disk throttled"}
-common=(--batch 192 --steps ${STEPS:-30} --every 10 --repeat ${REPEAT:-1})
+common=(--batch 192 --steps ${STEPS:-30} --every ${EVERY:-10} --repeat ${REPEAT:-1})
 cd benchmarks
 if [[ " $PARTS " == *" disk "* ]]; then
   timeout ${DISK_S:-265} python3 steady_bench.py "${common[@]}" --precision ${DISK_PRECISION:-bf16-mixed} \
