@@ -7,13 +7,14 @@ each save's blocked time.
 """
 
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
 
 sys.path.insert(0, ".")
-if len(sys.argv) > 2 or sys.argv[1] != "--one":
+if sys.argv[1] != "--one":
     for io in sys.argv[1:]:
         subprocess.run([sys.executable, __file__, "--one", io], check=False)
     raise SystemExit
@@ -48,23 +49,26 @@ def timed_save(self, checkpoint, path, storage_options=None):  # noqa: ANN001
     original_save(self, checkpoint, path, storage_options)
     end = time.perf_counter()
     stats = torch.cuda.memory_stats()
-    mine = [s for s in slabs[before[2]:]]
+    mine = [s for s in slabs[before[2] :]]
     on_main = sum(s[2] for s in mine if s[0] == "MainThread")
-    saves.append({
-        "at_s": round(begin - T0, 2),
-        "blocked_s": round(end - begin, 3),
-        "pool_mb": [before[0], pinned.pool().nbytes >> 20],
-        "cuda_segments_made": stats.get("segment.all.allocated", 0) - before[1],
-        "slabs_made": [(s[0], s[1], s[2]) for s in mine],
-        "pinning_on_main_s": round(on_main, 3),
-        "in_use_mb": pinned.pool().in_use_nbytes >> 20,
-    })
+    saves.append(
+        {
+            "at_s": round(begin - T0, 2),
+            "blocked_s": round(end - begin, 3),
+            "pool_mb": [before[0], pinned.pool().nbytes >> 20],
+            "cuda_segments_made": stats.get("segment.all.allocated", 0) - before[1],
+            "slabs_made": [(s[0], s[1], s[2]) for s in mine],
+            "pinning_on_main_s": round(on_main, 3),
+            "in_use_mb": pinned.pool().in_use_nbytes >> 20,
+        }
+    )
 
 
 lightning_nvcomp.NvcompCheckpointIO.save_checkpoint = timed_save
 io = sys.argv[2]
-args = argparse.Namespace(io=io, cgroup=None, dim=1024, layers=20, batch=192, steps=80, every=20,
-                          precision="bf16-mixed", dir="/tmp/lnv-first")
+size = dict(dim=1024, layers=20, batch=192, steps=80, every=20)
+size.update(json.loads(os.environ.get("FIRST_SAVES_SIZE", "{}")))  # a smaller fit, to try the script on a CPU
+args = argparse.Namespace(io=io, cgroup=None, precision="bf16-mixed", dir="/tmp/lnv-first", **size)
 steady_bench.child(args)
 print(f"== {io}")
 for k, s in enumerate(saves):
