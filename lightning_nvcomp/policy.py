@@ -11,7 +11,8 @@ throughput ``E`` to storage that takes ``W`` bytes/s per writer costs
   still running when the next save starts: ``max(0, write - interval)``, the interval given or observed
   (:meth:`CodecPolicy.observe_interval`), plus what training loses running slower while the write runs behind
   it: ``min(write, interval) * s / (1 + s)`` where its steps take ``1 + s`` times as long meanwhile (measured:
-  :meth:`CodecPolicy.observe_slowdown`; 0 until then).
+  :meth:`CodecPolicy.observe_slowdown`; 0 until then). The run's last checkpoint (:attr:`CodecPolicy.run_ending`) is
+  decided as if the next save came at once: the run waits for its write before it ends.
 
 The codec that loses the least training time wins; a tie (see :func:`choose`) goes to the smaller file, then to the
 checkpoint durable sooner.
@@ -41,7 +42,9 @@ log = logging.getLogger(__name__)
 #: (a burst allowance, a cache) is mostly corrected by the first real write (80%), within 4% by the second.
 EMA_WEIGHT = 0.8
 #: Weight of a real save's ratio and coding time in its codec's profile: a calibration that was wrong is mostly
-#: corrected by the next save (80%) and within 4% of its error by the one after.
+#: corrected by the next save (80%) and within 4% of its error by the one after. A run's first save pays one-off costs
+#: whichever codec makes it (CUDA kernels loaded at their first launch, the allocators' first growth: 0.3-0.5 s for
+#: 3 GB on the H200, round 11), so its coding time only corrects a calibration that was too slow.
 PROFILE_WEIGHT = 0.8
 #: A runner-up predicted within this fraction of the chosen codec's blocked time is tried, once, at the next
 #: decision when no real save has measured it yet, else when it has not been used for :data:`RETRY_EVERY` decisions:
@@ -181,6 +184,10 @@ class CodecPolicy:
         self._last_start: float | None = None  # when the last save started (save_started)
         #: How much longer training steps take while a write runs behind them (:meth:`observe_slowdown`).
         self.slowdown = 0.0
+        #: The run ends after the saves still to come (the Lightning savings callback sets it at the fit's last step
+        #: or epoch): it waits for their writes, so an async save is decided by its time to be written, as if the
+        #: next save came at once, and no runner-up is tried.
+        self.run_ending = False
 
     def in_mode(self, mode: str, interval_s: float | None = None) -> CodecPolicy:
         """A policy for ``mode`` that shares this one's measurements (probe and calibration happen once)."""
@@ -272,10 +279,12 @@ class CodecPolicy:
     def observe_save(self, codec: str, raw_nbytes: int, stored_nbytes: int, encode_s: float) -> None:
         """Fold a real save's figures into its codec's profile (the calibration the last :meth:`decide` used), with
         weight :data:`PROFILE_WEIGHT`: its ratio, and its coding time per byte (what training waited for to have
-        the coded bytes)."""
+        the coded bytes; from the run's first save only if it is faster than the profile's, see
+        :data:`PROFILE_WEIGHT`)."""
         profiles = self._profiles.get(self._last_key) if self._last_key is not None else None
         if not profiles or raw_nbytes <= 0 or stored_nbytes <= 0:
             return
+        first = not self._measured
         for i, old in enumerate(profiles):
             if old.codec != codec:
                 continue
@@ -283,7 +292,10 @@ class CodecPolicy:
             w = PROFILE_WEIGHT
             ratio = (1 - w) * old.ratio + w * raw_nbytes / stored_nbytes
             # In seconds per byte, where an instant coder (none on the CPU: inf GB/s) is 0.
-            per_byte = (1 - w) / (old.encode_gbps * 1e9) + w * max(encode_s, 0.0) / raw_nbytes
+            measured = max(encode_s, 0.0) / raw_nbytes
+            if first:
+                measured = min(measured, 1 / (old.encode_gbps * 1e9))
+            per_byte = (1 - w) / (old.encode_gbps * 1e9) + w * measured
             gbps = 1 / per_byte / 1e9 if per_byte > 0 else math.inf
             profiles[i] = CodecProfile(codec, ratio, gbps)
             if abs(ratio / old.ratio - 1) > 0.1 or (
@@ -330,16 +342,18 @@ class CodecPolicy:
         """The chosen codec's prediction and every candidate's, for saving ``tensors`` into ``directory``."""
         raw = sum(t.numel() * t.element_size() for t in tensors)
         gbps = self.write_gbps(directory, raw)  # a first probe no larger than this checkpoint
-        predictions = [predict(raw, p, gbps, self.mode, self.interval, self.slowdown) for p in self.profiles(tensors)]
+        interval = 0.0 if self.run_ending else self.interval
+        predictions = [predict(raw, p, gbps, self.mode, interval, self.slowdown) for p in self.profiles(tensors)]
         # Until the interval is known, an async save's write is predicted to end before the next save (as if the
         # interval were endless): so is its tie tolerance, else a GPU coder's few ms lose the first save to `none`.
-        tie_interval = math.inf if self.interval is None and self.mode == "async" else self.interval
+        tie_interval = math.inf if interval is None and self.mode == "async" else interval
         chosen = choose(predictions, tie_interval)
         self._decisions += 1
         close = [
             p
             for p in predictions
-            if p.codec != chosen.codec
+            if not self.run_ending
+            and p.codec != chosen.codec
             and p.blocked_s <= chosen.blocked_s * (1 + RETRY_CLOSE) + 1e-9
             and (
                 (chosen.codec in self._measured and p.codec not in self._measured and p.codec not in self._used)

@@ -265,6 +265,39 @@ def test_auto_codec(tmp_path: Path) -> None:
     assert sorted(rows) == [4, 8] and all("nvcomp/predicted_blocked_s" in r[0] for r in rows.values())
 
 
+class RecordsRunEnding(NvcompCheckpointIO):
+    """Our checkpoint IO, noting at each save whether auto has been told that the fit ends after it."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.ending: list[bool] = []
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        self.ending.append(self.writer.policy.run_ending)
+        super().save_checkpoint(checkpoint, path, storage_options)
+
+
+@pytest.mark.parametrize(
+    "fit, checkpoint",
+    [
+        (dict(max_steps=6, max_epochs=-1), dict(every_n_train_steps=2)),  # saves at steps 2, 4, 6
+        (dict(max_epochs=3), dict(every_n_epochs=1)),  # saves at the end of epochs 0, 1, 2
+    ],
+    ids=["max_steps", "max_epochs"],
+)
+def test_auto_is_told_which_checkpoints_end_the_fit(tmp_path: Path, fit: dict, checkpoint: dict) -> None:
+    """The fit waits for its last checkpoint's write: only that save is decided as the run's end (its async write
+    counted in full), the earlier ones by what training waits for; a second fit starts over."""
+    plugin = RecordsRunEnding(codec="auto", async_save=True, probe_mb=4)
+    callback = ModelCheckpoint(dirpath=tmp_path / "ckpts", filename="{step}", save_top_k=-1, **checkpoint)
+    trainer(tmp_path, plugins=[plugin], callbacks=[callback], **fit).fit(model(), datamodule=TinyData())
+    assert plugin.ending == [False, False, True]
+    assert plugin.writer.policy.run_ending  # until the next fit's setup
+    again = ModelCheckpoint(dirpath=tmp_path / "again", filename="{step}", save_top_k=-1, **checkpoint)
+    trainer(tmp_path, plugins=[plugin], callbacks=[again], **fit).fit(model(), datamodule=TinyData())
+    assert plugin.ending[3:] == [False, False, True]
+
+
 def test_load_from_checkpoint_is_bit_exact(tmp_path: Path) -> None:
     t = trainer(
         tmp_path, plugins=[NvcompCheckpointIO(codec="zstd", probe_mb=4)], callbacks=[every_epoch(tmp_path / "ckpts")]

@@ -181,7 +181,10 @@ class SavingsLogging:
     is written. After the first training batch (the optimizer state exists by then) it starts pinning, on a thread
     of its own, the host memory the first save will copy the GPU state's coded bytes into (for async saves as much
     as that state's bytes, for streamed sync saves two slabs; within
-    :class:`~lightning_nvcomp.codec.pinned.PinnedPool`'s limit), so the first save does not wait for it."""
+    :class:`~lightning_nvcomp.codec.pinned.PinnedPool`'s limit), so the first save does not wait for it. At the fit's
+    last step (``max_steps``) or the last batch of its last epoch (``max_epochs``), before the checkpoints of that
+    point are saved, it tells ``auto`` that the run ends after them (:attr:`~lightning_nvcomp.policy.CodecPolicy.run_ending`):
+    the fit waits for their writes."""
 
     def __init__(self) -> None:
         self.sources: list[Any] = []
@@ -204,6 +207,12 @@ class SavingsLogging:
             source.logger_attached = True
             source.console = _console(trainer)
             source.savings.world_size = trainer.world_size
+        self._policies_ending(False)
+
+    def _policies_ending(self, ending: bool) -> None:
+        for source in self.sources:
+            if isinstance(source, NvcompCheckpointIO):  # sharded saves are synchronous: they wait for their writes
+                source.writer.policy.run_ending = ending
 
     def _flush(self, trainer: Any) -> None:
         for source in self.sources:
@@ -217,6 +226,7 @@ class SavingsLogging:
             if self.sources and torch.cuda.is_available():
                 self._pin_ahead(trainer)
         self._flush(trainer)
+        self._policies_ending(_fit_ends_here(trainer))
 
     def _pin_ahead(self, trainer: Any) -> None:
         """Start pinning what the first save will copy into: an async save holds its whole coded snapshot in the
@@ -227,14 +237,30 @@ class SavingsLogging:
 
     def on_train_epoch_end(self, trainer: Any, *args: Any) -> None:
         self._flush(trainer)
+        self._policies_ending(_fit_ends_here(trainer))
 
     def on_validation_end(self, trainer: Any, *args: Any) -> None:
         self._flush(trainer)
+        self._policies_ending(_fit_ends_here(trainer))
+
+    def on_train_end(self, trainer: Any, *args: Any) -> None:
+        self._policies_ending(True)  # ModelCheckpoint's save_last may still save, after this
 
     def on_fit_end(self, trainer: Any, *args: Any) -> None:
         for source in self.sources:
             source.wait()  # the last background save's metrics
         self._flush(trainer)
+
+
+def _fit_ends_here(trainer: Any) -> bool:
+    """Whether the fit ends after the checkpoints saved at this point: its last optimizer step, or the last batch of
+    its last epoch (Lightning's checkpoint callbacks run after ours, so they save after this is known)."""
+    if trainer.sanity_checking:
+        return False
+    if trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step:
+        return True
+    last_epoch = trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch + 1
+    return last_epoch and bool(trainer.is_last_batch)
 
 
 def _console(trainer: Any) -> Callable[[str], None]:
