@@ -117,8 +117,8 @@ class PinnedPool:
         while True:
             with self._growing:
                 with self._lock:
-                    free = sum(s.memory.numel() for s in self._slabs if not s.live and s is not self._open)
-                    if self._open is not None:
+                    free = sum(s.memory.numel() for s in self._slabs if not s.live)  # the open one too: cut afresh
+                    if self._open is not None and self._open.live:
                         free += self._open.room
                     if free >= nbytes or self.nbytes + self.slab_nbytes > self.limit:
                         return
@@ -160,7 +160,9 @@ class PinnedPool:
         """The slab ``need`` bytes were cut from and where in it (its top moved past them), or None when none has
         room. Called holding the lock."""
         slab = self._open
-        if slab is None or slab.room < need:
+        # An open slab nothing lives in any more is cut afresh (from its start), not on from its top: else a save
+        # the size of the last one finds the pool a slab short and pins one while it runs (round 11, call 7).
+        if slab is None or slab.room < need or not slab.live:
             free = [s for s in self._slabs if not s.live and s.memory.numel() >= need]
             if not free:
                 return None
