@@ -632,6 +632,21 @@ def test_raw_batches_are_copied_once_and_never_alias_their_buffers(sizes):
     assert_batch_matches_encoder(expected, torch.uint8, "raw")
 
 
+def test_cpu_batches_share_a_plane_buffer_yet_keep_their_own_bytes():
+    """CPU batches split their planes into one buffer per thread, reused: the records of one batch (raw planes
+    among them) must still decode to their bytes after later batches of other data and dtypes were coded."""
+    first = [tensor_bytes(trained_like(n, torch.float32, seed)) for seed, n in enumerate([50_000, 3, 20_000])]
+    coded = batch.encode_batch(first, torch.float32, "zstd")
+    for seed in range(3):
+        later = [tensor_bytes(trained_like(60_000, dtype, 10 + seed)) for dtype in (torch.float32, torch.bfloat16)]
+        batch.encode_batch(later[:1], torch.float32, "zstd")
+        batch.encode_batch(later[1:], torch.bfloat16, "zstd")
+    assert any(c == "raw" for coding, _ in coded for c in coding.layout.codecs)  # chunks packed from the planes
+    for data, (coding, segments) in zip(first, coded):
+        meta = record.describe(coding, [n for s in segments for n in s.sizes], [s.crc for s in segments])
+        assert torch.equal(record.decode([s.blob for s in segments], meta), data)
+
+
 def test_encode_batch_refuses_buffers_larger_than_a_segment():
     with pytest.raises(ValueError, match="at most"):
         batch.encode_batch([torch.zeros(engines.CPU_SEGMENT_NBYTES + 64, dtype=torch.uint8)], torch.uint8, "zstd")

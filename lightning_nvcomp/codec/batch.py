@@ -6,6 +6,7 @@ per record. What the items of a DCP checkpoint are coded and read with."""
 from __future__ import annotations
 
 import itertools
+import threading
 
 import numpy as np
 import torch
@@ -30,6 +31,10 @@ from lightning_nvcomp.resources import shared
 
 #: Every buffer's planes (encode) and every record's bytes (decode) start at a multiple of this many bytes.
 _BATCH_ALIGN = 64
+#: Each coding thread's plane buffer on the CPU, kept from batch to batch (at most a batch's bytes, padded): fresh
+#: memory pays its page faults at every batch, 0.08 s of a 0.85 s ``dcp.save`` of 238 MB on a 2-core VM (round 11).
+#: Nothing outlives :func:`_coded` in it: chunks kept raw are copied out by :func:`_pack`.
+_scratch = threading.local()
 
 
 def encode_batch(
@@ -136,7 +141,10 @@ def _planes(datas: list[torch.Tensor], columns: list[int], width: int, work: str
     plane columns each; the columns past its own bytes are left uninitialised: no chunk covers them)."""
     total = sum(columns)
     if work == "cpu":  # numpy: a transposing copy per buffer, straight into its columns (no concatenation)
-        out = np.empty((width, total), dtype=np.uint8)
+        kept = getattr(_scratch, "planes", None)
+        if kept is None or kept.size < width * total:
+            kept = _scratch.planes = np.empty(width * total, dtype=np.uint8)
+        out = kept[: width * total].reshape(width, total)
         column = 0
         for d, n in zip(datas, columns):
             if d.numel():
