@@ -16,7 +16,7 @@ for line in open(sys.argv[1]):
     stack, count = line.rsplit(" ", 1)
     frames = stack.split(";")
     found = re.search(r": (\S+?)(_\d+)?$", frames[0])
-    thread = found.group(1) if found else "unnamed"
+    thread = found.group(1) if found else "MainThread"  # before py-spy learnt its name
     if thread == "MainThread" and not any(re.search(sys.argv[2], f) for f in frames):
         continue
     state = "waiting" if any(w in frames[-1] for w in WAITS) else "busy"
