@@ -342,7 +342,8 @@ class CodecPolicy:
         """The chosen codec's prediction and every candidate's, for saving ``tensors`` into ``directory``."""
         raw = sum(t.numel() * t.element_size() for t in tensors)
         gbps = self.write_gbps(directory, raw)  # a first probe no larger than this checkpoint
-        interval = 0.0 if self.run_ending else self.interval
+        # A sync save waits for its write anyway: the run's end changes nothing in its prediction (nor its tie).
+        interval = 0.0 if self.run_ending and self.mode == "async" else self.interval
         predictions = [predict(raw, p, gbps, self.mode, interval, self.slowdown) for p in self.profiles(tensors)]
         # Until the interval is known, an async save's write is predicted to end before the next save (as if the
         # interval were endless): so is its tie tolerance, else a GPU coder's few ms lose the first save to `none`.

@@ -301,6 +301,11 @@ def test_the_runs_last_async_save_is_decided_by_its_time_to_be_written():
     chosen, predictions = policy.decide(t, ".")
     assert chosen.codec == "ans" and chosen.blocked_s == pytest.approx(3 / 25 + 3 / 1.2 / 1.3)
     assert next(p for p in predictions if p.codec == "none").blocked_s == pytest.approx(3 / 50 + 3 / 1.3)
+    sync = CodecPolicy(interval_s=5.0, write_gbps=50.0, profiles=[CodecProfile("zstd", 1.2, 0.25), NONE])
+    small = [torch.empty(3 * 10**6, dtype=torch.float32, device="meta")]  # zstd 48 ms against none's 0.24 ms
+    ending = CodecPolicy(interval_s=5.0, write_gbps=50.0, profiles=[CodecProfile("zstd", 1.2, 0.25), NONE])
+    ending.run_ending = True  # a sync save waits for its write anyway: the same prediction and tie (0.05 s of 5 s)
+    assert sync.decide(small, ".")[0] == ending.decide(small, ".")[0] and sync.last_decision[0].codec == "zstd"
     close = CodecPolicy(mode="async", write_gbps=1.0, profiles=[CodecProfile("zstd", 1.05, math.inf), NONE])
     close.run_ending = True  # none within 10% and due for a retry at decision 10: not at the run's end
     assert {close.decide(t, ".")[0].codec for _ in range(12)} == {"zstd"}
