@@ -599,3 +599,22 @@ def _tensorboard_scalars_all(logdir: Path) -> dict[str, list]:
         for tag in acc.Tags()["scalars"]:
             out.setdefault(tag, []).extend(acc.Scalars(tag))
     return out
+
+
+def test_an_async_save_told_the_run_ends_counts_its_write_in_full(tmp_path):
+    """Accelerate has no fit whose end the savings callback could see: ``writer.policy.run_ending`` set before the
+    run's last ``save_state`` makes auto decide it by its time to be written (the run waits for that write), where an
+    earlier async save, with no interval known yet, is taken to write behind training."""
+    run = R.build(seed=16)
+    attachment = attach(run.accelerator, codec="auto", async_save=True, probe_mb=4)
+    try:
+        run.accelerator.save_state(str(tmp_path / "first"))
+        early = attachment.writer.policy.last_decision[0]
+        attachment.writer.policy.run_ending = True
+        run.accelerator.save_state(str(tmp_path / "last"))
+        last = attachment.writer.policy.last_decision[0]
+        attachment.writer.wait()
+    finally:
+        attachment.detach()
+    assert early.write_s > 0 and early.blocked_s == pytest.approx(early.encode_s)
+    assert last.write_s > 0 and last.blocked_s == pytest.approx(last.encode_s + last.write_s)
