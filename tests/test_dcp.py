@@ -477,9 +477,9 @@ def test_writer_takes_the_runs_save_options(tmp_path):
 def test_reader_windows_reuse_their_buffers_bit_exactly(tmp_path, monkeypatch, window):
     """Data files are read in windows into two reused buffers (one item alone where it is larger): whatever the
     window, every item loads bit-exactly."""
-    from lightning_nvcomp.integrations.dcp import reader
+    from lightning_nvcomp.integrations.dcp import read_windows
 
-    monkeypatch.setattr(reader, "WINDOW_NBYTES", window)
+    monkeypatch.setattr(read_windows, "WINDOW_NBYTES", window)
     state = {f"t{i}": trained_like(500 * (i + 1), torch.float32, i) for i in range(12)} | _state()
     dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))
     for _ in range(2):
@@ -494,9 +494,9 @@ def test_the_planner_is_told_of_each_cpu_target_once_it_is_filled(tmp_path, monk
     whole), the windows many and small so that fills run behind."""
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-    from lightning_nvcomp.integrations.dcp import reader
+    from lightning_nvcomp.integrations.dcp import read_windows
 
-    monkeypatch.setattr(reader, "WINDOW_NBYTES", 4096)
+    monkeypatch.setattr(read_windows, "WINDOW_NBYTES", 4096)
     state = {f"t{i}": trained_like(3000 + 500 * i, torch.float32, i) for i in range(16)} | _state(3)
     dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))
     committed: list[str] = []
