@@ -43,8 +43,8 @@ log = logging.getLogger(__name__)
 EMA_WEIGHT = 0.8
 #: Weight of a real save's ratio and coding time in its codec's profile: a calibration that was wrong is mostly
 #: corrected by the next save (80%) and within 4% of its error by the one after. A run's first save pays one-off costs
-#: whichever codec makes it (CUDA kernels loaded at their first launch, the allocators' first growth: 0.3-0.5 s for
-#: 3 GB on the H200, round 11), so its coding time only corrects a calibration that was too slow.
+#: whichever codec makes it (0.3-0.5 s more for 3 GB on the H200, with gANS and raw alike, none of it pinning or CUDA
+#: allocation: round 11), so its coding time only corrects a calibration that was too slow.
 PROFILE_WEIGHT = 0.8
 #: A runner-up predicted within this fraction of the chosen codec's blocked time is tried, once, at the next
 #: decision when no real save has measured it yet, else when it has not been used for :data:`RETRY_EVERY` decisions:
@@ -292,10 +292,10 @@ class CodecPolicy:
             w = PROFILE_WEIGHT
             ratio = (1 - w) * old.ratio + w * raw_nbytes / stored_nbytes
             # In seconds per byte, where an instant coder (none on the CPU: inf GB/s) is 0.
-            measured = max(encode_s, 0.0) / raw_nbytes
+            calibrated, measured = 1 / (old.encode_gbps * 1e9), max(encode_s, 0.0) / raw_nbytes
             if first:
-                measured = min(measured, 1 / (old.encode_gbps * 1e9))
-            per_byte = (1 - w) / (old.encode_gbps * 1e9) + w * measured
+                measured = min(measured, calibrated)
+            per_byte = (1 - w) * calibrated + w * measured
             gbps = 1 / per_byte / 1e9 if per_byte > 0 else math.inf
             profiles[i] = CodecProfile(codec, ratio, gbps)
             if abs(ratio / old.ratio - 1) > 0.1 or (

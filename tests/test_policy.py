@@ -251,7 +251,8 @@ def test_cpu_state_candidates(tmp_path):
 
 def test_a_wrong_calibration_corrects_itself_within_two_saves(tmp_path):
     """zstd calibrated 300x too fast: auto picks it on a fast disk; the real saves' coding time corrects the profile,
-    and the next decision is the right one (none), after one save here and at most two."""
+    and the decision after the second is the right one (none): a run's first save only corrects a calibration that
+    was too slow (it pays the run's one-off costs), the second corrects this one."""
     from conftest import trained_like
 
     wrong = [CodecProfile("zstd", 1.15, 100.0), CodecProfile("none", 1.0, math.inf)]

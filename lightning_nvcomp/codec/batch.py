@@ -32,7 +32,7 @@ from lightning_nvcomp.resources import shared
 #: Every buffer's planes (encode) and every record's bytes (decode) start at a multiple of this many bytes.
 _BATCH_ALIGN = 64
 #: Each coding thread's plane buffer on the CPU, kept from batch to batch (at most a batch's bytes, padded): fresh
-#: memory pays its page faults at every batch, 0.08 s of a 0.85 s ``dcp.save`` of 238 MB on a 2-core VM (round 11).
+#: memory pays its page faults at every batch, 0.04-0.09 s of a 0.85 s ``dcp.save`` of 238 MB on a 2-core VM (round 11).
 #: Nothing outlives :func:`_coded` in it: chunks kept raw are copied out by :func:`_pack`.
 _scratch = threading.local()
 
