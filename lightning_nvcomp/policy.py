@@ -300,7 +300,9 @@ class CodecPolicy:
         codec alike. That excess, learnt with the same weight, is added to the codecs no real save has measured
         yet (see :meth:`decide`): else the codec measured looks slower than one only calibrated, and auto tries the
         other for no reason (on a 2-core CPU a real zstd save ran at 0.19-0.26 GB/s against 1.0-1.1 calibrated, a
-        `none` save took 0.07-0.23 s against 0 predicted: round 11)."""
+        `none` save took 0.07-0.23 s against 0 predicted: round 11). Sync saves of GPU state teach none: their
+        coding may wait for writes to free the pinned memory it codes into.
+        """
         key = self._last_key
         profiles = self._profiles.get(key) if key is not None else None
         if key is None or not profiles or raw_nbytes <= 0 or stored_nbytes <= 0:
@@ -315,7 +317,7 @@ class CodecPolicy:
             calibrated, measured = _per_byte(old.encode_gbps), max(encode_s, 0.0) / raw_nbytes
             if first:
                 measured = min(measured, calibrated)
-            else:
+            elif self.mode == "async" or not str(key[0]).startswith("cuda"):
                 excess = measured - _per_byte(self._calibrated[key][codec].encode_gbps)
                 self._excess[key] = (1 - w) * self._excess.get(key, 0.0) + w * excess
             self._measured.add(codec)
@@ -350,6 +352,12 @@ class CodecPolicy:
         if self._last_start is not None:
             self.observe_interval(now - self._last_start)
         self._last_start = now
+
+    def run_started(self, now: float | None = None) -> None:
+        """Note that a run (a fit) starts (``now``: its ``time.perf_counter()``): the interval to its first save is
+        counted from here, so that the first save is decided knowing about how far apart saves come (the Lightning
+        savings callback calls this at the fit's start; until then the first interval is unknown)."""
+        self._last_start = time.perf_counter() if now is None else now
 
     def observe_interval(self, seconds: float) -> None:
         """Fold the seconds between the starts of two saves into the interval the predictions use (unless one was

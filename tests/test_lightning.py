@@ -266,15 +266,18 @@ def test_auto_codec(tmp_path: Path) -> None:
 
 
 class RecordsRunEnding(NvcompCheckpointIO):
-    """Our checkpoint IO, noting at each save whether auto has been told that the fit ends after it."""
+    """Our checkpoint IO, noting at each save whether auto has been told that the fit ends after it, and the
+    interval between saves auto knew of once it had decided."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.ending: list[bool] = []
+        self.intervals: list[float | None] = []
 
     def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
         self.ending.append(self.writer.policy.run_ending)
         super().save_checkpoint(checkpoint, path, storage_options)
+        self.intervals.append(self.writer.policy.interval)
 
 
 @pytest.mark.parametrize(
@@ -287,11 +290,14 @@ class RecordsRunEnding(NvcompCheckpointIO):
 )
 def test_auto_is_told_which_checkpoints_end_the_fit(tmp_path: Path, fit: dict, checkpoint: dict) -> None:
     """The fit waits for its last checkpoint's write: only that save is decided as the run's end (its async write
-    counted in full), the earlier ones by what training waits for; a second fit starts over."""
+    counted in full), the earlier ones by what training waits for; a second fit starts over. The first save is
+    decided knowing the interval since the fit's start."""
     plugin = RecordsRunEnding(codec="auto", async_save=True, probe_mb=4)
     callback = ModelCheckpoint(dirpath=tmp_path / "ckpts", filename="{step}", save_top_k=-1, **checkpoint)
+    begin = time.perf_counter()
     trainer(tmp_path, plugins=[plugin], callbacks=[callback], **fit).fit(model(), datamodule=TinyData())
     assert plugin.ending == [False, False, True]
+    assert plugin.intervals[0] is not None and 0 < plugin.intervals[0] < time.perf_counter() - begin
     assert plugin.writer.policy.run_ending  # until the next fit's setup
     again = ModelCheckpoint(dirpath=tmp_path / "again", filename="{step}", save_top_k=-1, **checkpoint)
     trainer(tmp_path, plugins=[plugin], callbacks=[again], **fit).fit(model(), datamodule=TinyData())

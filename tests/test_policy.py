@@ -321,6 +321,25 @@ def test_calibration_samples_a_share_of_the_state_sized_to_it():
     assert sum(s.numel() for s in sample_state(large)[torch.bfloat16]) == 10 << 20  # an eighth of 80 MiB
 
 
+def test_the_interval_to_a_runs_first_save_counts_from_the_runs_start():
+    """Round 12 on a 2-core CPU (58 MB, tmpfs, a save every 3-4 s): before any interval was known, zstd's predicted
+    84 ms tied with `none`'s 0 ms (0.1 s), and the smaller file won; the first zstd save blocked 0.24-0.32 s against
+    0.07 s. Counted from the fit's start, the interval makes the tie 1% of it."""
+    raw = 58_000_000
+    t = [torch.empty(raw // 4, dtype=torch.float32, device="meta")]
+    profiles = [CodecProfile("zstd", 1.2, 0.7), NONE]
+    unknown = CodecPolicy(mode="async", write_gbps=3.0, profiles=profiles)
+    unknown.save_started(100.0)
+    assert unknown.interval is None and unknown.decide(t, ".")[0].codec == "zstd"
+    started = CodecPolicy(mode="async", write_gbps=3.0, profiles=profiles)
+    started.run_started(96.0)
+    started.save_started(100.0)
+    assert started.interval == 4.0 and started.decide(t, ".")[0].codec == "none"
+    started.run_started(200.0)  # a second fit: its first interval counts from its own start
+    started.save_started(203.0)
+    assert started.interval == pytest.approx(0.5 * 4.0 + 0.5 * 3.0)
+
+
 def test_the_runs_last_async_save_is_decided_by_its_time_to_be_written():
     """Round 11's fit (3 GB every 5 s, 1.3 GB/s disk): raw saves block 0.06 s less than gANS's 0.12 s, so auto
     stored them raw, and the fit's end then waited 0.8 s longer for the last, 1.2x larger write. Told that the run

@@ -184,7 +184,8 @@ class SavingsLogging:
     :class:`~lightning_nvcomp.codec.pinned.PinnedPool`'s limit), so the first save does not wait for it. At the fit's
     last step (``max_steps``) or the last batch of its last epoch (``max_epochs``), before the checkpoints of that
     point are saved, it tells ``auto`` that the run ends after them (:attr:`~lightning_nvcomp.policy.CodecPolicy.run_ending`):
-    the fit waits for their writes."""
+    the fit waits for their writes. And at the fit's start it tells ``auto`` to count the interval to the first save
+    from there (:meth:`~lightning_nvcomp.policy.CodecPolicy.run_started`)."""
 
     def __init__(self) -> None:
         self.sources: list[Any] = []
@@ -213,6 +214,11 @@ class SavingsLogging:
         for source in self.sources:
             if isinstance(source, NvcompCheckpointIO):  # sharded saves are synchronous: they wait for their writes
                 source.writer.policy.run_ending = ending
+
+    def on_train_start(self, trainer: Any, *args: Any) -> None:
+        for source in self.sources:
+            if isinstance(source, NvcompCheckpointIO):
+                source.writer.policy.run_started()
 
     def _flush(self, trainer: Any) -> None:
         for source in self.sources:
