@@ -185,6 +185,7 @@ class CodecPolicy:
         self._decisions = 0
         self._used: dict[str, int] = {}  # codec -> the number of the last decision that chose it
         self._measured: set[str] = set()  # codecs a real save has refined (observe_save)
+        self._learnt: set[str] = set()  # those a save after the run's first has (its first may only speed them up)
         # By calibration key: the calibration as measured (not refined), and what real saves took per raw byte beyond
         # their codec's calibration (see observe_save).
         self._calibrated: dict[tuple, dict[str, CodecProfile]] = {}
@@ -213,7 +214,8 @@ class CodecPolicy:
         )
         other._bandwidth, other._profiles, other._assumed = self._bandwidth, self._profiles, self._assumed
         # the profiles they refine are shared, and so is what refined them
-        other._measured, other._calibrated, other._excess = self._measured, self._calibrated, self._excess
+        other._measured, other._learnt = self._measured, self._learnt
+        other._calibrated, other._excess = self._calibrated, self._excess
         other._observed_interval, other.slowdown = self._observed_interval, self.slowdown
         return other
 
@@ -297,8 +299,8 @@ class CodecPolicy:
 
         Every real save but the run's first also says how far real saves run past the calibration, which times the
         codec alone: the save's own work (the checkpoint's structure, its checksums, the snapshot) costs every
-        codec alike. That excess, learnt with the same weight, is added to the codecs no real save has measured
-        yet (see :meth:`decide`): else the codec measured looks slower than one only calibrated, and auto tries the
+        codec alike. That excess, learnt with the same weight, is added to the codecs no real save after the run's
+        first has measured yet (see :meth:`decide`): else the codec measured looks slower than one only calibrated, and auto tries the
         other for no reason (on a 2-core CPU a real zstd save ran at 0.19-0.26 GB/s against 1.0-1.1 calibrated, a
         `none` save took 0.07-0.23 s against 0 predicted: round 11). Sync saves of GPU state teach none: their
         coding may wait for writes to free the pinned memory it codes into.
@@ -321,6 +323,8 @@ class CodecPolicy:
                 excess = measured - _per_byte(self._calibrated[key][codec].encode_gbps)
                 self._excess[key] = (1 - w) * self._excess.get(key, 0.0) + w * excess
             self._measured.add(codec)
+            if not first:
+                self._learnt.add(codec)
             per_byte = (1 - w) * calibrated + w * measured
             gbps = 1 / per_byte / 1e9 if per_byte > 0 else math.inf
             profiles[i] = CodecProfile(codec, ratio, gbps)
@@ -337,10 +341,11 @@ class CodecPolicy:
                 )
 
     def _expected(self, profile: CodecProfile) -> CodecProfile:
-        """``profile`` as a real save would measure it: a codec no real save has measured yet gets the excess real
-        saves showed over their calibration (see :meth:`observe_save`)."""
+        """``profile`` as a real save would measure it: a codec no real save but the run's first has measured yet
+        (that one only corrects a calibration too slow) gets the excess real saves showed over their calibration
+        (see :meth:`observe_save`)."""
         excess = self._excess.get(self._last_key, 0.0) if self._last_key is not None else 0.0
-        if profile.codec in self._measured or excess == 0:
+        if profile.codec in self._learnt or excess == 0:
             return profile
         per_byte = max(0.0, _per_byte(profile.encode_gbps) + excess)
         return replace(profile, encode_gbps=1 / per_byte / 1e9 if per_byte > 0 else math.inf)
