@@ -30,7 +30,9 @@ segment = one.segments[0]
 sizes = [n for s in one.segments for n in s.sizes]
 meta = records.describe(one.coding, sizes, [s.crc for s in one.segments], storages=[[0, one.raw_nbytes]], device="cpu")
 placement = Placement(0, 0, one.shape, (1,), False, False, one.name)
-pickled = items._pickled_call([_StoredBlob("0", segment.blob.numel())], (meta, *placement, tensor_check(meta, *placement)))
+pickled = items._pickled_call(
+    [_StoredBlob("0", segment.blob.numel())], (meta, *placement, tensor_check(meta, *placement))
+)
 
 
 def us(fn, n=20000):  # noqa: ANN001
@@ -42,7 +44,9 @@ def all_items():
         items.write_tensor(ArchiveWriter(Discard()), c, sid)
 
 
-print(f"{'write_tensor, 2000 distinct items':36} {min(timeit.repeat(all_items, number=1, repeat=5)) / len(coded) * 1e6:6.2f} us")
+print(
+    f"{'write_tensor, 2000 distinct items':36} {min(timeit.repeat(all_items, number=1, repeat=5)) / len(coded) * 1e6:6.2f} us"
+)
 print(f"{'write_tensor, one item':36} {us(lambda: items.write_tensor(ArchiveWriter(Discard()), one, sid)):6.2f} us")
 parts = {
     "torch.save's records (cached)": lambda: ArchiveWriter(Discard()).add_torch_metadata(sid),
