@@ -51,8 +51,7 @@ PROFILE_WEIGHT = 0.8
 #: its profile is refined by a real save too (only used codecs are), so that a close call is decided on real saves.
 RETRY_CLOSE = 0.10
 RETRY_EVERY = 10
-#: Writes smaller than this do not refine the estimate: their time is mostly fsync latency, not bandwidth. Unless the
-#: probe was sized to a smaller checkpoint: then writes of half its size do (they pay what its saves will pay).
+#: Writes smaller than this do not refine the estimate: their time is mostly fsync latency, not bandwidth.
 MIN_OBSERVED_NBYTES = 64 << 20
 #: Predicted losses within TIE_FRACTION of the least, or within TIE_S when that is at most TIE_INTERVAL_FRACTION of
 #: the interval between saves, are a tie (the model is not more precise than that): won by the smaller file, then
@@ -177,7 +176,6 @@ class CodecPolicy:
         self._fixed_gbps = write_gbps
         self._bandwidth: dict[Hashable, float] = {}  # by file system or bucket (StorageBackend.bandwidth_key)
         self._assumed: set[Hashable] = set()  # those whose bandwidth is FALLBACK_GBPS, not measured
-        self._probed_for: dict[Hashable, int] = {}  # the checkpoint size each probe was sized to, where known
         self._fixed_profiles = profiles
         self.collective, self.per_tensor = collective, per_tensor
         self._profiles: dict[tuple, list[CodecProfile]] = {}
@@ -215,7 +213,6 @@ class CodecPolicy:
             self.remote,
         )
         other._bandwidth, other._profiles, other._assumed = self._bandwidth, self._profiles, self._assumed
-        other._probed_for = self._probed_for
         # the profiles they refine are shared, and so is what refined them
         other._measured, other._learnt = self._measured, self._learnt
         other._calibrated, other._excess = self._calibrated, self._excess
@@ -238,8 +235,6 @@ class CodecPolicy:
         key = storage.bandwidth_key(directory)
         if key not in self._bandwidth:
             measured = measure_bandwidth(directory, self.probe_nbytes, storage, self.collective, raw_nbytes)
-            if raw_nbytes is not None:
-                self._probed_for[key] = raw_nbytes
             if measured is None:
                 self._assumed.add(key)
             self._bandwidth[key] = FALLBACK_GBPS if measured is None else measured
@@ -263,10 +258,8 @@ class CodecPolicy:
 
     def observe_write(self, directory: str, nbytes: int, seconds: float) -> None:
         """Fold a real checkpoint write into the bandwidth estimate of ``directory``'s file system: into the moving
-        average when it is large enough to tell (``MIN_OBSERVED_NBYTES``, or half the checkpoint a smaller probe was
-        sized to: on a 2-core VM a 58 MB state's probe, never refined, once predicted its raw saves write-bound at
-        0.21 s against zstd's 0.18 s, and zstd, 0.23-0.53 s real, was chosen for good); in place of an assumed
-        bandwidth (:data:`FALLBACK_GBPS`) whatever its size, since any measurement beats an assumption."""
+        average when it is large enough to tell (``MIN_OBSERVED_NBYTES``); in place of an assumed bandwidth
+        (:data:`FALLBACK_GBPS`) whatever its size, since any measurement beats an assumption."""
         key = self._key(directory)
         if seconds <= 0 or key not in self._bandwidth:
             return
@@ -274,7 +267,7 @@ class CodecPolicy:
             if nbytes > 0:
                 self._bandwidth[key] = nbytes / seconds / 1e9
                 self._assumed.discard(key)
-        elif nbytes >= min(MIN_OBSERVED_NBYTES, self._probed_for.get(key, MIN_OBSERVED_NBYTES) // 2):
+        elif nbytes >= MIN_OBSERVED_NBYTES:
             self._bandwidth[key] = (1 - EMA_WEIGHT) * self._bandwidth[key] + EMA_WEIGHT * nbytes / seconds / 1e9
 
     def profiles(self, tensors: list[torch.Tensor]) -> list[CodecProfile]:

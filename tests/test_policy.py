@@ -78,21 +78,6 @@ def test_policy_caches_the_probe_and_follows_real_writes(tmp_path):
     assert policy.write_gbps(str(tmp_path)) == pytest.approx((1 - EMA_WEIGHT) * first + EMA_WEIGHT * 10)
 
 
-def test_a_probe_sized_to_a_small_checkpoint_is_refined_by_its_writes(tmp_path):
-    """A 58 MB state's probe (round 12, 2-core VM) is as small as its writes: they refine it, where writes under
-    64 MiB refine a probe sized to a larger checkpoint (or to none) no more."""
-    policy = CodecPolicy(probe_nbytes=2 << 20, storage=ThrottledStorage(1e9))
-    probed = policy.write_gbps(str(tmp_path), raw_nbytes=2 << 20)
-    policy.observe_write(str(tmp_path), 1 << 20, (1 << 20) / 0.1e9)  # half the checkpoint, at 0.1 GB/s
-    assert policy.write_gbps(str(tmp_path)) == pytest.approx((1 - EMA_WEIGHT) * probed + EMA_WEIGHT * 0.1)
-    policy.observe_write(str(tmp_path), (1 << 20) - 1, 10.0)  # less than half: mostly its fsync's latency
-    assert policy.write_gbps(str(tmp_path)) == pytest.approx((1 - EMA_WEIGHT) * probed + EMA_WEIGHT * 0.1)
-    large = CodecPolicy(probe_nbytes=2 << 20, storage=ThrottledStorage(1e9))
-    first = large.write_gbps(str(tmp_path), raw_nbytes=3 * GB)
-    large.observe_write(str(tmp_path), 32 << 20, 10.0)
-    assert large.write_gbps(str(tmp_path)) == first
-
-
 def test_a_wrong_probe_is_corrected_within_two_real_writes(tmp_path):
     # The probe ran at 5x the rate real writes get (a burst allowance of a throttle, a cache in front of the disk).
     policy = CodecPolicy(probe_nbytes=2 << 20, storage=ThrottledStorage(1e9))
