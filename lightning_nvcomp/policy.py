@@ -70,6 +70,11 @@ def _per_byte(gbps: float) -> float:
     return 1 / (gbps * 1e9) if math.isfinite(gbps) else 0.0
 
 
+def _gbps(per_byte: float) -> float:
+    """The throughput in GB/s of ``per_byte`` seconds per byte (inf for 0)."""
+    return 1 / per_byte / 1e9 if per_byte > 0 else math.inf
+
+
 @dataclass(frozen=True)
 class Prediction:
     """Predicted cost of one save with one codec (seconds): ``blocked_s`` is the training time it loses (the save
@@ -274,8 +279,7 @@ class CodecPolicy:
         """Codec calibration on a sample of ``tensors`` (cached per device and dtypes)."""
         if self._fixed_profiles is not None:
             key: tuple = ("given",)
-            if key not in self._profiles:
-                self._profiles[key] = list(self._fixed_profiles)
+            self._profiles.setdefault(key, list(self._fixed_profiles))
         else:
             device = bulk_device(tensors)
             tensors = [t for t in tensors if t.device == device]  # e.g. AdamW's CPU step counters: too small to matter
@@ -300,11 +304,9 @@ class CodecPolicy:
         Every real save but the run's first also says how far real saves run past the calibration, which times the
         codec alone: the save's own work (the checkpoint's structure, its checksums, the snapshot) costs every
         codec alike. That excess, learnt with the same weight, is added to the codecs no real save after the run's
-        first has measured yet (see :meth:`decide`): else the codec measured looks slower than one only calibrated, and auto tries the
-        other for no reason (on a 2-core CPU a real zstd save ran at 0.19-0.26 GB/s against 1.0-1.1 calibrated, a
-        `none` save took 0.07-0.23 s against 0 predicted: round 11). Sync saves of GPU state teach none: their
-        coding may wait for writes to free the pinned memory it codes into.
-        """
+        first has measured yet (see :meth:`decide`): else the codec measured looks slower than one only calibrated,
+        and auto tries the other for no reason (on a 2-core CPU a real zstd save ran at 0.19-0.26 GB/s against
+        1.0-1.1 calibrated, a `none` save took 0.07-0.23 s against 0 predicted: round 11)."""
         key = self._last_key
         profiles = self._profiles.get(key) if key is not None else None
         if key is None or not profiles or raw_nbytes <= 0 or stored_nbytes <= 0:
@@ -319,14 +321,12 @@ class CodecPolicy:
             calibrated, measured = _per_byte(old.encode_gbps), max(encode_s, 0.0) / raw_nbytes
             if first:
                 measured = min(measured, calibrated)
-            elif self.mode == "async" or not str(key[0]).startswith("cuda"):
+            else:
                 excess = measured - _per_byte(self._calibrated[key][codec].encode_gbps)
                 self._excess[key] = (1 - w) * self._excess.get(key, 0.0) + w * excess
-            self._measured.add(codec)
-            if not first:
                 self._learnt.add(codec)
-            per_byte = (1 - w) * calibrated + w * measured
-            gbps = 1 / per_byte / 1e9 if per_byte > 0 else math.inf
+            self._measured.add(codec)
+            gbps = _gbps((1 - w) * calibrated + w * measured)
             profiles[i] = CodecProfile(codec, ratio, gbps)
             if abs(ratio / old.ratio - 1) > 0.1 or (
                 math.isfinite(old.encode_gbps) and not 0.5 < gbps / old.encode_gbps < 2
@@ -347,8 +347,7 @@ class CodecPolicy:
         excess = self._excess.get(self._last_key, 0.0) if self._last_key is not None else 0.0
         if profile.codec in self._learnt or excess == 0:
             return profile
-        per_byte = max(0.0, _per_byte(profile.encode_gbps) + excess)
-        return replace(profile, encode_gbps=1 / per_byte / 1e9 if per_byte > 0 else math.inf)
+        return replace(profile, encode_gbps=_gbps(_per_byte(profile.encode_gbps) + excess))
 
     def save_started(self, now: float | None = None) -> None:
         """Note that a checkpoint's save starts (``now``: its ``time.perf_counter()``): the seconds since the previous
