@@ -19,7 +19,8 @@ from lightning_nvcomp import saving, telemetry
 from lightning_nvcomp.baseline import Baseline
 from lightning_nvcomp.locations import StorageBackend, is_url, storage_for
 from lightning_nvcomp.options import Codec, Durability, SaveOptions
-from lightning_nvcomp.policy import CodecPolicy, Prediction
+from lightning_nvcomp.policy import CodecPolicy
+from lightning_nvcomp.prediction import Prediction
 from lightning_nvcomp.resources import collector_paused
 from lightning_nvcomp.stats import SaveStats, ratio
 from lightning_nvcomp.steps import StepTimer

@@ -1,22 +1,6 @@
-"""What ``codec="auto"`` means: measure the storage and the codecs, predict each codec's save time, pick the fastest.
-
-The model (see README "Choosing the codec"): a save of ``R`` raw bytes with a codec of ratio ``r`` and encode
-throughput ``E`` to storage that takes ``W`` bytes/s per writer costs
-
-* ``encode = R / E`` and ``write = R / r / W``; ``E`` covers what training waits for: GPU coding and the copy of
-  the compressed bytes to host memory (their CRC-32 runs on CPU threads while the next bytes are coded and written);
-* sync mode: segments are written while the next ones are coded, so training is blocked about
-  ``max(encode, write)`` (the file is durable when the save returns);
-* async mode: training is blocked ``encode`` (the snapshot is in host memory), plus any part of the previous write
-  still running when the next save starts: ``max(0, write - interval)``, the interval given or observed
-  (:meth:`CodecPolicy.observe_interval`), plus what training loses running slower while the write runs behind
-  it: ``min(write, interval) * s / (1 + s)`` where its steps take ``1 + s`` times as long meanwhile (measured:
-  :meth:`CodecPolicy.observe_slowdown`; 0 until then). The run's last checkpoint (:attr:`CodecPolicy.run_ending`) is
-  decided as if the next save came at once: the run waits for its write before it ends.
-
-The codec that loses the least training time wins; a tie (see :func:`choose`) goes to the smaller file, then to the
-checkpoint durable sooner.
-Uncompressed saves (``none``) have ``r = 1`` and ``E`` = the device-to-host copy rate (``inf`` for CPU state).
+"""What ``codec="auto"`` means: measure the storage and the codecs, predict each codec's save time
+(:mod:`~lightning_nvcomp.prediction`, the model), pick the one that loses the least training time, and learn from
+every real save (:class:`CodecPolicy`).
 """
 
 from __future__ import annotations
@@ -25,15 +9,15 @@ import logging
 import math
 import time
 from collections.abc import Hashable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from lightning_nvcomp.calibration import CodecProfile, bulk_device, calibrate, candidate_codecs, sample_state
 from lightning_nvcomp.locations import StorageBackend, storage_for
+from lightning_nvcomp.prediction import Prediction, choose, predict
 from lightning_nvcomp.probe import FALLBACK_GBPS, PROBE_NBYTES, measure_bandwidth
 from lightning_nvcomp.remote.options import RemoteOptions
-from lightning_nvcomp.steps import slowed_seconds
 from lightning_nvcomp.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -53,16 +37,8 @@ RETRY_CLOSE = 0.10
 RETRY_EVERY = 10
 #: Writes smaller than this do not refine the estimate: their time is mostly fsync latency, not bandwidth.
 MIN_OBSERVED_NBYTES = 64 << 20
-#: Predicted losses within TIE_FRACTION of the least, or within TIE_S when that is at most TIE_INTERVAL_FRACTION of
-#: the interval between saves, are a tie (the model is not more precise than that): won by the smaller file, then
-#: by the sooner durable checkpoint.
-TIE_FRACTION = 0.05
-TIE_S = 0.1
-TIE_INTERVAL_FRACTION = 0.01
 #: Weight of a new interval between saves in their moving average.
 INTERVAL_WEIGHT = 0.5
-#: Ratios within this fraction count as equal (a sample's ratios are not more precise than that).
-_RATIO_TIE = 0.01
 
 
 def _per_byte(gbps: float) -> float:
@@ -73,67 +49,6 @@ def _per_byte(gbps: float) -> float:
 def _gbps(per_byte: float) -> float:
     """The throughput in GB/s of ``per_byte`` seconds per byte (inf for 0)."""
     return 1 / per_byte / 1e9 if per_byte > 0 else math.inf
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """Predicted cost of one save with one codec (seconds): ``blocked_s`` is the training time it loses (the save
-    itself, and for an async save the wait it causes at the next one)."""
-
-    codec: str
-    ratio: float
-    encode_s: float
-    write_s: float
-    blocked_s: float
-    #: The other candidates' predictions at the decision that chose this one (why it was chosen).
-    alternatives: tuple[Prediction, ...] = ()
-
-    @classmethod
-    def from_dict(cls, fields: dict) -> Prediction:
-        """The prediction ``dataclasses.asdict`` made ``fields`` of (its alternatives dicts too)."""
-        return cls(**{**fields, "alternatives": tuple(cls.from_dict(a) for a in fields.get("alternatives", ()))})
-
-    @property
-    def durable_s(self) -> float:
-        """Seconds until the checkpoint is written, at most (a sync save overlaps the coding and the writes)."""
-        return self.encode_s + self.write_s
-
-
-def predict(
-    raw_nbytes: int,
-    profile: CodecProfile,
-    write_gbps: float,
-    mode: str = "sync",
-    interval_s: float | None = None,
-    slowdown: float = 0.0,
-) -> Prediction:
-    """Predict what saving ``raw_nbytes`` with ``profile``'s codec costs in ``mode`` ("sync" or "async"), where
-    training steps take ``1 + slowdown`` times as long while an async save's write runs behind them."""
-    if mode not in ("sync", "async"):
-        raise ValueError(f"mode must be 'sync' or 'async', not {mode!r}")
-    if write_gbps <= 0 or raw_nbytes < 0:
-        raise ValueError(f"write bandwidth ({write_gbps} GB/s) must be positive and size ({raw_nbytes}) >= 0")
-    encode_s = raw_nbytes / (profile.encode_gbps * 1e9) if math.isfinite(profile.encode_gbps) else 0.0
-    write_s = raw_nbytes / profile.ratio / (write_gbps * 1e9)
-    if mode == "sync":
-        blocked = max(encode_s, write_s)
-    else:
-        interval = interval_s if interval_s is not None else math.inf
-        blocked = encode_s + max(0.0, write_s - interval) + slowed_seconds(slowdown, min(write_s, interval))
-    return Prediction(profile.codec, profile.ratio, encode_s, write_s, blocked)
-
-
-def choose(predictions: list[Prediction], interval_s: float | None = None) -> Prediction:
-    """The prediction that loses the least training time, where a tie (within :data:`TIE_FRACTION` of the least,
-    or :data:`TIE_S` when saves are ``interval_s`` apart, at most :data:`TIE_INTERVAL_FRACTION` of it) is won by
-    the smaller file (ratios within 1% are equal), then by the sooner durable checkpoint."""
-    if not predictions:
-        raise ValueError("no codec to choose from")
-    best = min(p.blocked_s for p in predictions)
-    absolute = min(TIE_S, TIE_INTERVAL_FRACTION * interval_s) if interval_s is not None else 0.0
-    close = [p for p in predictions if p.blocked_s <= best + max(absolute, TIE_FRACTION * best) + 1e-9]
-    top = max(p.ratio for p in close)
-    return min((p for p in close if p.ratio * (1 + _RATIO_TIE) >= top), key=lambda p: (p.durable_s, p.blocked_s))
 
 
 class CodecPolicy:

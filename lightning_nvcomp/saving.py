@@ -16,7 +16,8 @@ from lightning_nvcomp.format.writer import Snapshot, snapshot
 from lightning_nvcomp.format.zip import ArchiveWriter
 from lightning_nvcomp.locations import StorageBackend, storage_for
 from lightning_nvcomp.options import Codec
-from lightning_nvcomp.policy import CodecPolicy, Prediction
+from lightning_nvcomp.policy import CodecPolicy
+from lightning_nvcomp.prediction import Prediction
 from lightning_nvcomp.resources import collector_paused, shared
 from lightning_nvcomp.stats import SaveStats
 

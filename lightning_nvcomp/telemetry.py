@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lightning_nvcomp.options import Codec
-from lightning_nvcomp.policy import Prediction
+from lightning_nvcomp.prediction import Prediction
 from lightning_nvcomp.stats import SaveStats
 from lightning_nvcomp.steps import slowed_seconds
 

@@ -11,7 +11,8 @@ import torch.multiprocessing as mp
 
 import lightning_nvcomp
 from lightning_nvcomp.calibration import CodecProfile, bulk_device, calibrate, candidate_codecs, sample_state
-from lightning_nvcomp.policy import EMA_WEIGHT, CodecPolicy, choose, predict
+from lightning_nvcomp.policy import EMA_WEIGHT, CodecPolicy
+from lightning_nvcomp.prediction import choose, predict
 from lightning_nvcomp.probe import probe_bandwidth
 from lightning_nvcomp.storage import Storage, ThrottledStorage
 

@@ -15,7 +15,8 @@ from lightning_nvcomp import format as fileformat
 from lightning_nvcomp import saving
 from lightning_nvcomp.cli.common import add_command, positive_float, positive_int
 from lightning_nvcomp.cli.table import table
-from lightning_nvcomp.policy import CodecPolicy, Prediction, choose, predict
+from lightning_nvcomp.policy import CodecPolicy
+from lightning_nvcomp.prediction import Prediction, choose, predict
 from lightning_nvcomp.probe import measure_bandwidth
 from lightning_nvcomp.storage import Storage, ThrottledStorage
 

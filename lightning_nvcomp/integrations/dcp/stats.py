@@ -9,7 +9,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from lightning_nvcomp.policy import Prediction
+from lightning_nvcomp.prediction import Prediction
 from lightning_nvcomp.stats import SaveStats, ratio
 
 

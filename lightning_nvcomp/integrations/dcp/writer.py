@@ -33,7 +33,8 @@ from lightning_nvcomp.integrations.dcp.staging import (
 )
 from lightning_nvcomp.integrations.dcp.stats import DcpCheckpointStats, gather
 from lightning_nvcomp.options import Codec, SaveOptions
-from lightning_nvcomp.policy import CodecPolicy, Prediction
+from lightning_nvcomp.policy import CodecPolicy
+from lightning_nvcomp.prediction import Prediction
 from lightning_nvcomp.remote.options import RemoteOptions
 from lightning_nvcomp.resources import PauseBetweenCalls, collector_paused, shared
 from lightning_nvcomp.stats import SaveStats
