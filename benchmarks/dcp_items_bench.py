@@ -72,11 +72,15 @@ class StoresNothing(dcp.FileSystemWriter):
         return done
 
 
-def zeroed(state: dict) -> dict:
-    return {
-        k: {n: torch.zeros_like(t) if isinstance(t, torch.Tensor) else t for n, t in v.items()}
-        for k, v in state.items()
-    }
+def zeroed(tree: object) -> object:
+    """A copy of a state tree with every tensor replaced by zeros of its shape (what a load is checked into)."""
+    if isinstance(tree, torch.Tensor):
+        return torch.zeros_like(tree)
+    if isinstance(tree, dict):
+        return {k: zeroed(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [zeroed(v) for v in tree]
+    return tree
 
 
 def many_items_state(dim: int, layers: int, steps: int, device: str) -> dict:
@@ -88,12 +92,38 @@ def many_items_state(dim: int, layers: int, steps: int, device: str) -> dict:
     return {"model": model_state, "optim": optim_state}
 
 
+def issue_state(dim: int, layers: int, steps: int, device: str, small: int = 3000) -> dict:
+    """Issue 14's CPU case, from the same trained model and AdamW state: ``small`` LayerNorm-sized tensors (the
+    state's 1-D tensors under 4 KiB, LayerNorm and bias vectors with their AdamW moments, cloned in turn until there
+    are ``small``) and three large ones (every other tensor's bytes joined by role: the parameters, ``exp_avg``,
+    ``exp_avg_sq``)."""
+    state = many_items_state(dim, layers, steps, device)
+    vectors = [t for t in local_tensors(state) if t.dim() == 1 and t.numel() * t.element_size() < 4 << 10]
+    large = {
+        "params": [t for t in state["model"].values() if t.numel() * t.element_size() >= 4 << 10],
+        **{
+            role: [s[role] for s in state["optim"]["state"].values() if s[role].numel() * 4 >= 4 << 10]
+            for role in ("exp_avg", "exp_avg_sq")
+        },
+    }
+    return {
+        "small": {f"v{i}": vectors[i % len(vectors)].clone() for i in range(small)},
+        "large": {role: torch.cat([t.reshape(-1) for t in ts]) for role, ts in large.items()},
+    }
+
+
 def cell(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--state",
+        choices=("gpt", "issue"),
+        default="gpt",
+        help="gpt: the model and AdamW state as they are; issue: issue 14's shape (3,000 small tensors, 3 large)",
+    )
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--layers", type=int, default=100)
     parser.add_argument("--steps", type=int, default=10)
@@ -104,7 +134,8 @@ def main() -> None:
     parser.add_argument("--out", help="write the Markdown table here too")
     args = parser.parse_args()
 
-    state = many_items_state(args.dim, args.layers, args.steps, args.device)
+    build = issue_state if args.state == "issue" else many_items_state
+    state = build(args.dim, args.layers, args.steps, args.device)
     tensors = local_tensors(state)
     raw = sum(t.numel() * t.element_size() for t in tensors)
     small = sum(t.numel() * t.element_size() < 64 << 10 for t in tensors)
@@ -140,7 +171,8 @@ def main() -> None:
         f"{os.cpu_count()} cores; torch {torch.__version__}; device {args.device} -->",
         "# Many small items through DCP",
         "",
-        f"GPT dim {args.dim}, {args.layers} layers, trained {args.steps} AdamW steps on the standard library's sources: "
+        f"GPT dim {args.dim}, {args.layers} layers, trained {args.steps} AdamW steps on the standard library's sources"
+        f"{'; its state in issue 14 shape (small vectors, the rest joined into 3 tensors)' if args.state == 'issue' else ''}: "
         f"{len(tensors)} tensors ({small} under 64 KiB), {raw / 1e6:.0f} MB; codec {args.codec}; "
         f"median of {args.repeat} after a warm-up; files fsynced.",
         "",

@@ -72,8 +72,12 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 def _kind(name: str, t: torch.Tensor) -> tuple:
     """Tensors coded in one batch share a layout: same device and dtype, and the same last name part (``weight``,
-    ``exp_avg_sq``...), whose values are alike; tiny ones (under :data:`RAW_NBYTES`) apart, stored raw."""
-    return (t.device, t.dtype, name.rsplit(".", 1)[-1], t.numel() * t.element_size() < RAW_NBYTES)
+    ``exp_avg_sq``...), whose values are alike; tiny ones (under :data:`RAW_NBYTES`) apart, stored raw, whatever
+    their names (no layout is chosen for them: names that differ in their last part, ``v0``, ``v1``..., would
+    otherwise make a batch of each)."""
+    if t.numel() * t.element_size() < RAW_NBYTES:
+        return (t.device, t.dtype, None, True)
+    return (t.device, t.dtype, name.rsplit(".", 1)[-1], False)
 
 
 def code_tensors(tensors: list[tuple[str, torch.Tensor]], codec: str) -> Iterator[list[tuple[int, CodedTensor]]]:
@@ -84,9 +88,14 @@ def code_tensors(tensors: list[tuple[str, torch.Tensor]], codec: str) -> Iterato
     Batches of CPU tensors are coded on CPU threads, up to :data:`BATCHES_AHEAD` at a time, and yielded in order; GPU
     batches one after another (they queue on the GPU)."""
     coder = "raw" if codec == "none" else codec
-    batches: dict[tuple, list[int]] = {}
+    named: dict[tuple, list[int]] = {}
     for index, (name, t) in enumerate(tensors):
-        batches.setdefault(_kind(name, t), []).append(index)
+        named.setdefault(_kind(name, t), []).append(index)
+    # A last name part no other tensor has (``v0``, ``v1``...) says nothing of the values: such tensors are batched
+    # by device and dtype alone, not each in a batch of its own.
+    batches: dict[tuple, list[int]] = {}
+    for (device, dtype, part, tiny), indices in named.items():
+        batches.setdefault((device, dtype, part if len(indices) > 1 else None, tiny), []).extend(indices)
     # Tiny tensors' batches first: they cost their writer a record each and their coder next to nothing, so their
     # writing runs while the large batches are coded instead of after the last of them.
     jobs = [
