@@ -33,7 +33,6 @@ RAW_NBYTES = 4 << 10
 #: batches are coded one after another (on two cores, coding them ahead competed with the writer thread and the
 #: zstd threads and made the save slower).
 BATCHES_AHEAD = 4
-INLINE_TINY = True
 
 
 @dataclass
@@ -100,18 +99,15 @@ def code_tensors(tensors: list[tuple[str, torch.Tensor]], codec: str) -> Iterato
     # Tiny tensors' batches first: they cost their writer a record each and their coder next to nothing, so their
     # writing runs while the large batches are coded instead of after the last of them.
     jobs = [
-        (device, tiny, functools.partial(_code_batch, tensors, batch, "raw" if tiny else coder))
+        (device, functools.partial(_code_batch, tensors, batch, "raw" if tiny else coder))
         for (device, _, _, tiny), indices in sorted(batches.items(), key=lambda kind: not kind[0][3])
         for batch in _cut(indices, tensors, engines.segment_nbytes(device, "raw" if tiny else coder), device)
     ]
     ahead = min(BATCHES_AHEAD, cpu_threads() // 4)
     pool = shared("items-pool", lambda: ThreadPoolExecutor(BATCHES_AHEAD, thread_name_prefix="lnv-items"))
     pending: deque[Future[list[tuple[int, CodedTensor]]]] = deque()
-    for device, tiny, job in jobs:
-        # Tiny batches are coded here, before any coded batch starts: run beside those (whose threads take the GIL
-        # back at every codec call) their Python took as long as the coding of everything else, and their writer
-        # waited for them (EXPERIMENT).
-        if device.type != "cpu" or ahead < 2 or (tiny and INLINE_TINY):
+    for device, job in jobs:
+        if device.type != "cpu" or ahead < 2:
             while pending:
                 yield pending.popleft().result()
             yield job()

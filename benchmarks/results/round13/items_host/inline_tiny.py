@@ -6,6 +6,9 @@ save's timeline each way (seconds from ``dcp.save``'s call: write_data, each cod
 the repository root:
 
     python benchmarks/results/round13/items_host/inline_tiny.py issue gpt
+
+It ran at commit 35ecebd (inline_tiny.txt), the only one with ``INLINE_TINY``: no faster on the H200 host's 16 cores,
+so the change was reverted (see ../README.md).
 """
 
 import os
