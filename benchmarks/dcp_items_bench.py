@@ -98,11 +98,15 @@ def issue_state(dim: int, layers: int, steps: int, device: str, small: int = 300
     are ``small``) and three large ones (every other tensor's bytes joined by role: the parameters, ``exp_avg``,
     ``exp_avg_sq``)."""
     state = many_items_state(dim, layers, steps, device)
-    vectors = [t for t in local_tensors(state) if t.dim() == 1 and t.numel() * t.element_size() < 4 << 10]
+
+    def small_vector(t: torch.Tensor) -> bool:
+        return t.dim() == 1 and t.numel() * t.element_size() < 4 << 10
+
+    vectors = [t for t in local_tensors(state) if small_vector(t)]
     large = {
-        "params": [t for t in state["model"].values() if t.numel() * t.element_size() >= 4 << 10],
+        "params": [t for t in state["model"].values() if not small_vector(t)],
         **{
-            role: [s[role] for s in state["optim"]["state"].values() if s[role].numel() * 4 >= 4 << 10]
+            role: [s[role] for s in state["optim"]["state"].values() if not small_vector(s[role])]
             for role in ("exp_avg", "exp_avg_sq")
         },
     }

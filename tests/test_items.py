@@ -128,7 +128,8 @@ def test_tiny_tensors_come_first():
 def test_tensors_are_batched_whatever_their_names():
     """Tiny tensors share a batch whatever their names, and so do coded ones whose last name part no other tensor
     has (issue 14's 3,000 small tensors named v0, v1...: each was a batch of its own, a codec call and a record pass
-    per tensor, 2.5x the single-file save on the CPU). Tensors sharing a last name part keep their own batch."""
+    per tensor, 2.5-2.8x the single-file save on the CPU: benchmarks/results/round13). Tensors sharing a last name
+    part keep their own batch."""
     tiny = [(f"small.v{i}", trained_like(128, torch.float32, i)) for i in range(50)]
     coded = [(f"big.m{i}", trained_like(2048, torch.float32, 100 + i)) for i in range(4)]
     alike = [(f"l{i}.weight", trained_like(2048, torch.float32, 200 + i)) for i in range(3)]

@@ -84,8 +84,8 @@ def code_tensors(tensors: list[tuple[str, torch.Tensor]], codec: str) -> Iterato
     """Code each ``(name, tensor)`` of ``tensors`` (each :func:`storable`) with ``codec`` (``ans``, ``zstd``;
     ``none`` stores raw, checksummed), yielding each batch as it is done, as ``(index, coded)`` pairs: tensors of
     one kind (:func:`_kind`; a last name part only one tensor has counts as none) in batches of up to
-    :data:`BATCH_NBYTES` for their device, a tensor larger than a segment alone (in
-    several segments), the batches of tiny tensors first. The tensors are read when their batch is coded, not after.
+    :data:`BATCH_NBYTES` for their device, a tensor larger than a segment alone (in several segments), the batches
+    of tiny tensors first. The tensors are read when their batch is coded, not after.
     Batches of CPU tensors are coded on CPU threads, up to :data:`BATCHES_AHEAD` at a time, and yielded in order; GPU
     batches one after another (they queue on the GPU)."""
     coder = "raw" if codec == "none" else codec
