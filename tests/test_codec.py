@@ -305,6 +305,21 @@ def test_valid_record_validates_and_decodes(valid_record):
     assert torch.equal(record.decode(blobs, copy.deepcopy(meta)), data)
 
 
+def test_describe_checks_each_record_by_its_own_fields():
+    """``describe`` builds the check of fields alike across records once per kind: each record's check is still
+    the one its own fields give, for records alike but for their sizes and CRCs, and for added fields that compare
+    equal but differ in JSON (``True`` and ``1``)."""
+    coding = record.Coding(torch.float32, 512, schema.Layout(1, ("raw",), "|u1", 1 << 20), 1 << 24)
+    metas = [
+        record.describe(coding, [512], [crc], storages=[[0, 512]], device="cpu", flag=flag)
+        for crc in (1, 2)
+        for flag in (True, 1, [1], None)
+    ]
+    for meta in metas:
+        assert meta["check"] == schema.record_check({k: v for k, v in meta.items() if k != "check"})
+    assert len({meta["check"] for meta in metas}) == len(metas)
+
+
 def mutated(meta: dict, **changes) -> dict:
     """``meta`` with ``changes``, its own check forged to match (so that validation itself is what is tested)."""
     out = copy.deepcopy(meta)

@@ -25,6 +25,7 @@ from lightning_nvcomp.codec.schema import (
     _chunk_lengths,
     _padded,
     _segments,
+    fields_check,
     seal,
     validate,
 )
@@ -230,7 +231,20 @@ def describe(coding: Coding, sizes: list[int], crcs: list[Checksum], **fields: o
         "nvcomp": nvcomp_version() if "ans" in layout.codecs else None,
         **fields,
     }
-    return seal(meta)
+    # The fields but the chunk sizes and CRCs are alike for many records (a DCP save's thousands of tiny items):
+    # their canonical JSON, the check's costliest part, is built once per kind.
+    key = (coding, meta["nvcomp"], repr(fields))
+    fields_crc = _fields_crcs.get(key)
+    if fields_crc is None:
+        if len(_fields_crcs) >= 4096:
+            _fields_crcs.clear()
+        fields_crc = _fields_crcs[key] = fields_check(meta)
+    return seal(meta, fields_crc)
+
+
+#: :func:`describe`'s fields checks, by coding, nvCOMP version and the added fields' ``repr`` (not the fields
+#: themselves: ``True == 1`` as a key, but not in JSON).
+_fields_crcs: dict[tuple, int] = {}
 
 
 def encode(

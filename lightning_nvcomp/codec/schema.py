@@ -91,13 +91,22 @@ def canonical_crc(value: object) -> int:
 _PACKED_FIELDS = ("sizes", "crc32")
 
 
-def record_check(meta: dict) -> int:
-    """The ``check`` of a record dict: the CRC-32 of the canonical JSON of every string-keyed field but ``check``,
-    ``sizes`` and ``crc32``, continued over ``sizes`` then ``crc32`` as little-endian 64-bit integers.
+def fields_check(meta: dict) -> int:
+    """Where a record's ``check`` starts: the CRC-32 of the canonical JSON of every string-keyed field but ``check``,
+    ``sizes`` and ``crc32``.
 
     Raises CorruptCheckpointError for fields no record holds."""
-    fields = {k: v for k, v in meta.items() if isinstance(k, str) and k != "check" and k not in _PACKED_FIELDS}
-    crc = canonical_crc(fields)
+    return canonical_crc(
+        {k: v for k, v in meta.items() if isinstance(k, str) and k != "check" and k not in _PACKED_FIELDS}
+    )
+
+
+def record_check(meta: dict, fields_crc: int | None = None) -> int:
+    """The ``check`` of a record dict: :func:`fields_check` (``fields_crc`` where the caller knows it), continued over
+    ``sizes`` then ``crc32`` as little-endian 64-bit integers.
+
+    Raises CorruptCheckpointError for fields no record holds."""
+    crc = fields_check(meta) if fields_crc is None else fields_crc
     for name in _PACKED_FIELDS:
         values = meta.get(name)
         values = values if isinstance(values, list) else []
@@ -109,9 +118,10 @@ def record_check(meta: dict) -> int:
     return crc
 
 
-def seal(meta: dict) -> dict:
-    """Set the record's ``check`` over its fields: the record is final after this (a change to it must be sealed)."""
-    meta["check"] = record_check(meta)
+def seal(meta: dict, fields_crc: int | None = None) -> dict:
+    """Set the record's ``check`` over its fields (``fields_crc``: their :func:`fields_check`, where known): the
+    record is final after this (a change to it must be sealed)."""
+    meta["check"] = record_check(meta, fields_crc)
     return meta
 
 

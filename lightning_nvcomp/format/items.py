@@ -59,20 +59,19 @@ def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 #: The start of the pickle of a ``decode_tensor(...)`` call (protocol 2, as torch.save): the function, then a mark.
 _CALL_START = b"\x80\x02clightning_nvcomp\ndecode_tensor\n("
-#: Its end: the arguments since the mark as a tuple, the call, the end of the pickle.
-_CALL_END = b"tR."
 
 
 def _pickled_call(blobs: list[_StoredBlob], args: tuple) -> bytes:
-    """torch.save's pickle (protocol 2) of the call ``decode_tensor(blobs, *args)``, assembled from pickles of its
-    arguments: the blobs through :class:`_ItemPickler` (their persistent ids), the others, plain values, through
-    ``pickle.dumps``, whose C pickler runs no Python hook per object (a record holds about sixty). Each argument's
-    pickle, its protocol header and stop opcode cut off, pushes that argument; the memo slots it sets are only read
-    within it."""
-    parts = [_CALL_START, _pickled_blobs(tuple((b.storage.key, b.storage.nbytes) for b in blobs))]
-    parts.extend(pickle.dumps(arg, 2)[2:-1] for arg in args)
-    parts.append(_CALL_END)
-    return b"".join(parts)
+    """torch.save's pickle (protocol 2) of the call ``decode_tensor(blobs, *args)``, assembled from two pickles: the
+    blobs' through :class:`_ItemPickler` (their persistent ids), and the other arguments', plain values, through
+    ``pickle.dumps``, whose C pickler runs no Python hook per object (a record holds about sixty). ``args`` (nine:
+    the record, the placement, the check) is a tuple of more than three items, so it pickles as a mark, the items, a
+    tuple opcode and its memo slot: that pickle, its protocol header, mark and stop opcode cut off, pushes the
+    arguments after the blobs and closes the call's argument tuple, which the call opcode then applies the function
+    to. The memo slots each pickle sets are only read within it."""
+    pickled = pickle.dumps(args, 2)
+    blob_ids = _pickled_blobs(tuple((b.storage.key, b.storage.nbytes) for b in blobs))
+    return b"".join((_CALL_START, blob_ids, pickled[3:-1], b"R."))
 
 
 @functools.lru_cache(maxsize=4096)

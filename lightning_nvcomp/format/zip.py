@@ -45,14 +45,14 @@ class ArchiveWriter:
         data = memoryview(data).cast("B")
         full = f"{self.name}/{name}".encode()
         crc = zlib.crc32(data) if crc is None else crc
-        zip64 = struct.pack("<HHQQ", 1, 16, data.nbytes, data.nbytes)
-        start = self._offset + 30 + len(full) + len(zip64) + 4
-        pad = -start % _ALIGN
-        extra = zip64 + struct.pack("<HH", 0x4246, pad) + bytes(pad)  # "FB" padding field, as torch.save writes
+        n = data.nbytes
+        pad = -(self._offset + 30 + len(full) + 24) % _ALIGN
+        # The zip64 sizes, then an "FB" field padding the data to the alignment, as torch.save writes.
+        extra = struct.pack("<HHQQHH", 1, 16, n, n, 0x4246, pad) + bytes(pad)
         header = struct.pack(
             "<IHHHHHIIIHH", 0x04034B50, _VERSION, 0, 0, 0, _DOS_DATE, crc, _ZIP64, _ZIP64, len(full), len(extra)
         )
-        self._central.append((full, _central_record(full, crc, data.nbytes, self._offset)))
+        self._central.append((full, _central_record(full, crc, n, self._offset)))
         self._write(header + full + extra)
         self._write(data)
 
@@ -105,9 +105,9 @@ class ArchiveWriter:
         self.add("version", b"3\n")
         self.add(".data/serialization_id", serialization_id.encode())
 
-    def _write(self, data: bytes | memoryview) -> None:
+    def _write(self, data: bytes | memoryview) -> None:  # a memoryview of bytes ("B"): its len is its size
         self._f.write(data)
-        self._offset += memoryview(data).nbytes
+        self._offset += len(data)
 
 
 @functools.lru_cache(maxsize=8)

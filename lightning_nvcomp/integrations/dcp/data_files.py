@@ -169,7 +169,9 @@ class DataFiles:
                 to_code: list[tuple[WriteItem, torch.Tensor]] = []
                 devices: set[str] = set()
                 for item in (i for i in items if i.type != WriteItemType.BYTE_IO):
-                    data = cast(torch.Tensor, planner.resolve_data(item)).detach()
+                    data = cast(torch.Tensor, planner.resolve_data(item))
+                    if data.requires_grad:  # a tensor object less per item where none does
+                        data = data.detach()
                     coded = self._staged_shard(item, data)
                     if data.dim():
                         devices.add(coded.device if coded is not None else data.device.type)
