@@ -158,6 +158,24 @@ def test_codec_none_roundtrip_one_process(tmp_path):
     _assert_loads_back(tmp_path, state)
 
 
+def test_tiny_items_are_written_after_the_others_and_read_by_every_reader(tmp_path):
+    """Tiny items' archives are built off the disk thread while it writes the larger items, and written after them:
+    the tiny items lie at the end of the data file, and both readers load every item back bit-exactly."""
+    state = _state(6)
+    state.update({f"small.v{i}": trained_like(64, torch.float32, 100 + i) for i in range(40)})
+    state.update({f"scalar.s{i}": torch.tensor(float(i)) for i in range(5)})
+    dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))
+    with open(tmp_path / ".metadata", "rb") as f:
+        infos = {k.fqn: i for k, i in pickle.load(f).storage_data.items() if isinstance(i, NvcompStorageInfo)}
+    tiny = [i.offset for i in infos.values() if i.raw_nbytes < 4096]
+    larger = [i.offset + i.length for i in infos.values() if i.raw_nbytes >= 4096]
+    assert len(tiny) == 46 and len(larger) == 3 and min(tiny) >= max(larger)
+    _assert_loads_back(tmp_path, state)
+    loaded = zeros_like_state(state)
+    dcp.load(loaded, storage_reader=dcp.FileSystemReader(tmp_path))
+    assert_state_equal(loaded, state)
+
+
 class _RecordsCollector(dcp.DefaultSavePlanner):
     """DCP's planner, noting whether the garbage collector was on each time the writer resolved an item; with
     ``fail``, raising at the second item (a save failing part way through its write)."""
