@@ -70,6 +70,17 @@ def child(args: argparse.Namespace) -> None:
 
     kind, kwargs = IOS[args.io] if args.io != "no checkpoints" else ("none", None)
     blocked: list[float] = []
+    spent: dict[str, float] = {"hook": 0.0, "remove": 0.0, "teardown": 0.0}  # the training thread's seconds there
+
+    def timed(name: str, method):  # noqa: ANN001, ANN202
+        def call(*a, **k):  # noqa: ANN002, ANN003, ANN202
+            begin = time.perf_counter()
+            try:
+                return method(*a, **k)
+            finally:
+                spent[name] += time.perf_counter() - begin
+
+        return call
 
     class Timed(TorchCheckpointIO):
         def save_checkpoint(self, checkpoint, path, storage_options=None):  # noqa: ANN001
@@ -91,6 +102,11 @@ def child(args: argparse.Namespace) -> None:
     root = pathlib.Path(args.dir)
     shutil.rmtree(root, ignore_errors=True)
     callbacks = [] if kind == "none" else [ModelCheckpoint(dirpath=root, every_n_train_steps=args.every, save_top_k=1)]
+    for callback in callbacks:  # its saves and removals, as the training thread waits for them
+        callback.on_train_batch_end = timed("hook", callback.on_train_batch_end)
+    for plugin in plugins:
+        plugin.remove_checkpoint = timed("remove", plugin.remove_checkpoint)
+        plugin.teardown = timed("teardown", plugin.teardown)
     if kind == "ours":
         callbacks.append(lightning_nvcomp.NvcompSavings())
     trainer = L.Trainer(
@@ -128,6 +144,7 @@ def child(args: argparse.Namespace) -> None:
         "codecs": [CODECS.get(s["nvcomp/codec_id"], "?") for s in saves],
         "slowdown": [s.get("nvcomp/slowdown") for s in saves],
         "slowed_s": [s.get("nvcomp/slowed_s", 0.0) for s in saves],
+        "spent_s": spent,
     }
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -223,11 +240,13 @@ def main() -> None:
         "training waited); durable = until the checkpoint was fsynced (ours; Lightning's IOs never fsync); extra "
         "GPU = peak GPU memory above the fit without checkpoints; slowdown = how much longer training steps took "
         "while our writes ran behind them than while none did, as each save reported it (nvcomp/slowdown), and "
-        "slowed = what that cost over the run as our metrics count it (nvcomp/slowed_s)",
+        "slowed = what that cost over the run as our metrics count it (nvcomp/slowed_s); in the hook / removing / "
+        "teardown = the training thread's seconds in ModelCheckpoint's on_train_batch_end (the saves and the pruning "
+        "of the older checkpoint), in the IO's remove_checkpoint (part of the hook's) and in its teardown",
         "",
         "| checkpoint IO | lost s | blocked s per save | waited s | durable s | codecs | slowdown per save | slowed s | "
-        "extra GPU GB | file GB |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "in the hook / removing / teardown s | extra GPU GB | file GB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r, lost in rows:
         each = f" ({' / '.join(f'{x:+.2f}' for x in lost)})" if len(lost) > 1 else ""
@@ -235,6 +254,7 @@ def main() -> None:
             f"| {r['io']} | {statistics.median(lost):+.2f}{each} | {_fmt(r['blocked_s'])} | "
             f"{sum(r['waited_s']):.2f} | {_fmt(r['durable_s'])} | {','.join(sorted(set(r['codecs']))) or '-'} | "
             f"{_fmt(r.get('slowdown', []))} | {sum(r.get('slowed_s', [])):.2f} | "
+            f"{_fmt([r['spent_s'][k] for k in ('hook', 'remove', 'teardown')]) if 'spent_s' in r else '-'} | "
             f"{r['peak_gb'] - base['peak_gb']:.2f} | {r['size_gb']:.2f} |"
         )
     text = "\n".join(lines) + "\n"
