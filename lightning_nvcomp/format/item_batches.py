@@ -32,7 +32,7 @@ RAW_NBYTES = 4 << 10
 #: meanwhile); one per four cores (a batch's zstd runs on all of them): on a machine of fewer than eight cores,
 #: batches are coded one after another (on two cores, coding them ahead competed with the writer thread and the
 #: zstd threads and made the save slower), but for batches of tiny tensors, whose coding is Python work, not codec
-#: calls: a pool thread codes them beside the next batch (issue-14 shape on 2 cores: ``dcp.save`` 11% faster).
+#: calls: a pool thread codes them beside the next batch (benchmarks/results/round14).
 BATCHES_AHEAD = 4
 
 
