@@ -23,6 +23,7 @@ from lightning_nvcomp.codec.record import (
     choose_layout,
     concatenate,
     pack,
+    raw_layout,
     to_host,
 )
 from lightning_nvcomp.codec.schema import _CHUNK_ALIGN, Layout, _padded, _segments
@@ -59,7 +60,7 @@ def encode_batch(
     width = byte_planes.plane_width(dtype)
     if any(d.numel() % width for d in datas):
         raise ValueError(f"buffers of {dtype} must be whole numbers of {width}-byte values")
-    layout = layout or choose_layout(engine, _sample(datas), dtype, codec)
+    layout = layout or (raw_layout() if engine is None else choose_layout(engine, _sample(datas), dtype, codec))
     # Each buffer padded to whole 64-byte plane columns: its chunks start aligned, as nvCOMP requires.
     columns = [-(-d.numel() // (_BATCH_ALIGN * width)) * _BATCH_ALIGN * width // layout.planes for d in datas]
     if sum(columns) == 0:

@@ -86,11 +86,16 @@ def encode_segment(engine: ChunkEngine | None, seg: torch.Tensor, layout: Layout
     return [piece for plane in stored for piece in plane]
 
 
+def raw_layout() -> Layout:
+    """The layout of bytes stored as they are (codec ``"raw"``, or no engine)."""
+    return Layout(1, ("raw",), "|u1", CHUNK_NBYTES[("raw", "cpu")])
+
+
 def choose_layout(engine: ChunkEngine | None, data: torch.Tensor, dtype: torch.dtype, codec: str) -> Layout:
     """The layout that codes ``data`` smallest: byte planes by ``dtype``, each plane coded or raw by its sampled
     entropy, gANS's typed model where it is smaller on a sample and round-trips."""
     if engine is None:
-        return Layout(1, ("raw",), "|u1", CHUNK_NBYTES[("raw", "cpu")])
+        return raw_layout()
     chunk = CHUNK_NBYTES[(codec, engine.device_type)]
     width = byte_planes.plane_width(dtype)
     if data.numel() % width:
