@@ -2,7 +2,10 @@
 bias-sized) trained on the standard library's sources, model + AdamW state saved and loaded by one process through
 DCP's ``FileSystemWriter``/``Reader`` and ours, next to our single-file save of the same state and to DCP's own cost
 (a writer that writes no item: planning, resolving and the metadata file). Per-item costs show here: the bytes are
-few, the items many. Median of ``--repeat`` runs after a warm-up; files fsynced.
+few, the items many. Median of ``--repeat`` runs after a warm-up; files fsynced; each ``dcp.save`` into a fresh
+directory, emptied before its timing (until round 14 the timing included removing the previous one). Then the
+target's own figure, as a ratio that a machine's drifting speed does not skew: our ``dcp.save`` against our
+single-file save in ``--pairs`` alternating pairs, the median of the pairs' ratios.
 
     python benchmarks/dcp_items_bench.py --out benchmarks/results/dcp_items_cpu.md        # CPU: zstd
     python benchmarks/dcp_items_bench.py --device cuda --codec ans --out ...               # on a GPU
@@ -40,17 +43,34 @@ warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
 warnings.filterwarnings("ignore", message=".*Detected an existing checkpoint.*")
 
 
-def timed(fn, repeat: int) -> float:
-    """Median seconds of ``fn()`` over ``repeat`` runs, after one warm-up run."""
+def seconds(fn, setup=None) -> float:
+    """Seconds of one ``fn()``, after an untimed ``setup()`` (a fresh checkpoint directory: a save into a new one, as
+    a run's next checkpoint is, removes nothing)."""
+    if setup is not None:
+        setup()
+    sync()
+    begin = time.perf_counter()
     fn()
-    times = []
-    for _ in range(repeat):
-        sync()
-        begin = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - begin)
-    return statistics.median(times)
+    sync()
+    return time.perf_counter() - begin
+
+
+def timed(fn, repeat: int, setup=None) -> float:
+    """Median seconds of ``fn()`` over ``repeat`` runs, after one warm-up run (``setup()`` untimed before each)."""
+    seconds(fn, setup)
+    return statistics.median(seconds(fn, setup) for _ in range(repeat))
+
+
+def paired_ratio(first, second, pairs: int, setup=None) -> list[float]:
+    """``second()``'s seconds over ``first()``'s in ``pairs`` alternating pairs, after one warm-up pair
+    (``setup()`` untimed before each ``second()``)."""
+    ratios = []
+    for n in range(pairs + 1):
+        first_s = seconds(first)
+        ratio = seconds(second, setup) / first_s
+        if n:
+            ratios.append(ratio)
+    return ratios
 
 
 def fresh_dir(path: str) -> str:
@@ -134,6 +154,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--codec", default="zstd")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=12, help="alternating pairs for the ratio (0: none)")
     parser.add_argument("--dir", default="/tmp/dcp-items-bench")
     parser.add_argument("--out", help="write the Markdown table here too")
     args = parser.parse_args()
@@ -151,7 +172,9 @@ def main() -> None:
     save_s = timed(lambda: lightning_nvcomp.save(state, single, codec=args.codec), args.repeat)
     load_s = timed(lambda: lightning_nvcomp.load(single, map_location=args.device), args.repeat)
     rows.append(("lightning_nvcomp.save / load (one file)", save_s, load_s, os.path.getsize(single)))
-    floor_s = timed(lambda: dcp.save(state, storage_writer=StoresNothing(fresh_dir(plain_dir))), args.repeat)
+    floor_s = timed(
+        lambda: dcp.save(state, storage_writer=StoresNothing(plain_dir)), args.repeat, lambda: fresh_dir(plain_dir)
+    )
     rows.append(("dcp.save, a writer that writes no item (DCP's own cost)", floor_s, None, None))
 
     for name, directory, writer, reader in (
@@ -163,13 +186,23 @@ def main() -> None:
             NvcompFileSystemReader,
         ),
     ):
-        save_s = timed(lambda w=writer, d=directory: dcp.save(state, storage_writer=w(fresh_dir(d))), args.repeat)
+        save_s = timed(
+            lambda w=writer, d=directory: dcp.save(state, storage_writer=w(d)),
+            args.repeat,
+            lambda d=directory: fresh_dir(d),
+        )
         target = zeroed(state)
         load_s = timed(lambda r=reader, d=directory, t=target: dcp.load(t, storage_reader=r(d)), args.repeat)
         assert same_bytes(local_tensors(target), tensors), f"{name}: the load is not bit-exact"
         stored = sum(p.stat().st_size for p in pathlib.Path(directory).glob("*.distcp"))
         rows.append((name, save_s, load_s, stored))
 
+    ratios = paired_ratio(
+        lambda: lightning_nvcomp.save(state, single, codec=args.codec),
+        lambda: dcp.save(state, storage_writer=NvcompFileSystemWriter(ours_dir, codec=args.codec)),
+        args.pairs,
+        lambda: fresh_dir(ours_dir),
+    )
     lines = [
         f"<!-- {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; {platform.node()}, "
         f"{os.cpu_count()} cores; torch {torch.__version__}; device {args.device} -->",
@@ -184,6 +217,13 @@ def main() -> None:
         "|---|---|---|---|",
         *(f"| {name} | {s:.2f} | {cell(ld, '.2f')} | {cell(n and n / 1e6, '.1f')} |" for name, s, ld, n in rows),
     ]
+    if len(ratios) >= 2:
+        low, _, high = statistics.quantiles(ratios, n=4)
+        lines += [
+            "",
+            f"Our `dcp.save` over our single-file save, {len(ratios)} alternating pairs in this process: median "
+            f"**{statistics.median(ratios):.2f}x** (quartiles {low:.2f}-{high:.2f}x).",
+        ]
     publish(lines, args.out)
 
 
