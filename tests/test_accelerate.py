@@ -202,7 +202,7 @@ def test_resumed_training_matches_uninterrupted_training(tmp_path, async_save, o
             "zstd",
             "0",
             str(total - first),
-            "1",
+            str(torch.get_num_threads()),
             env=CHILD_ENV,
             check=True,
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -133,24 +133,29 @@ def _code_batch(tensors: list[tuple[str, torch.Tensor]], batch: list[int], coder
     """Code the tensors ``batch`` indexes (one kind, see :func:`_cut`) together with ``coder``."""
     datas = [_bytes(tensors[i][1]) for i in batch]
     dtype, device = tensors[batch[0]][1].dtype, datas[0].device
-    learn: Callable[[Layout], None] | None = None
     if coder == "raw":  # one layout: nothing to learn, nor to look up by the tensors' addresses
-        layout: Layout | None = records.raw_layout()
+        coded = _encode(datas, dtype, coder, records.raw_layout())
     else:
         layouts = shared("layouts", _LayoutCache)
         key = (coder, dtype, "batch", tuple((d.device, d.data_ptr(), d.numel()) for d in datas))
-        layout, learn = layouts.get(key), functools.partial(layouts.put, key)
-    if datas[0].numel() > engines.segment_nbytes(device, coder):  # alone in its batch
-        encoder = records.Encoder(datas[0], dtype, coder, layout=layout)
-        coded = [(encoder.coding, list(encoder))]
-    else:
-        coded = batch_coding.encode_batch(datas, dtype, coder, layout)
-    if coded and learn is not None:
-        learn(coded[0][0].layout)
+        coded = _encode(datas, dtype, coder, layouts.get(key))
+        if coded:
+            layouts.put(key, coded[0][0].layout)
     return [
         (i, CodedTensor(tensors[i][0], tensors[i][1].dtype, tuple(tensors[i][1].shape), device.type, *c))
         for i, c in zip(batch, coded)
     ]
+
+
+def _encode(
+    datas: list[torch.Tensor], dtype: torch.dtype, coder: str, layout: Layout | None
+) -> list[tuple[records.Coding, list[records.Segment]]]:
+    """A batch's buffers coded with ``layout`` (None: chosen on them): together, or a buffer larger than a segment
+    alone in its batch (in several segments)."""
+    if datas[0].numel() > engines.segment_nbytes(datas[0].device, coder):
+        encoder = records.Encoder(datas[0], dtype, coder, layout=layout)
+        return [(encoder.coding, list(encoder))]
+    return batch_coding.encode_batch(datas, dtype, coder, layout)
 
 
 def _cut(

@@ -157,30 +157,30 @@ class DataFiles:
                     position += length
                 return done
 
+            def archive(out: _Coalesced | _Pieces, item: WriteItem, coded: CodedTensor) -> tuple[WriteItem, int, int]:
+                """Write ``coded`` as its item's archive to ``out``: (item, archive bytes, raw bytes)."""
+                writer = ArchiveWriter(cast(BinaryIO, out))
+                tensor_items.write_tensor(writer, coded, serialization_id)
+                return item, writer.nbytes, coded.raw_nbytes
+
             def write(batch: Sequence[tuple[WriteItem, CodedTensor | fileformat.Snapshot]]) -> list[WriteResult]:
                 out = _Coalesced(stream)
                 written = []
                 for item, stored in batch:
                     if isinstance(stored, CodedTensor):  # its bytes are the batch's: unchanged until out.flush()
-                        archive = ArchiveWriter(cast(BinaryIO, out))
-                        tensor_items.write_tensor(archive, stored, serialization_id)
+                        written.append(archive(out, item, stored))
                     else:
                         out.flush()
-                        archive = ArchiveWriter(cast(BinaryIO, stream))
-                        stored.write_to(archive)
-                    written.append((item, archive.nbytes, stored.raw_nbytes))
+                        snapshot = ArchiveWriter(cast(BinaryIO, stream))
+                        stored.write_to(snapshot)
+                        written.append((item, snapshot.nbytes, stored.raw_nbytes))
                 out.flush()
                 return place(written)
 
             def build(batch: list[tuple[WriteItem, CodedTensor]]) -> tuple[_Pieces, list[tuple[WriteItem, int, int]]]:
                 """Tiny items' archives, built in memory (their bytes are the batch's) for :func:`append`."""
                 pieces = _Pieces()
-                written = []
-                for item, coded in batch:
-                    archive = ArchiveWriter(cast(BinaryIO, pieces))
-                    tensor_items.write_tensor(archive, coded, serialization_id)
-                    written.append((item, archive.nbytes, coded.raw_nbytes))
-                return pieces, written
+                return pieces, [archive(pieces, item, coded) for item, coded in batch]
 
             def append(built: Future[tuple[_Pieces, list[tuple[WriteItem, int, int]]]]) -> list[WriteResult]:
                 pieces, written = built.result()
