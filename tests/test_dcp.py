@@ -176,6 +176,24 @@ def test_tiny_items_are_written_after_the_others_and_read_by_every_reader(tmp_pa
     assert_state_equal(loaded, state)
 
 
+def test_a_tensor_larger_than_a_segment_is_written_as_it_is_coded_and_read_by_every_reader(tmp_path):
+    """``write_data`` streams a CPU tensor larger than a segment (each segment written as it is coded, beside the
+    other items' coding): it is stored in several segments, and both readers load every item back bit-exactly."""
+    state = _state(8)
+    state["big"] = trained_like(5_000_000, torch.float32, 9)  # 20 MB: two CPU segments
+    dcp.save(state, storage_writer=NvcompFileSystemWriter(tmp_path, codec="zstd"))
+    with open(tmp_path / ".metadata", "rb") as f:
+        info = next(i for k, i in pickle.load(f).storage_data.items() if k.fqn == "big")
+    with open(tmp_path / info.relative_path, "rb") as f:
+        f.seek(info.offset)
+        names = zipfile.ZipFile(io.BytesIO(f.read(info.length))).namelist()
+    assert sorted(n for n in names if "/data/" in n) == ["archive/data/0", "archive/data/1"]
+    _assert_loads_back(tmp_path, state)
+    loaded = zeros_like_state(state)
+    dcp.load(loaded, storage_reader=dcp.FileSystemReader(tmp_path))
+    assert_state_equal(loaded, state)
+
+
 class _RecordsCollector(dcp.DefaultSavePlanner):
     """DCP's planner, noting whether the garbage collector was on each time the writer resolved an item; with
     ``fail``, raising at the second item (a save failing part way through its write)."""

@@ -130,6 +130,27 @@ def test_tiny_tensors_come_first(threads, monkeypatch):
     assert order == [[3, 4, 5], [8, 9], [0, 1, 2], [6, 7]]
 
 
+def test_a_large_cpu_tensor_is_streamed_ahead_of_the_other_batches():
+    """``streamed`` (the DCP writer's ``write_data``): a CPU tensor larger than a segment is yielded before every
+    other batch, as soon as its segments are queued, and its segments come out as each is coded (so that its
+    archive is written meanwhile: issue 14's many-items save, benchmarks/results/round15); its archive reads back
+    bit-exactly. Unstreamed (``dcp.async_save``'s staging, which must hold the coded bytes before training goes
+    on), the same tensor's segments are a list, all coded."""
+    big = trained_like(5_000_000, torch.float32, 5)  # 20 MB: more than a CPU segment, two segments
+    tensors = [("a.bias", trained_like(30, torch.float32)), ("l.weight", trained_like(3000, torch.float32, 1))]
+    tensors.append(("big.weight", big))
+    batches = list(item_batches.code_tensors(tensors, "zstd", streamed=True))
+    assert [[i for i, _ in b] for b in batches] == [[2], [0], [1]]
+    streamed = batches[0][0][1]
+    assert not isinstance(streamed.segments, list)
+    buffer = io.BytesIO()
+    tensor_items.write_tensor(ArchiveWriter(buffer), streamed)
+    archive = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+    assert_bit_exact(tensor_items.read_tensor(archive, "big.weight", CPU, LoadState("x")), big)
+    unstreamed = {i: c for b in item_batches.code_tensors(tensors, "zstd") for i, c in b}
+    assert isinstance(unstreamed[2].segments, list) and len(unstreamed[2].segments) == 2
+
+
 def test_tensors_are_batched_whatever_their_names():
     """Tiny tensors share a batch whatever their names, and so do coded ones whose last name part no other tensor
     has (issue 14's 3,000 small tensors named v0, v1...: each was a batch of its own, a codec call and a record pass

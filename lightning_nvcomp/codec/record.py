@@ -183,10 +183,15 @@ class Encoder:
         self.coding = Coding(dtype, self.data.numel(), layout, segment)
 
     def __iter__(self) -> Iterator[Segment]:
+        """The segments in order, each as it lands in host memory. On the CPU they are coded in parallel on CPU
+        threads, all queued when this is called (not at the first ``next``): the data must not change until the last
+        one is out."""
         spans = _segments(self.coding.nbytes, self.coding.segment)
-        if self.data.device.type == "cpu":  # segments in parallel on CPU threads, in order
-            yield from _segment_pool().map(self._cpu_segment, spans)
-            return
+        if self.data.device.type == "cpu":
+            return _segment_pool().map(self._cpu_segment, spans)
+        return self._gpu_segments(spans)
+
+    def _gpu_segments(self, spans: list[tuple[int, int]]) -> Iterator[Segment]:
         for start, length in spans:
             seg = self.data[start : start + length]
             if self.engine is None:  # stored raw: one copy to pinned host memory, no coding

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -40,14 +40,15 @@ BATCHES_AHEAD = 4
 @dataclass
 class CodedTensor:
     """One tensor coded as a record of its own: what :func:`~lightning_nvcomp.format.items.write_tensor` writes. ``name`` is the tensor's
-    name in messages (a DCP item's fully qualified name)."""
+    name in messages (a DCP item's fully qualified name). ``segments``: a list, or for a tensor :func:`code_tensors`
+    streams, an iterator that gives each segment as it is coded (read once)."""
 
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
     device: str
     coding: records.Coding
-    segments: list[records.Segment]
+    segments: Iterable[records.Segment]
 
     @property
     def raw_nbytes(self) -> int:
@@ -84,14 +85,21 @@ def _kind(name: str, t: torch.Tensor) -> tuple:
     return (t.device, t.dtype, name.rsplit(".", 1)[-1], False)
 
 
-def code_tensors(tensors: list[tuple[str, torch.Tensor]], codec: str) -> Iterator[list[tuple[int, CodedTensor]]]:
+def code_tensors(
+    tensors: list[tuple[str, torch.Tensor]], codec: str, streamed: bool = False
+) -> Iterator[list[tuple[int, CodedTensor]]]:
     """Code each ``(name, tensor)`` of ``tensors`` (each :func:`storable`) with ``codec`` (``ans``, ``zstd``;
     ``none`` stores raw, checksummed), yielding each batch as it is done, as ``(index, coded)`` pairs: tensors of
     one kind (:func:`_kind`; a last name part only one tensor has counts as none) in batches of up to
     :data:`BATCH_NBYTES` for their device, a tensor larger than a segment alone (in several segments), the batches
     of tiny tensors first. The tensors are read when their batch is coded, not after.
     Batches of CPU tensors are coded on CPU threads, up to :data:`BATCHES_AHEAD` at a time (on few cores, only the
-    tiny ones ahead), and yielded in order; GPU batches one after another (they queue on the GPU)."""
+    tiny ones ahead), and yielded in order; GPU batches one after another (they queue on the GPU).
+
+    ``streamed``: a tensor larger than a segment that is coded on the CPU is yielded as soon as its segments are
+    queued, each coded segment then comes out of its :attr:`CodedTensor.segments` (so that it is written while the
+    next ones are coded, as a single-file save does). The caller must keep such tensors unchanged until it has
+    read their segments."""
     coder = "raw" if codec == "none" else codec
     named: dict[tuple, list[int]] = {}
     for index, (name, t) in enumerate(tensors):
@@ -102,11 +110,17 @@ def code_tensors(tensors: list[tuple[str, torch.Tensor]], codec: str) -> Iterato
     for (device, dtype, part, tiny), indices in named.items():
         batches.setdefault((device, dtype, part if len(indices) > 1 else None, tiny), []).extend(indices)
     # Tiny tensors' batches first: they cost their writer a record each and their coder next to nothing, so their
-    # writing runs while the large batches are coded instead of after the last of them.
-    jobs = [
-        (device, tiny, functools.partial(_code_batch, tensors, batch, "raw" if tiny else coder))
+    # writing runs while the large batches are coded instead of after the last of them. Streamed tensors before
+    # them: their jobs only queue their segments, and their writing can start at once.
+    cuts = [
+        (device, tiny, batch, "raw" if tiny else coder)
         for (device, _, _, tiny), indices in sorted(batches.items(), key=lambda kind: not kind[0][3])
         for batch in _cut(indices, tensors, engines.segment_nbytes(device, "raw" if tiny else coder), device)
+    ]
+    if streamed:
+        cuts.sort(key=lambda cut: not _streams(tensors[cut[2][0]][1], cut[0], cut[3]))
+    jobs = [
+        (device, tiny, functools.partial(_code_batch, tensors, batch, c, streamed)) for device, tiny, batch, c in cuts
     ]
     ahead = min(BATCHES_AHEAD, cpu_threads() // 4)
     pool = shared("items-pool", lambda: ThreadPoolExecutor(BATCHES_AHEAD, thread_name_prefix="lnv-items"))
@@ -129,16 +143,24 @@ def code_tensors(tensors: list[tuple[str, torch.Tensor]], codec: str) -> Iterato
         yield pending.popleft().result()
 
 
-def _code_batch(tensors: list[tuple[str, torch.Tensor]], batch: list[int], coder: str) -> list[tuple[int, CodedTensor]]:
-    """Code the tensors ``batch`` indexes (one kind, see :func:`_cut`) together with ``coder``."""
+def _streams(t: torch.Tensor, device: torch.device, coder: str) -> bool:
+    """Whether :func:`code_tensors` streams ``t``: a CPU tensor larger than a segment (so alone in its batch)."""
+    return device.type == "cpu" and t.numel() * t.element_size() > engines.segment_nbytes(device, coder)
+
+
+def _code_batch(
+    tensors: list[tuple[str, torch.Tensor]], batch: list[int], coder: str, streamed: bool = False
+) -> list[tuple[int, CodedTensor]]:
+    """Code the tensors ``batch`` indexes (one kind, see :func:`_cut`) together with ``coder`` (``streamed``: as
+    for :func:`code_tensors`)."""
     datas = [_bytes(tensors[i][1]) for i in batch]
     dtype, device = tensors[batch[0]][1].dtype, datas[0].device
     if coder == "raw":  # one layout: nothing to learn, nor to look up by the tensors' addresses
-        coded = _encode(datas, dtype, coder, records.raw_layout())
+        coded = _encode(datas, dtype, coder, records.raw_layout(), streamed)
     else:
         layouts = shared("layouts", _LayoutCache)
         key = (coder, dtype, "batch", tuple((d.device, d.data_ptr(), d.numel()) for d in datas))
-        coded = _encode(datas, dtype, coder, layouts.get(key))
+        coded = _encode(datas, dtype, coder, layouts.get(key), streamed)
         if coded:
             layouts.put(key, coded[0][0].layout)
     return [
@@ -148,14 +170,15 @@ def _code_batch(tensors: list[tuple[str, torch.Tensor]], batch: list[int], coder
 
 
 def _encode(
-    datas: list[torch.Tensor], dtype: torch.dtype, coder: str, layout: Layout | None
-) -> list[tuple[records.Coding, list[records.Segment]]]:
+    datas: list[torch.Tensor], dtype: torch.dtype, coder: str, layout: Layout | None, streamed: bool = False
+) -> list[tuple[records.Coding, Iterable[records.Segment]]]:
     """A batch's buffers coded with ``layout`` (None: chosen on them): together, or a buffer larger than a segment
-    alone in its batch (in several segments)."""
+    alone in its batch (in several segments; ``streamed`` and coded on the CPU: as an iterator of them, coding)."""
     if datas[0].numel() > engines.segment_nbytes(datas[0].device, coder):
         encoder = records.Encoder(datas[0], dtype, coder, layout=layout)
-        return [(encoder.coding, list(encoder))]
-    return batch_coding.encode_batch(datas, dtype, coder, layout)
+        segments = iter(encoder)  # on the CPU, every segment is queued for coding here
+        return [(encoder.coding, segments if streamed and encoder.data.device.type == "cpu" else list(segments))]
+    return list(batch_coding.encode_batch(datas, dtype, coder, layout))
 
 
 def _cut(

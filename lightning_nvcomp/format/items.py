@@ -32,18 +32,13 @@ def write_tensor(writer: ArchiveWriter, coded: CodedTensor, serialization_id: st
     ``serialization_id``: as for :meth:`~lightning_nvcomp.format.zip.ArchiveWriter.add_torch_metadata` (one per data
     file makes those records the same bytes for all its items)."""
     writer.add_torch_metadata(serialization_id)
-    blobs = []
-    for k, segment in enumerate(coded.segments):
+    blobs, sizes, crcs = [], [], []
+    for k, segment in enumerate(coded.segments):  # each written as it comes (a streamed tensor's as it is coded)
         writer.add(f"data/{k}", memoryview(segment.blob.numpy()), segment.checksum())
         blobs.append(_StoredBlob(str(k), segment.blob.numel()))
-    sizes = [n for segment in coded.segments for n in segment.sizes]
-    meta = records.describe(
-        coded.coding,
-        sizes,
-        [segment.crc for segment in coded.segments],
-        storages=[[0, coded.raw_nbytes]],
-        device=coded.device,
-    )
+        sizes.extend(segment.sizes)
+        crcs.append(segment.crc)
+    meta = records.describe(coded.coding, sizes, crcs, storages=[[0, coded.raw_nbytes]], device=coded.device)
     placement = Placement(0, 0, coded.shape, _contiguous_stride(coded.shape), False, False, coded.name)
     writer.add("data.pkl", _pickled_call(blobs, (meta, *placement, tensor_check(meta, *placement))))
     writer.finish("data.pkl")

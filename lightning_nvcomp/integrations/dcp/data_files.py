@@ -220,7 +220,9 @@ class DataFiles:
                 writes = [disk.submit(write, ready)]
                 built = []
                 with ENCODE_LOCK:
-                    for batch in code_tensors([(i.index.fqn, d) for i, d in to_code], self.codec):
+                    # streamed: a large CPU tensor's segments are written as they are coded (dcp.save holds the
+                    # tensors unchanged until write_data returns)
+                    for batch in code_tensors([(i.index.fqn, d) for i, d in to_code], self.codec, streamed=True):
                         pairs = [(to_code[index][0], coded) for index, coded in batch]
                         if all(coded.raw_nbytes < RAW_NBYTES for _, coded in pairs):
                             built.append(archiver.submit(build, pairs))
