@@ -14,7 +14,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
   findmnt -no SOURCE,FSTYPE --target /tmp; } 2>&1 | tee "$OUT/env.txt"
 PYTHONPATH=/tmp/site:$PWD timeout 150 python3 -m pytest -q -m gpu tests/test_lightning_sharded.py tests/test_pinned.py \
   -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu-rest.txt" | tail -3
-OUT=$OUT/s80 PARTS=throttled STEPS=80 EVERY=20 THROTTLED_S=300 \
+OUT=$OUT/s80 PARTS=throttled STEPS=80 EVERY=20 THROTTLED_S=280 \
   THROTTLED_IOS="AsyncCheckpointIO,ours ans async,ours ans async durable=os" bash benchmarks/steady_gpu.sh
-OUT=$OUT/s30 PARTS=throttled STEPS=30 EVERY=10 THROTTLED_S=140 \
+OUT=$OUT/s30 PARTS=throttled STEPS=30 EVERY=10 THROTTLED_S=130 \
   THROTTLED_IOS="AsyncCheckpointIO,ours ans async" bash benchmarks/steady_gpu.sh
