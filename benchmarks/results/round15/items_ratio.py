@@ -64,7 +64,9 @@ data_files.ThreadPoolExecutor = _Timed
 data_files.os.fsync = timed(os.fsync, "fsync")
 NvcompFileSystemWriter.finish = timed(NvcompFileSystemWriter.finish, "finish")
 for method in ("create_local_plan", "create_global_plan"):
-    setattr(default_planner.DefaultSavePlanner, method, timed(getattr(default_planner.DefaultSavePlanner, method), method))
+    setattr(
+        default_planner.DefaultSavePlanner, method, timed(getattr(default_planner.DefaultSavePlanner, method), method)
+    )
 
 
 def save(how: str) -> float:
