@@ -12,9 +12,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 { date -u; nvidia-smi --query-gpu=name --format=csv,noheader; nproc; sysctl vm.dirty_ratio vm.dirty_background_ratio \
   vm.dirty_bytes vm.dirty_background_bytes vm.dirty_expire_centisecs; grep -E "MemTotal|Dirty|Writeback:" /proc/meminfo;
   findmnt -no SOURCE,FSTYPE --target /tmp; } 2>&1 | tee "$OUT/env.txt"
-PYTHONPATH=/tmp/site:$PWD timeout 150 python3 -m pytest -q -m gpu tests/test_lightning_sharded.py tests/test_pinned.py \
+PYTHONPATH=/tmp/site:$PWD timeout ${PYTEST_S:-150} python3 -m pytest -q -m gpu tests/test_lightning_sharded.py tests/test_pinned.py \
   -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu-rest.txt" | tail -3
-OUT=$OUT/s80 PARTS=throttled STEPS=80 EVERY=20 THROTTLED_S=280 \
+OUT=$OUT/s80 PARTS=throttled STEPS=80 EVERY=20 THROTTLED_S=${S80_S:-280} \
   THROTTLED_IOS="AsyncCheckpointIO,ours ans async,ours ans async durable=os" bash benchmarks/steady_gpu.sh
 [[ ${S30:-0} == 1 ]] && OUT=$OUT/s30 PARTS=throttled STEPS=30 EVERY=10 THROTTLED_S=130 \
   THROTTLED_IOS="AsyncCheckpointIO,ours ans async" bash benchmarks/steady_gpu.sh
