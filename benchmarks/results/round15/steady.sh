@@ -12,6 +12,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 { date -u; nvidia-smi --query-gpu=name --format=csv,noheader; nproc; sysctl vm.dirty_ratio vm.dirty_background_ratio \
   vm.dirty_bytes vm.dirty_background_bytes vm.dirty_expire_centisecs; grep -E "MemTotal|Dirty|Writeback:" /proc/meminfo;
   findmnt -no SOURCE,FSTYPE --target /tmp; } 2>&1 | tee "$OUT/env.txt"
+# one thread's CPU time per tiny DCP item on this host's cores (against the 2-core VM's 7.9 / 19.8 us)
+PYTHONPATH=/tmp/site:$PWD timeout 30 python3 benchmarks/results/round14/items_cpu/tiny_cpu.py 2>&1 | tee "$OUT/tiny_host.txt"
 PYTHONPATH=/tmp/site:$PWD timeout ${PYTEST_S:-150} python3 -m pytest -q -m gpu tests/test_lightning_sharded.py tests/test_pinned.py \
   -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu-rest.txt" | tail -3
 OUT=$OUT/s80 PARTS=throttled STEPS=80 EVERY=20 THROTTLED_S=${S80_S:-280} \
