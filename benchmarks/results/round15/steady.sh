@@ -17,7 +17,7 @@ PYTHONPATH=/tmp/site:$PWD timeout 30 python3 benchmarks/results/round14/items_cp
 PYTHONPATH=/tmp/site:$PWD timeout ${PYTEST_S:-150} python3 -m pytest -q -m gpu tests/test_lightning_sharded.py tests/test_pinned.py \
   -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu-rest.txt" | tail -3
 OUT=$OUT/s80 PARTS=throttled STEPS=80 EVERY=20 THROTTLED_S=${S80_S:-280} \
-  THROTTLED_IOS="AsyncCheckpointIO,ours ans async,ours ans async durable=os" bash benchmarks/steady_gpu.sh
+  THROTTLED_IOS=${S80_IOS:-"AsyncCheckpointIO,ours ans async,ours ans async durable=os"} bash benchmarks/steady_gpu.sh
 [[ ${S30:-0} == 1 ]] && OUT=$OUT/s30 PARTS=throttled STEPS=30 EVERY=10 THROTTLED_S=130 \
   THROTTLED_IOS="AsyncCheckpointIO,ours ans async" bash benchmarks/steady_gpu.sh
 exit 0
