@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 from typing import TypeVar
 
-from lightning_nvcomp.codec.gpu import gpu_available
+from lightning_nvcomp.codec.gpu import gpu_available, gpu_missing
 from lightning_nvcomp.errors import CodecUnavailableError
 from lightning_nvcomp.remote.options import RemoteOptions
 
@@ -65,8 +65,8 @@ class Codec(_Choice, option="codec"):
         if self.needs_gpu and not gpu_available():
             prefix = f"{where}: " if where else ""
             raise CodecUnavailableError(
-                f"{prefix}codec='ans' (nvCOMP gANS) needs a CUDA GPU and nvCOMP (pip install "
-                "nvidia-nvcomp-cu12, or -cu13 for CUDA 13); it has no CPU coder: use codec='zstd' (loads anywhere) or 'auto'"
+                f"{prefix}codec='ans' (nvCOMP gANS) needs a CUDA GPU and nvCOMP; on this machine {gpu_missing()}. "
+                "gANS has no CPU coder: use codec='zstd' (loads anywhere) or 'auto'"
             )
 
 

@@ -23,15 +23,12 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 from lightning_nvcomp import __version__
-from lightning_nvcomp.cli import bench, convert, estimate, inspect, verify
-from lightning_nvcomp.cli.common import EXIT_BAD_FILE, EXIT_UNAVAILABLE, PROG, fail
-from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, RefusedObjectsError
+from lightning_nvcomp.cli import bench, convert, env, estimate, inspect, verify
+from lightning_nvcomp.cli.common import PROG, explain, fail, start_threads
 
 #: The command modules, in the order ``--help`` lists them.
-COMMANDS = (inspect, verify, convert, estimate, bench)
+COMMANDS = (inspect, verify, convert, estimate, bench, env)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,34 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def refused(err: RefusedObjectsError) -> str:
-    """What the commands say of a file whose pickle holds objects a ``weights_only`` load refuses: what it holds and
-    that they read only tensors and plain values (the library's advice, ``weights_only=False``, is no option here)."""
-    if err.refused == ("_codecs.encode",):  # torch 2.4 refuses bytes values
-        return (
-            f"{err.path} holds bytes values, which weights_only loads on torch {torch.__version__} refuse (torch 2.5 "
-            "and newer read them): upgrade torch to read it here"
-        )
-    holds = ", ".join(err.refused) or "objects other than tensors and plain Python values"
-    return (
-        f"{err.path} is not a checkpoint {PROG} reads: its pickle (intact, not damaged) holds {holds}. {PROG} loads "
-        "only tensors and plain Python values (what torch.load(weights_only=True) loads), never a file's own classes "
-        "or code. A whole object saved with torch.save(obj), such as a model? Save obj.state_dict() instead."
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the command line on ``argv`` (default ``sys.argv[1:]``); return the exit status: 1 for a missing or
-    damaged file, 2 for anything that keeps it from being processed here (see the module docstring). A wrong
-    command line exits 2 through argparse's ``SystemExit``."""
+    damaged file, 2 for anything that keeps it from being processed here (see the module docstring and
+    :func:`~lightning_nvcomp.cli.common.explain`). A wrong command line exits 2 through argparse's ``SystemExit``."""
     args = build_parser().parse_args(argv)
     try:
+        start_threads()
         return args.run(args)
-    except (CorruptCheckpointError, FileNotFoundError, IsADirectoryError) as err:
-        return fail(str(err), EXIT_BAD_FILE)
-    except RefusedObjectsError as err:
-        return fail(refused(err), EXIT_UNAVAILABLE)
-    except CheckpointError as err:  # not damage: a codec missing here, weights_only, the decode limit
-        return fail(str(err), EXIT_UNAVAILABLE)
-    except (OSError, MemoryError, RuntimeError, ValueError) as err:  # the machine, not the file
-        return fail(f"{type(err).__name__}: {err}", EXIT_UNAVAILABLE)
+    except Exception as err:
+        explained = explain(err, getattr(args, args.subject) if args.subject else None)
+        if explained is None:
+            raise
+        return fail(explained[1], explained[0])

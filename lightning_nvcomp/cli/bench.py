@@ -13,7 +13,7 @@ import torch
 
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp import saving
-from lightning_nvcomp.cli.common import add_command, positive_float, positive_int
+from lightning_nvcomp.cli.common import EXIT_UNAVAILABLE, add_command, fail, positive_float, positive_int
 from lightning_nvcomp.cli.table import table
 from lightning_nvcomp.policy import CodecPolicy
 from lightning_nvcomp.prediction import Prediction, choose, predict
@@ -31,7 +31,7 @@ DESCRIPTION = (
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``bench`` command to the top-level parser's ``subparsers``."""
-    parser = add_command(subparsers, "bench", run, SUMMARY, DESCRIPTION)
+    parser = add_command(subparsers, "bench", run, SUMMARY, DESCRIPTION, subject="dir")
     parser.add_argument("--dir", required=True, help="the checkpoint directory to measure")
     parser.add_argument("--state", help="a checkpoint to calibrate on instead of a generated state")
     parser.add_argument("--state-mb", type=positive_int, default=512, help="size of the generated state (MB)")
@@ -195,6 +195,10 @@ def format_table(
 
 def run(args: argparse.Namespace) -> int:
     """Probe the directory, calibrate the codecs, print predicted and measured save times per codec."""
+    if os.path.exists(args.dir) and not os.path.isdir(args.dir):
+        return fail(
+            f"bench --dir {args.dir}: not a directory; pass the directory whose storage to measure", EXIT_UNAVAILABLE
+        )
     if not os.path.isdir(args.dir):
         raise FileNotFoundError(f"bench directory {args.dir} does not exist")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))

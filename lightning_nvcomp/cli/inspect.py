@@ -25,7 +25,7 @@ DESCRIPTION = (
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``inspect`` command to the top-level parser's ``subparsers``."""
-    parser = add_command(subparsers, "inspect", run, SUMMARY, DESCRIPTION)
+    parser = add_command(subparsers, "inspect", run, SUMMARY, DESCRIPTION, subject="file")
     parser.add_argument(
         "file", help="checkpoint written by lightning_nvcomp or plain torch.save: a path or a URL (s3://...)"
     )

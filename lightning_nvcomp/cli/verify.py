@@ -19,7 +19,7 @@ DESCRIPTION = (
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``verify`` command to the top-level parser's ``subparsers``."""
-    parser = add_command(subparsers, "verify", run, SUMMARY, DESCRIPTION, progress=True)
+    parser = add_command(subparsers, "verify", run, SUMMARY, DESCRIPTION, progress=True, subject="file")
     parser.add_argument("file", help="checkpoint to verify: a path or a URL (s3://...)")
 
 

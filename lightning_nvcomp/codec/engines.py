@@ -8,7 +8,7 @@ import torch
 
 from lightning_nvcomp.codec.cpu import CpuZstdEngine
 from lightning_nvcomp.codec.engine import ChunkEngine
-from lightning_nvcomp.codec.gpu import NvcompEngine, gpu_available
+from lightning_nvcomp.codec.gpu import NvcompEngine, gpu_available, gpu_missing
 from lightning_nvcomp.codec.schema import CODECS, Layout
 from lightning_nvcomp.errors import CodecUnavailableError
 from lightning_nvcomp.resources import shared
@@ -45,7 +45,7 @@ def engine_for(codec: str, device: torch.device) -> ChunkEngine | None:
     if codec == "ans":
         if not gpu_available():
             raise CodecUnavailableError(
-                "gANS needs a CUDA GPU and nvCOMP (pip install nvidia-nvcomp-cu12, or -cu13 for CUDA 13); it has no CPU coder"
+                f"gANS needs a CUDA GPU and nvCOMP; on this machine {gpu_missing()}. gANS has no CPU coder"
             )
         return _nvcomp_engine()
     if codec == "zstd":
@@ -73,8 +73,8 @@ def work_device(layout: Layout, meta: dict, device: torch.device) -> torch.devic
     if "ans" in coded:
         if not gpu_available():
             raise CodecUnavailableError(
-                f"data compressed with gANS (nvCOMP {meta.get('nvcomp')}) needs a CUDA GPU and nvCOMP to decode; gANS "
-                "has no CPU decoder. Load it on a GPU machine, or convert it there once: "
+                f"data compressed with gANS (nvCOMP {meta.get('nvcomp')}) needs a CUDA GPU and nvCOMP to decode; on "
+                f"this machine {gpu_missing()}. gANS has no CPU decoder: load it on a GPU machine, or convert it there once: "
                 "lightning-nvcomp convert IN OUT --codec zstd"
             )
         return device if device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())

@@ -1,4 +1,5 @@
-"""GPU chunk engine: NVIDIA nvCOMP gANS and Zstd on CUDA tensors, zero-copy through DLPack.
+"""GPU chunk engine: NVIDIA nvCOMP gANS and Zstd on CUDA tensors, zero-copy through DLPack; and whether it can run
+here (:func:`gpu_available`), and if not, what is missing and what to install (:func:`gpu_missing`).
 
 Both codecs use nvCOMP's RAW bitstream, one compressed buffer per chunk, so that the container's chunk table
 is the only framing. A RAW Zstd chunk is one standard zstd frame with its content size: the CPU engine reads
@@ -8,7 +9,9 @@ it. gANS has no CPU decoder anywhere; its bitstreams are recorded with the nvCOM
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import threading
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
@@ -16,6 +19,10 @@ import torch
 from lightning_nvcomp.codec.engine import ChunkEngine, Span
 
 _ALGORITHM = {"ans": "ANS", "zstd": "Zstd"}
+
+#: The nvCOMP wheel for each CUDA major version torch is built for; the package's extras ``cu12`` and ``cu13``
+#: install them.
+NVCOMP_PACKAGES = {"12": "nvidia-nvcomp-cu12", "13": "nvidia-nvcomp-cu13"}
 
 
 class _PinnedBuffer:
@@ -29,13 +36,23 @@ class _PinnedBuffer:
 
 
 @functools.cache
-def nvcomp_module() -> ModuleType | None:
-    """``nvidia.nvcomp`` if it is installed and loads, else None."""
+def _nvcomp_import() -> tuple[ModuleType | None, str | None]:
+    """``(nvidia.nvcomp, None)`` if it is installed and loads; ``(None, why)`` if it is installed and fails to load;
+    ``(None, None)`` if it is not installed."""
     try:
         from nvidia import nvcomp
-    except Exception:  # ImportError, or a library that fails to load without a driver
-        return None
-    return nvcomp
+    except ModuleNotFoundError as err:
+        if err.name in ("nvidia", "nvidia.nvcomp"):
+            return None, None
+        return None, f"{type(err).__name__}: {err}"
+    except Exception as err:  # a library that fails to load (no driver, a wrong CUDA)
+        return None, f"{type(err).__name__}: {err}"
+    return nvcomp, None
+
+
+def nvcomp_module() -> ModuleType | None:
+    """``nvidia.nvcomp`` if it is installed and loads, else None."""
+    return _nvcomp_import()[0]
 
 
 def nvcomp_version() -> str | None:
@@ -49,6 +66,96 @@ def gpu_available() -> bool:
     return torch.cuda.is_available() and nvcomp_module() is not None
 
 
+@dataclass(frozen=True)
+class GpuSupport:
+    """What nvCOMP on the GPU depends on, as found in a process.
+
+    Attributes:
+        torch_version: ``torch.__version__``.
+        torch_cuda: the CUDA version torch is built for (``torch.version.cuda``); None for a CPU-only build.
+        cuda_available: whether torch sees a CUDA GPU.
+        nvcomp_version: the version of the nvCOMP that loads here, or None.
+        nvcomp_error: why an installed nvCOMP fails to load (None if it loads or is not installed).
+        nvcomp_packages: the nvCOMP wheels installed (``nvidia-nvcomp-cu12``...), whether or not they load.
+    """
+
+    torch_version: str
+    torch_cuda: str | None
+    cuda_available: bool
+    nvcomp_version: str | None
+    nvcomp_error: str | None = None
+    nvcomp_packages: tuple[str, ...] = ()
+
+    @property
+    def cuda_major(self) -> str | None:
+        return self.torch_cuda.split(".")[0] if self.torch_cuda else None
+
+    def install_line(self) -> str:
+        """The one install line that fits this torch (or what to install first where no nvCOMP wheel fits it)."""
+        versions = " or ".join(f'"lightning-nvcomp[cu{major}]" (CUDA {major})' for major in NVCOMP_PACKAGES)
+        if self.cuda_major is None:
+            return f"install a CUDA build of torch, then pip install {versions}"
+        package = NVCOMP_PACKAGES.get(self.cuda_major)
+        if package is None:
+            return (
+                f"install a torch built for CUDA {' or '.join(NVCOMP_PACKAGES)}, the versions nvCOMP has wheels for "
+                f"(torch {self.torch_version} is built for CUDA {self.torch_cuda})"
+            )
+        return f'pip install "lightning-nvcomp[cu{self.cuda_major}]" ({package}, for torch\'s CUDA {self.torch_cuda})'
+
+    def missing(self) -> str | None:
+        """What keeps nvCOMP from running here, as a clause that follows "on this machine": which of the CUDA GPU and
+        nvCOMP is missing (or both) and what to do, with the install line that fits this torch. None when both are
+        usable."""
+        gpu = None
+        if not self.cuda_available:
+            gpu = (
+                f"there is no CUDA GPU (torch {self.torch_version} is a CPU-only build)"
+                if self.torch_cuda is None
+                else f"torch {self.torch_version} sees no CUDA GPU (check the driver with nvidia-smi, and "
+                "CUDA_VISIBLE_DEVICES)"
+            )
+        nvcomp = None
+        if self.nvcomp_error is not None:
+            nvcomp = f"nvCOMP is installed but fails to load ({self.nvcomp_error})"
+        elif self.nvcomp_version is None:
+            nvcomp = "nvCOMP is not installed"
+        if gpu and nvcomp:
+            return f"{gpu} and {nvcomp}: {self.install_line()}"
+        if nvcomp:
+            return f"there is a CUDA GPU but {nvcomp}: {self.install_line()}"
+        if gpu:
+            fix = f": {self.install_line()}" if self.torch_cuda is None else ""
+            return f"{gpu}; nvCOMP {self.nvcomp_version} is installed{fix}"
+        return None
+
+
+def gpu_support() -> GpuSupport:
+    """The facts of this process (see :class:`GpuSupport`)."""
+    module, error = _nvcomp_import()
+    installed = []
+    for package in NVCOMP_PACKAGES.values():
+        try:
+            importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        installed.append(package)
+    return GpuSupport(
+        torch.__version__,
+        torch.version.cuda,
+        torch.cuda.is_available(),
+        None if module is None else str(module.__version__),
+        error,
+        tuple(installed),
+    )
+
+
+def gpu_missing() -> str | None:
+    """What keeps nvCOMP from running on this machine, and what to install (see :meth:`GpuSupport.missing`); None
+    when a CUDA GPU and nvCOMP are both usable. Every message about a missing GPU or nvCOMP says it through this."""
+    return gpu_support().missing()
+
+
 class NvcompEngine(ChunkEngine):
     """gANS and Zstd on the current CUDA device and stream. nvCOMP codecs are not shared between threads."""
 
@@ -58,7 +165,7 @@ class NvcompEngine(ChunkEngine):
     def __init__(self) -> None:
         module = nvcomp_module()
         if module is None or not torch.cuda.is_available():
-            raise RuntimeError("the nvCOMP engine needs a CUDA GPU and nvidia-nvcomp-cu12 (or -cu13)")
+            raise RuntimeError(f"the nvCOMP engine needs a CUDA GPU and nvCOMP; on this machine {gpu_missing()}")
         self._nvcomp = module
         self._local = threading.local()
         # nvCOMP's own pinned allocations (each call's chunk sizes) are a cudaHostAlloc and a cudaFreeHost per call,
