@@ -56,6 +56,10 @@ class Survey:
     def stored_nbytes(self) -> int:
         return sum(e.stored_nbytes for e in self.holders().values())
 
+    def codecs(self) -> list[str]:
+        """The codecs its records use (``raw``: planes stored as they are; ``torch``: plain storages), sorted."""
+        return sorted({codec for e in self.holders().values() for codec in e.codec.split()[0].split("+")})
+
 
 def _walk(obj: object) -> Iterator[tuple[str, TensorInfo | torch.Tensor]]:
     """Each TensorInfo and dense tensor of a described file, once, with its dotted path."""
