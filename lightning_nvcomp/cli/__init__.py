@@ -22,10 +22,11 @@ progress bar), ``table`` (the table renderer and byte sizes).
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from lightning_nvcomp import __version__
 from lightning_nvcomp.cli import bench, convert, env, estimate, inspect, verify
-from lightning_nvcomp.cli.common import PROG, explain, fail, start_threads
+from lightning_nvcomp.cli.common import PROG, explain, fail, serial_torch
 
 #: The command modules, in the order ``--help`` lists them.
 COMMANDS = (inspect, verify, convert, estimate, bench, env)
@@ -52,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     :func:`~lightning_nvcomp.cli.common.explain`). A wrong command line exits 2 through argparse's ``SystemExit``."""
     args = build_parser().parse_args(argv)
     try:
-        start_threads()
-        return args.run(args)
+        with contextlib.nullcontext() if args.measures else serial_torch():
+            return args.run(args)
     except Exception as err:
         explained = explain(err, getattr(args, args.subject) if args.subject else None)
         if explained is None:

@@ -31,7 +31,7 @@ DESCRIPTION = (
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``bench`` command to the top-level parser's ``subparsers``."""
-    parser = add_command(subparsers, "bench", run, SUMMARY, DESCRIPTION, subject="dir")
+    parser = add_command(subparsers, "bench", run, SUMMARY, DESCRIPTION, subject="dir", measures=True)
     parser.add_argument("--dir", required=True, help="the checkpoint directory to measure")
     parser.add_argument("--state", help="a checkpoint to calibrate on instead of a generated state")
     parser.add_argument("--state-mb", type=positive_int, default=512, help="size of the generated state (MB)")

@@ -1,13 +1,13 @@
 """What the commands share: the program's name, its exit statuses and how errors map to them (:func:`explain`),
-the error line, the threads a command needs (:func:`start_threads`), argument types and options."""
+the error line, torch's threads (:func:`serial_torch`), argument types and options."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import math
 import sys
-import threading
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
@@ -125,29 +125,22 @@ def explain(err: BaseException, path: str | None = None) -> tuple[int, str] | No
 # ------------------------------------------------------------------------------------------------ threads
 
 
-def start_threads() -> None:
-    """Start, before a command reads anything, the threads torch computes with: a command that then finds it cannot
-    start a thread raises ``RuntimeError("can't start new thread")``, which exits 2 (this machine's limit).
+@contextlib.contextmanager
+def serial_torch() -> Iterator[None]:
+    """Within the block, torch runs its CPU operations on the calling thread (one intra-op thread), in every thread.
 
-    Why: torch's CPU operations run on OpenMP threads, started by the first operation large enough to split, and
-    OpenMP (libgomp) that cannot start a thread ends the process with status 1, the status of a damaged file. So
-    this first starts as many Python threads as OpenMP will need (which raises where they cannot start), lets them
-    end, and then has torch start its OpenMP threads, which stay for the process's life.
+    Why: torch splits a large CPU operation over OpenMP threads, and OpenMP (libgomp) that cannot start one ends the
+    process with status 1, the status of a damaged file, from whichever thread ran the operation (the decoders run
+    them on their pools' threads too). With one torch thread OpenMP starts none: a thread that cannot start is then
+    one of the package's, whose ``RuntimeError("can't start new thread")`` exits 2. The package's thread pools still
+    code and check in parallel (their threads no longer each start a team of OpenMP threads besides).
     """
-    count = torch.get_num_threads()
-    release = threading.Event()
-    started = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
-        for _ in range(count):
-            thread = threading.Thread(target=release.wait, name="lnv-thread-check")
-            thread.start()
-            started.append(thread)
+        yield
     finally:
-        release.set()
-        for thread in started:
-            thread.join()
-    # 32768 elements (torch's grain size) per thread: the addition is split over every thread torch uses.
-    torch.zeros(count << 15, dtype=torch.uint8).add_(1)
+        torch.set_num_threads(threads)
 
 
 def _positive(text: str, number: type[float] | type[int], expected: str) -> float:
@@ -179,14 +172,16 @@ def add_command(
     *,
     progress: bool = False,
     subject: str | None = None,
+    measures: bool = False,
 ) -> argparse.ArgumentParser:
     """Add the subcommand ``name`` (``summary`` in the top-level help, ``description`` in its own), parsed
     arguments going to ``run``; with ``progress``, its ``-q/--quiet`` option turns the progress bar off; ``subject``:
-    the argument that names the path the command reads (what its errors are about)."""
+    the argument that names the path the command reads (what its errors are about); ``measures``: the command times
+    saves, which keep torch's threads as a training process has them (others run with :func:`serial_torch`)."""
     parser = subparsers.add_parser(name, help=summary, description=description)
     if progress:
         parser.add_argument(
             "-q", "--quiet", action="store_true", help="no progress bar (it is also off when stderr is not a terminal)"
         )
-    parser.set_defaults(run=run, subject=subject)
+    parser.set_defaults(run=run, subject=subject, measures=measures)
     return parser
