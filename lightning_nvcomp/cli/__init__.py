@@ -22,7 +22,6 @@ progress bar), ``table`` (the table renderer and byte sizes).
 from __future__ import annotations
 
 import argparse
-import contextlib
 
 from lightning_nvcomp import __version__
 from lightning_nvcomp.cli import bench, convert, env, estimate, inspect, verify
@@ -50,11 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line on ``argv`` (default ``sys.argv[1:]``); return the exit status: 1 for a missing or
     damaged file, 2 for anything that keeps it from being processed here (see the module docstring and
-    :func:`~lightning_nvcomp.cli.common.explain`). A wrong command line exits 2 through argparse's ``SystemExit``."""
+    :func:`~lightning_nvcomp.cli.common.explain`). A wrong command line exits 2 through argparse's ``SystemExit``.
+    Every command but ``bench`` leaves torch on one intra-op thread in this process
+    (:func:`~lightning_nvcomp.cli.common.serial_torch`)."""
     args = build_parser().parse_args(argv)
+    if not args.measures:
+        serial_torch()
     try:
-        with contextlib.nullcontext() if args.measures else serial_torch():
-            return args.run(args)
+        return args.run(args)
     except Exception as err:
         explained = explain(err, getattr(args, args.subject) if args.subject else None)
         if explained is None:

@@ -4,7 +4,6 @@ the error line, torch's threads (:func:`serial_torch`), argument types and optio
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import math
 import sys
@@ -125,22 +124,18 @@ def explain(err: BaseException, path: str | None = None) -> tuple[int, str] | No
 # ------------------------------------------------------------------------------------------------ threads
 
 
-@contextlib.contextmanager
-def serial_torch() -> Iterator[None]:
-    """Within the block, torch runs its CPU operations on the calling thread (one intra-op thread), in every thread.
+def serial_torch() -> None:
+    """Have torch run its CPU operations on the calling thread (one intra-op thread), in every thread, from now on.
 
     Why: torch splits a large CPU operation over OpenMP threads, and OpenMP (libgomp) that cannot start one ends the
     process with status 1, the status of a damaged file, from whichever thread ran the operation (the decoders run
     them on their pools' threads too). With one torch thread OpenMP starts none: a thread that cannot start is then
     one of the package's, whose ``RuntimeError("can't start new thread")`` exits 2. The package's thread pools still
-    code and check in parallel (their threads no longer each start a team of OpenMP threads besides).
+    code and check in parallel (their threads no longer each start a team of OpenMP threads besides). Not undone
+    when a command returns: after an error, its pools' threads may still be finishing their work, and OpenMP back
+    on would start threads for them.
     """
-    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _positive(text: str, number: type[float] | type[int], expected: str) -> float:
