@@ -2,21 +2,27 @@
 
 Commands, one module each in this package:
 
-* ``inspect FILE``: what a checkpoint holds (tensors, codecs, compression ratios), without decoding anything.
-* ``verify FILE``: decode every record and check every checksum.
+* ``inspect PATH``: what a checkpoint holds (tensors, codecs, compression ratios), without decoding anything; of a
+  DCP checkpoint directory, its items with their rank and data file, and totals by rank; of a directory of
+  checkpoints (Accelerate's ``save_state``), one line per checkpoint in it.
+* ``verify PATH``: decode every record and check every checksum: of a file, of every item of a DCP checkpoint (or of
+  one of its data files, through the checkpoint's ``.metadata``), of every checkpoint in a directory.
 * ``convert IN OUT --codec {zstd,ans,none,torch}``: rewrite a checkpoint with another codec (``torch``: a plain
   torch.save file).
 * ``estimate``: what synchronous checkpoints cost in idle GPU time and dollars, uncompressed and with each codec.
 * ``bench --dir DIR``: measure a checkpoint directory and the codecs; predict and time a save with each.
+* ``env``: torch and its CUDA build, the GPU, nvCOMP and the frameworks here, and the install line that fits.
 
 Exit status: 0 success; 1 the file is missing or damaged; 2 it cannot be processed on this machine (gANS records
-without a CUDA GPU and nvCOMP, refused by ``weights_only``, over the decode limit, out of memory, a device error),
-or the command line is wrong.
+without a CUDA GPU and nvCOMP, refused by ``weights_only``, over the decode limit, out of memory or threads, a device
+error: also where such a limit interrupted a check that would otherwise report damage), or the command line is wrong.
 
 Each command module has ``add_parser(subparsers)``, which adds its subcommand and sets ``run`` to its
-``run(args) -> int`` (the exit status); :func:`main` maps the errors a command raises to the statuses above.
-Shared pieces: ``common`` (names, statuses, argument types), ``checkpoint`` (a file's survey and a load with a
-progress bar), ``table`` (the table renderer and byte sizes).
+``run(args) -> int`` (the exit status); :func:`main` maps the errors a command raises to the statuses above
+(:func:`~lightning_nvcomp.cli.common.explain`). Shared pieces: ``common`` (names, statuses, errors, argument types),
+``checkpoint`` (a file's survey and a load with a progress bar), ``directory`` (what a path is: a file, a DCP
+checkpoint or one of its data files, a directory of checkpoints), ``dcp`` (a DCP checkpoint's survey and check, through
+:class:`~lightning_nvcomp.dcp.NvcompFileSystemReader`), ``table`` (the table renderer and byte sizes).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Inspect, verify and convert lossless compressed PyTorch checkpoints (nvCOMP gANS / zstd).",
         epilog="Exit status: 0 success, 1 file missing or damaged, 2 cannot be processed on this machine "
-        "(gANS without a CUDA GPU) or bad arguments.",
+        "(gANS without a CUDA GPU and nvCOMP, out of memory or threads...) or bad arguments.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -185,7 +185,8 @@ def _directory(path: str, kind: str, all_rows: bool) -> int:
             statuses.append(explained[0])
             rows.append([member.name, "error", "-", "-", "-", "-", "-"])
             notes.append(explained[1])
-    print()
+    if kind == DCP:
+        print()
     header = ["checkpoint", "format", "tensors", "codecs", "raw", "stored", "ratio"]
     print(table(header, rows, right={2, 4, 5, 6}))
     for note in notes:
