@@ -45,11 +45,11 @@ _MACHINE_MESSAGES = (
     ("can't start new thread", _THREADS),
     ("can't allocate memory", _MEMORY),  # torch's CPU allocator
     ("cannot allocate memory", _MEMORY),  # mmap and other system calls (ENOMEM)
-    ("out of memory", "the GPU is out of memory"),  # CUDA
+    ("out of memory", "this machine is out of memory (GPU or host memory)"),  # CUDA, nvCOMP
 )
 _MACHINE_ERRNOS = {
     errno.ENOMEM: _MEMORY,
-    errno.EAGAIN: _THREADS,
+    errno.EAGAIN: "a resource of this machine is used up for now (threads: ulimit -u, or memory)",
     errno.EMFILE: "this process has too many files open (ulimit -n)",
     errno.ENFILE: "this machine has too many files open",
 }

@@ -118,8 +118,7 @@ def inspect_dcp(path: str, all_rows: bool, only: str | None = None) -> None:
     ranks: dict[str, list] = {}
     for item in items:
         ranks.setdefault("?" if item.rank is None else str(item.rank), []).append(item)
-    totals = [(rank, found) for rank, found in sorted(ranks.items(), key=lambda r: (len(r[0]), r[0]))]
-    totals.append(("total", items))
+    totals = [*sorted(ranks.items(), key=lambda r: (len(r[0]), r[0])), ("total", items)]  # ranks in numeric order
     rows = []
     for rank, found in totals:
         raw, stored = sum(i.raw_nbytes for i in found), sum(i.stored_nbytes for i in found)

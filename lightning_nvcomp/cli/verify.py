@@ -68,11 +68,12 @@ def verify_dcp(path: str, quiet: bool, only: str | None = None) -> tuple[int, st
             fail(check.message, check.status)
     items = [item for check in checks for item in check.items]
     ranks = sorted({str(item.rank) for item in items if item.rank is not None})
-    what = f"{len(items)} items in {len(checks)} data file{'s' if len(checks) != 1 else ''}"
+    checkpoint = f"data file of the DCP checkpoint {path}" if only else "DCP checkpoint"
+    what = f"{checkpoint}, {len(items)} items in {len(checks)} data file{'s' if len(checks) != 1 else ''}"
     what += f" (rank{'s' if len(ranks) != 1 else ''} {', '.join(ranks)})" if ranks else ""
     failed = [check.file for check in checks if check.status]
     if failed:
-        return worst(c.status for c in checks), f"DCP checkpoint, {what}: {', '.join(failed)} failed (see above)"
+        return worst(c.status for c in checks), f"{what}: {', '.join(failed)} failed (see above)"
     not_loaded = [name for check in checks for name in check.not_loaded]
     note = (
         f"; {len(not_loaded)} pickled values not loaded ({', '.join(not_loaded)}): intact (zip CRC-32s checked), "
@@ -81,7 +82,7 @@ def verify_dcp(path: str, quiet: bool, only: str | None = None) -> tuple[int, st
         else ""
     )
     raw = size(sum(item.raw_nbytes for item in items))
-    return EXIT_OK, f"DCP checkpoint, {what}, {raw} raw, every item decoded and checked{note}"
+    return EXIT_OK, f"{what}, {raw} raw, every item decoded and checked{note}"
 
 
 def _member_file(path: str, quiet: bool) -> str:
@@ -103,7 +104,7 @@ def _directory(path: str, kind: str, quiet: bool) -> int:
     list each with its result, and the entries that are not checkpoints."""
     results = []
     if kind == DCP:
-        results.append(("(DCP checkpoint)", *verify_dcp(path, quiet)))
+        results.append(("(this directory)", *verify_dcp(path, quiet)))
     found, others = members(path)
     for member in found:
         try:
@@ -142,7 +143,7 @@ def _data_file(path: str, quiet: bool) -> int:
     status, what = verify_dcp(directory, quiet, only=name_of(path))
     if status:
         return fail(f"{path}: {what}", status)
-    print(f"OK: {path}: {what.replace('DCP checkpoint', f'data file of the DCP checkpoint {directory}', 1)}")
+    print(f"OK: {path}: {what}")
     return EXIT_OK
 
 
