@@ -333,6 +333,10 @@ def test_verify_under_a_thread_limit_exits_2_never_1(tmp_path):
     for proc in failed:
         assert_machine_limit(proc, "ck.pt")
         assert "cannot start another thread" in proc.stderr.splitlines()[-1]
+    dcp_save(str(tmp_path / "dcp"))  # and a DCP checkpoint, whose reader starts threads of its own
+    proc = cli_child(["verify", "dcp"], tmp_path, thread_limit(0))
+    assert proc.returncode == 2 and not_called_damaged(proc.stderr), proc.stderr[-3000:]
+    assert "dcp/__0_0.distcp: this process cannot start another thread" in proc.stderr, proc.stderr[-3000:]
 
 
 def _vm_peak(proc: subprocess.CompletedProcess) -> int:
