@@ -226,7 +226,9 @@ class CheckpointWriter:
             _discard_after(earlier, path, storage)
 
     def commit(self, step: int, label: str) -> None:
-        """Close the current group of saves (checkpoint ``label`` at training ``step``) and record its savings."""
+        """Close the current group of saves (checkpoint ``label``, a file or a directory, at training ``step``) and
+        record its savings."""
+        label = label if is_url(label) else absolute_path(label)  # recorded later, maybe on the writer thread
         group, blocked, waited, probe_s = self._group, self._blocked, self._waited, self._probe_s
         self._group, self._blocked, self._waited, self._probe_s = [], 0.0, 0.0, 0.0
         if not group:
