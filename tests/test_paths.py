@@ -107,7 +107,7 @@ def test_convert_between_bare_names(tmp_path, monkeypatch, capsys, codec):
     assert listing(tmp_path) == ["in.ckpt", "out.ckpt"]
 
 
-def _hold_writer_thread_fsyncs(monkeypatch) -> threading.Event:
+def hold_writer_thread_fsyncs(monkeypatch) -> threading.Event:
     """Make every ``os.fsync`` on the checkpoint writer thread wait until the returned event is set (a disk that is
     slow to make data durable); the real fsync runs then."""
     release, real = threading.Event(), os.fsync
@@ -132,7 +132,7 @@ def test_work_behind_training_goes_where_the_save_was_asked_after_a_chdir(tmp_pa
     writer = CheckpointWriter(SaveOptions(codec="zstd", probe_nbytes=1 << 20, async_save=async_save))
     writer.save(state(0), "first.ckpt")  # the probe and the baseline, before the writer thread is held
     writer.wait()
-    release = _hold_writer_thread_fsyncs(monkeypatch)
+    release = hold_writer_thread_fsyncs(monkeypatch)
     try:
         writer.save(state(1), "held.ckpt")  # its flush (or write) waits on the writer thread ...
         writer.save(state(2), "x.ckpt")  # ... and this one's work is queued behind it
