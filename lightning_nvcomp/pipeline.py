@@ -84,6 +84,12 @@ def _discard_after(earlier: list[Future], path: str, storage: StorageBackend) ->
         storage.discard(path)
 
 
+def _resolved(path: str | os.PathLike) -> str:
+    """``path`` as work done later (on the writer thread, after a ``chdir``) must see it: a URL as given, a local
+    path absolute."""
+    return os.fspath(path) if is_url(path) else absolute_path(path)
+
+
 def _same_path(path: str) -> str:
     """``path`` in a form that compares equal for every spelling of one file: absolute, or the URL as given."""
     return path if is_url(path) else os.path.abspath(path)
@@ -156,7 +162,7 @@ class CheckpointWriter:
         and the first ``auto`` save calibrates the codecs on this state; their time is not the save's: it is
         reported once, as ``probe_s``."""
         storage = self.storage_for(path)
-        path = os.fspath(path) if is_url(path) else absolute_path(path)  # written later: after a chdir, still here
+        path = _resolved(path)
         directory = storage.parent(path)
         storage.makedirs(directory)
         if not self.policy.knows_bandwidth(directory):  # the one-off probe of this file system, before the timing
@@ -217,7 +223,7 @@ class CheckpointWriter:
         """Delete the checkpoint file ``path`` (pruning): at once when nothing is being written, else on the writer
         thread after the saves queued before it, and only if they all succeeded (so that an older checkpoint is
         never deleted before a newer one is durable)."""
-        path = os.fspath(path)
+        path = _resolved(path)
         storage = self.storage_for(path)
         earlier = [future for _, future in self._inflight]  # a failure stays here until wait() has raised it
         if any(not future.done() for future in earlier):
@@ -228,7 +234,7 @@ class CheckpointWriter:
     def commit(self, step: int, label: str) -> None:
         """Close the current group of saves (checkpoint ``label``, a file or a directory, at training ``step``) and
         record its savings."""
-        label = label if is_url(label) else absolute_path(label)  # recorded later, maybe on the writer thread
+        label = _resolved(label)
         group, blocked, waited, probe_s = self._group, self._blocked, self._waited, self._probe_s
         self._group, self._blocked, self._waited, self._probe_s = [], 0.0, 0.0, 0.0
         if not group:

@@ -123,27 +123,29 @@ def hold_writer_thread_fsyncs(monkeypatch) -> threading.Event:
 
 @pytest.mark.parametrize("async_save", [False, True], ids=["background-flush", "async-write"])
 def test_work_behind_training_goes_where_the_save_was_asked_after_a_chdir(tmp_path, monkeypatch, async_save):
-    """A save under a relative name whose flush (``background`` durability) or write (async) runs on the writer
-    thread after the program changed its working directory: the file is where the working directory was."""
+    """Saves under relative names whose flush (``background`` durability) or write (async) runs on the writer thread
+    after the program changed its working directory, and a deletion (pruning) queued behind them: all happen where
+    the working directory was, not in the new one (which has a directory of the same name)."""
     run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
-    run.mkdir()
-    elsewhere.mkdir()
+    (run / "out").mkdir(parents=True)
+    (elsewhere / "out").mkdir(parents=True)
     monkeypatch.chdir(run)
     writer = CheckpointWriter(SaveOptions(codec="zstd", probe_nbytes=1 << 20, async_save=async_save))
-    writer.save(state(0), "first.ckpt")  # the probe and the baseline, before the writer thread is held
+    writer.save(state(0), "out/first.ckpt")  # the probe and the baseline, before the writer thread is held
     writer.wait()
     release = hold_writer_thread_fsyncs(monkeypatch)
     try:
-        writer.save(state(1), "held.ckpt")  # its flush (or write) waits on the writer thread ...
-        writer.save(state(2), "x.ckpt")  # ... and this one's work is queued behind it
-        writer.commit(2, "x.ckpt")
+        writer.save(state(1), "out/held.ckpt")  # its flush (or write) waits on the writer thread ...
+        writer.save(state(2), "out/x.ckpt")  # ... and this one's work is queued behind it
+        writer.commit(2, "out/x.ckpt")
+        writer.discard("out/first.ckpt")  # after the saves queued before it
         monkeypatch.chdir(elsewhere)
     finally:
         release.set()
-    writer.close()  # today: FileNotFoundError: '' (a flush), or the files land in "elsewhere" (async)
-    assert listing(elsewhere) == []
-    assert listing(run) == ["first.ckpt", "held.ckpt", "x.ckpt"]
-    assert_tree_bit_exact(torch.load(run / "x.ckpt", weights_only=True), state(2))
+    writer.close()
+    assert listing(elsewhere / "out") == []  # today: held.ckpt (background) or both (async) land here
+    assert listing(run / "out") == ["held.ckpt", "x.ckpt"]  # today: first.ckpt is kept, the others missing
+    assert_tree_bit_exact(torch.load(run / "out" / "x.ckpt", weights_only=True), state(2))
 
 
 # -- 2. temporary files never wider than the checkpoint they become ------------------------------------------------
