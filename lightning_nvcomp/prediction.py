@@ -97,18 +97,19 @@ def choose(predictions: list[Prediction], interval_s: float | None = None) -> Pr
         raise ValueError("no codec to choose from")
     best = min(p.blocked_s for p in predictions)
     absolute = min(TIE_S, TIE_INTERVAL_FRACTION * interval_s) if interval_s is not None else 0.0
-    tie_s = max(absolute, TIE_FRACTION * best)
-    close = [p for p in predictions if p.blocked_s <= best + tie_s + 1e-9]
+    relative = TIE_FRACTION * best
+    close = [p for p in predictions if p.blocked_s <= best + max(absolute, relative) + 1e-9]
     top = max(p.ratio for p in close)
     smallest = [p for p in close if p.ratio * (1 + _RATIO_TIE) >= top]
     chosen = min(smallest, key=lambda p: (p.durable_s, p.blocked_s))
     tied = [p for p in close if p is not chosen]
+    within = format_seconds(absolute) if absolute > relative else f"{TIE_FRACTION:.0%}"
     if len(predictions) == 1:
         reason = "the only candidate"
     elif not tied:
-        reason = f"the least, no other within {format_seconds(tie_s)} of it"
+        reason = f"the least, no other within {within} of it"
     else:
-        tie = f"a tie with {', '.join(p.codec for p in tied)} (within {format_seconds(tie_s)} of the least)"
+        tie = f"a tie with {', '.join(p.codec for p in tied)} (within {within} of the least)"
         if len(smallest) == 1:
             ratios = ", ".join(f"{p.codec} {p.ratio:.3f}x" for p in tied)
             reason = f"{tie}, won by the smaller file ({chosen.ratio:.3f}x; {ratios})"

@@ -61,7 +61,7 @@ def test_the_least_lost_time_with_no_tie(tmp_path: Path, monkeypatch: pytest.Mon
     (line,) = _saves(CodecPolicy("sync", write_gbps=gbps, profiles=[zstd, NONE]), [STATE])
     zstd_s, none_s = RAW / 1.2 / (gbps * 1e9), RAW / (gbps * 1e9)
     assert none_s > zstd_s * (1 + TIE_FRACTION)
-    assert _reason(line, "zstd") == f"the least, no other within {format_seconds(TIE_FRACTION * zstd_s)} of it"
+    assert _reason(line, "zstd") == f"the least, no other within {TIE_FRACTION:.0%} of it"
     assert f"(none {format_seconds(none_s)})" in line, line
 
 
