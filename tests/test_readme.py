@@ -150,7 +150,9 @@ def test_the_runner_substitutes_gpu_only_text_without_a_gpu_and_skips_marked_blo
 
 
 def _install_section() -> str:
-    return README.read_text().split("### Install", 1)[1].split("\n## ", 1)[0]
+    text = README.read_text()
+    assert "\n### Install\n" in text, "the README has no Install section"
+    return text.split("\n### Install\n", 1)[1].split("\n## ", 1)[0]
 
 
 def _commands(section: str) -> list[str]:
