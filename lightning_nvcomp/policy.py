@@ -334,7 +334,10 @@ class CodecPolicy:
                 round(RETRY_CLOSE * 100),
                 why,
             )
-            reason = f"tried instead of {chosen.codec} to measure it in a real save (within {RETRY_CLOSE:.0%}, {why})"
+            reason = (
+                f"tried instead of {chosen.codec} to measure it in a real save (predicted within {RETRY_CLOSE:.0%} "
+                f"of it, {why})"
+            )
             chosen = replace(runner_up, reason=reason)
         self._used[chosen.codec] = self._decisions
         chosen = replace(chosen, alternatives=tuple(p for p in predictions if p.codec != chosen.codec))

@@ -15,8 +15,8 @@ writer costs
   waits for its write before it ends.
 
 The codec that loses the least training time wins; a tie (see :func:`choose`) goes to the smaller file, then to the
-checkpoint durable sooner, and the chosen prediction says which rule decided (:attr:`Prediction.reason`). Uncompressed saves (``none``) have ``r = 1`` and ``E`` = the device-to-host copy rate
-(``inf`` for CPU state).
+checkpoint durable sooner; the chosen prediction says which rule decided (:attr:`Prediction.reason`). Uncompressed
+saves (``none``) have ``r = 1`` and ``E`` = the device-to-host copy rate (``inf`` for CPU state).
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ def test_a_close_runner_up_tried_to_measure_it(tmp_path: Path, monkeypatch: pyte
     first, second = _saves(policy, [noise, noise])
     assert _reason(first, "zstd").startswith("the least, ")
     assert _reason(second, "none") == (
-        f"tried instead of zstd to measure it in a real save (within {RETRY_CLOSE:.0%}, not yet measured)"
+        f"tried instead of zstd to measure it in a real save (predicted within {RETRY_CLOSE:.0%} of it, not yet measured)"
     )
 
 
