@@ -183,12 +183,14 @@ def main(markdown: str, line: int, gpu: bool) -> None:
     lightning_nvcomp is imported before the block: importing it has effects (``torch.load`` learns its decoder)."""
     here = Path(__file__).resolve().parent
     sys.path[:] = [p for p in sys.path if Path(p).resolve() != here]  # the reader's sys.path, not the tests'
-    (block,) = [b for b in blocks(markdown, "python") if b.line == line]
-    code = substituted(block.code, gpu)
+    found = [b for b in blocks(markdown, "python") if b.line == line]
+    if not found:
+        sys.exit(f"{markdown}:{line}: no python block opens on this line")
+    code = substituted(found[0].code, gpu)
     names = set(re.findall(r"[A-Za-z_]\w*", code))
     namespace = {"__name__": "__main__", **prelude(names)}
     # line numbers in tracebacks are the markdown file's
-    exec(compile("\n" * block.line + code, str(block.path), "exec"), namespace)
+    exec(compile("\n" * line + code, str(found[0].path), "exec"), namespace)
 
 
 if __name__ == "__main__":
