@@ -33,7 +33,8 @@ def _combined(stats: list[SaveStats], label: str) -> SaveStats:
     """One save's figures for several files written together (e.g. Accelerate's model, optimizer, scheduler)."""
     if len(stats) == 1:
         return stats[0]
-    codec = max(stats, key=lambda s: s.raw_nbytes).codec
+    largest = max(stats, key=lambda s: s.raw_nbytes)
+    codec = largest.codec
     predictions = [s.prediction for s in stats if s.prediction is not None]
     prediction = None
     if len(predictions) == len(stats):  # auto: one forecast per file, summed like the files' times
@@ -55,6 +56,7 @@ def _combined(stats: list[SaveStats], label: str) -> SaveStats:
         prediction = replace(
             summed(codec, predictions),
             alternatives=tuple(summed(c, [found[c] for found in by_codec]) for c in common),
+            reason=f"for {os.path.basename(largest.path)}, the largest file, {predictions[stats.index(largest)].reason}",
         )
     durable = [s.durable_s for s in stats]
     return SaveStats(
