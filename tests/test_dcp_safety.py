@@ -180,6 +180,7 @@ def test_a_hostile_metadata_runs_nothing_through_our_reader(tmp_path, monkeypatc
     marker = tmp_path / "marker"
     Path("ckpt/.metadata").write_bytes(_hostile(kind, marker))
     err = _error_of(lambda: NvcompFileSystemReader("ckpt").read_metadata())
+    assert not marker.exists(), "the hostile .metadata ran its command"
     assert isinstance(err, CheckpointError), repr(err)
     assert "ckpt/.metadata" in str(err) and f"{os.system.__module__}.system" in str(err), str(err)
     # through dcp.load (which re-raises the reader's error in an AssertionError of its own)
@@ -196,6 +197,7 @@ def test_a_hostile_payload_in_the_checked_wrapper_runs_nothing_through_dcps_read
     marker = tmp_path / "marker"
     Path("ckpt/.metadata").write_bytes(_hostile("checked", marker))
     err = _error_of(lambda: dcp.FileSystemReader("ckpt").read_metadata())
+    assert not marker.exists(), "the hostile payload ran its command"
     assert isinstance(err, RefusedObjectsError) and f"{os.system.__module__}.system" in err.refused, repr(err)
     assert "refused" in str(_error_of(lambda: _load("ckpt", state, reader="default")))
     assert not marker.exists(), "the hostile payload ran its command"
@@ -309,12 +311,12 @@ def test_a_ranks_file_replaced_by_the_same_ranks_file_of_another_step_is_refused
     shutil.copytree(two_steps, tmp_path / "run")
     step1, step2 = tmp_path / "run" / "step-1", tmp_path / "run" / "step-2"
     _assert_version(_load_into_target(step2), 1)  # intact, it loads
-    (id1,), (id2,) = _checkpoint_ids(step1), _checkpoint_ids(step2)
-    assert id1 and id2 and id1 != id2
     replaced = _rank_file(step2, 1)
     shutil.copyfile(_rank_file(step1, 1), replaced)
     err = _error_of(lambda: _load_into_target(step2))
     assert isinstance(err, CorruptCheckpointError), repr(err)
+    (id1,), (id2,) = _checkpoint_ids(step1), _checkpoint_ids(step2)
+    assert id1 and id2 and id1 != id2
     message = str(err)
     assert f"{replaced.name}: item '" in message and id1 in message and id2 in message, message
 
