@@ -1,6 +1,8 @@
 """What a DCP checkpoint of this package records: the checked ``.metadata`` (:class:`_CheckedMetadata`, read back
-through :func:`_checked_metadata` and :func:`_load_metadata`), each item's :class:`NvcompStorageInfo`, and the checks
-an item's storage info must pass before its file is opened (:func:`check_storage_info`).
+through :func:`_checked_metadata` and :func:`_load_metadata`, under ``weights_only`` rules: what each pickle may
+import is :func:`_metadata_names`), each item's :class:`NvcompStorageInfo`, the checkpoint id and data file header that
+bind the data files to their ``.metadata`` (:func:`data_file_header`), and the checks an item's storage info must
+pass before its file is opened (:func:`check_storage_info`).
 
 ``_checked_metadata`` and ``NvcompStorageInfo`` are pickled into every ``.metadata`` under the names
 ``lightning_nvcomp.dcp._checked_metadata`` and ``lightning_nvcomp.dcp.NvcompStorageInfo``: those names are part of the

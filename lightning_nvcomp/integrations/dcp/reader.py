@@ -43,10 +43,12 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
     DCP ones).
 
     Compressed items are decoded on the target shard's device (nvCOMP on a GPU, CPU zstd otherwise) after their
-    record fields, segment CRCs and pickle CRC are checked; ``.metadata``'s CRC is checked (files of earlier
-    versions, without one, still load); every item's storage info is validated before its file is opened (a file
-    inside the checkpoint directory, an ``(offset, length)`` within it, a known codec) and every decoded tensor's
-    dtype and shape against the metadata; plain ``torch.save`` items have their zip CRCs checked. Errors name the
+    record fields, segment CRCs and pickle CRC are checked; ``.metadata`` is read under ``weights_only`` rules and its
+    CRC checked (files of earlier versions, without one, still load); every item's storage info is validated before
+    its file is opened (a file inside the checkpoint directory, an ``(offset, length)`` within it, a known codec),
+    every data file's header against the checkpoint id its items record, and every decoded tensor's dtype and shape
+    against the metadata; plain ``torch.save`` items have their zip CRCs checked; one decode bound covers the load,
+    from the bytes its items occupy. Errors name the
     file and the item; damage raises :class:`~lightning_nvcomp.errors.CorruptCheckpointError`. DCP's default
     ``FileSystemReader`` reads these checkpoints too (on the CPU), see :mod:`lightning_nvcomp.integrations.dcp`.
 
