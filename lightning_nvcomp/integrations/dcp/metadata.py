@@ -77,8 +77,10 @@ def _checked_metadata(payload: bytes, crc: int, version: int = METADATA_FORMAT) 
     Raises:
         CorruptCheckpointError: the CRC does not match (the checkpoint metadata is damaged), or the fields are not
             what the writer stores.
+        RefusedObjectsError: the payload (intact) imports or does what DCP's metadata never does (see
+            :mod:`~lightning_nvcomp.integrations.dcp.unpickle`); none of it was run.
         CheckpointError: a format version this code does not know, or an intact payload that cannot be unpickled
-            here (a module missing, say).
+            here.
     """
     where = _metadata_name.get()
     if type(version) is not int or version != METADATA_FORMAT:
@@ -99,7 +101,7 @@ def _checked_metadata(payload: bytes, crc: int, version: int = METADATA_FORMAT) 
     except Refused as err:  # intact bytes (the CRC matched): written by a newer version, or crafted
         raise RefusedObjectsError(
             f"{where}: the checkpoint metadata is refused: {err}, which the metadata this version writes never "
-            "does; nothing of it was run (written by a newer lightning_nvcomp, or crafted)",
+            "does; nothing of it was run (written by a newer lightning_nvcomp or torch, or crafted)",
             where,
             (err.name,) if err.name else (),
         ) from None
@@ -116,7 +118,9 @@ def _checked_metadata(payload: bytes, crc: int, version: int = METADATA_FORMAT) 
 
 def _load_metadata(data: bytes, name: str) -> Metadata:
     """The ``Metadata`` of a ``.metadata`` file's bytes: the checked format (CRC verified) or a plain pickle (files
-    of earlier versions, DCP's own). Errors name ``name``; damage raises :class:`CorruptCheckpointError`."""
+    of earlier versions, DCP's own), read under ``weights_only`` rules (:func:`_file_names`). Errors name ``name``;
+    damage raises :class:`CorruptCheckpointError`, what the rules refuse :class:`RefusedObjectsError` (none of it
+    run)."""
     # The checked wrapper names lightning_nvcomp.dcp._checked_metadata in its first bytes (DCP's pickle names
     # torch.distributed.checkpoint.metadata.Metadata there); damage may have changed one of the two names.
     checked = b"_checked_metadata" in data[:64] or PICKLED_MODULE.encode() in data[:64]
@@ -217,7 +221,7 @@ def _file_names() -> dict[str, tuple[Any, str]]:
 
 #: What every data file of a save with a checkpoint id starts with, before :func:`data_file_header`'s fields.
 DATA_FILE_MAGIC = b"lightning_nvcomp-dcp-data"
-#: The most bytes a data file header has (its file name included).
+#: Bytes of a data file's start read to report the header found there.
 DATA_FILE_HEADER_MAX = 512
 _CHECKPOINT_ID = re.compile(r"[0-9a-f]{16}")
 

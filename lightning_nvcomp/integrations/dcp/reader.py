@@ -281,9 +281,10 @@ def _check_data_file(stream: Any, relative_path: str, reqs: list[tuple[ReadItem,
             f"({', '.join(sorted(map(str, ids)))}); the checkpoint metadata is damaged"
         )
     expected = str(ids.pop())
+    header = data_file_header(expected, relative_path)
     stream.seek(0)
-    first = stream.read(DATA_FILE_HEADER_MAX)
-    if first.startswith(data_file_header(expected, relative_path)):
+    first = stream.read(max(len(header), DATA_FILE_HEADER_MAX))
+    if first.startswith(header):
         return
     found = header_fields(first)
     if found is None:
