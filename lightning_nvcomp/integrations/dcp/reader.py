@@ -48,9 +48,9 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
     its file is opened (a file inside the checkpoint directory, an ``(offset, length)`` within it, a known codec),
     every data file's header against the checkpoint id its items record, and every decoded tensor's dtype and shape
     against the metadata; plain ``torch.save`` items have their zip CRCs checked; one decode bound covers the load,
-    from the bytes its items occupy. Errors name the
-    file and the item; damage raises :class:`~lightning_nvcomp.errors.CorruptCheckpointError`. DCP's default
-    ``FileSystemReader`` reads these checkpoints too (on the CPU), see :mod:`lightning_nvcomp.integrations.dcp`.
+    from the bytes its items occupy. Errors name the file and the item; damage raises
+    :class:`~lightning_nvcomp.errors.CorruptCheckpointError`. DCP's default ``FileSystemReader`` reads these
+    checkpoints too (on the CPU), see :mod:`lightning_nvcomp.integrations.dcp`.
 
     Args:
         path: the checkpoint directory: a local path or a URL (``s3://bucket/run/step-10``: data files read by
