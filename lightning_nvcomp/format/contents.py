@@ -9,6 +9,7 @@ from typing import Any, TypeGuard
 
 import torch
 
+from lightning_nvcomp._torch_compat import tensor_state
 from lightning_nvcomp.errors import CheckpointError
 from lightning_nvcomp.tree import leaves
 
@@ -27,6 +28,7 @@ def _eligible(obj: object) -> TypeGuard[torch.Tensor]:
         isinstance(obj, torch.Tensor)
         and type(obj) in (torch.Tensor, torch.nn.Parameter)
         and obj.layout == torch.strided
+        and not obj.is_nested  # a nested tensor of strided layout: torch pickles it as its parts
         and obj.device.type in ("cpu", "cuda")
         and str(obj.dtype).removeprefix("torch.") in DTYPES
         and not obj.is_conj()
@@ -43,7 +45,8 @@ class _NullSink:
 class Contents:
     """What ``torch.save`` would store of an object, found by a dry-run pickle.
 
-    ``tensors``: the dense tensors stored through :func:`decode_tensor`, in pickling order. ``storages``: the storages
+    ``tensors``: the dense tensors stored through :func:`decode_tensor`, in pickling order (those their Python
+    attributes hold included). ``storages``: the storages
     of every other tensor (conj/neg views, subclasses, sparse parts, dtypes the format does not name) and storages
     saved as such, by ``_cdata``: ``(storage, dtype name or None for an untyped storage)``; they are stored through
     :func:`decode_storage`. ``kept``: every object the save must not copy (it holds or is what was found).
@@ -97,7 +100,8 @@ class _ContentsFinder(pickle.Pickler):
     def reducer_override(self, item: object) -> Any:
         if _eligible(item):
             self.tensors.setdefault(id(item), item)
-            return int, ()
+            state = tensor_state(item)  # its Python attributes, stored with it: the tensors they hold too
+            return (int, (), state) if state else (int, ())
         if isinstance(item, (torch.Tensor, torch.UntypedStorage, torch.storage.TypedStorage)):
             self.kept.setdefault(id(item), item)
         return NotImplemented

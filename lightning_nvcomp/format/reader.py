@@ -20,6 +20,7 @@ from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, Ref
 from lightning_nvcomp.format.contents import find_contents
 from lightning_nvcomp.format.decode import _describe, _keep_on_gpu
 from lightning_nvcomp.format.load_state import LoadState, _load
+from lightning_nvcomp.format.zip import central_record, end_records, local_header
 from lightning_nvcomp.locations import StorageBackend, storage_for
 from lightning_nvcomp.resources import collector_paused
 
@@ -190,20 +191,22 @@ def _check_structure(f: BinaryIO, name: str, file_nbytes: int) -> bytes | None:
         with zipfile.ZipFile(f) as archive:
             infos = archive.infolist()
             top = infos[0].filename.split("/", 1)[0] if infos else ""
+            headers = []
             for info in infos:
                 if info.filename.split("/", 1)[0] != top or not 0 <= info.header_offset < file_nbytes:
                     raise CorruptCheckpointError(f"{name}: the zip directory entry {info.filename!r} is damaged")
                 f.seek(info.header_offset)
-                header = f.read(30 + len(info.orig_filename.encode()))
-                if header[:4] != b"PK\x03\x04" or header[30:] != info.orig_filename.encode():
+                header = f.read(30)
+                header += f.read(sum(struct.unpack("<HH", header[26:30])) if len(header) == 30 else 0)
+                if not _header_agrees(header, info):
                     raise CorruptCheckpointError(f"{name}: the header of entry {info.filename!r} is damaged")
+                headers.append(header)
                 # torch writes and reads stored entries only: another method or sizes that differ or reach past
                 # the file are damage (torch 2.4's reader allocates a damaged size before it fails)
-                end = info.header_offset + len(header) + struct.unpack("<H", header[28:30])[0] + info.compress_size
                 if (
                     info.compress_type != zipfile.ZIP_STORED
                     or info.file_size != info.compress_size
-                    or end > file_nbytes
+                    or info.header_offset + len(header) + info.compress_size > file_nbytes
                 ):
                     raise CorruptCheckpointError(f"{name}: the zip directory entry {info.filename!r} is damaged")
                 if "/data/" in info.filename and not info.filename.endswith("serialization_id"):
@@ -211,8 +214,10 @@ def _check_structure(f: BinaryIO, name: str, file_nbytes: int) -> bytes | None:
                 data = archive.read(info)  # raises BadZipFile on a CRC mismatch
                 if info.filename.endswith("/data.pkl"):
                     pickle_bytes = data
-        if pickle_bytes is None:
-            raise CorruptCheckpointError(f"{name}: the checkpoint has no pickle (data.pkl): damaged")
+            if pickle_bytes is None:
+                raise CorruptCheckpointError(f"{name}: the checkpoint has no pickle (data.pkl): damaged")
+            if any(d in pickle_bytes for d in _OUR_DECODERS):
+                _check_our_headers(f, name, archive, headers, file_nbytes)
         return pickle_bytes
     except CorruptCheckpointError:
         raise
@@ -225,8 +230,6 @@ def _check_structure(f: BinaryIO, name: str, file_nbytes: int) -> bytes | None:
         struct.error,
         UnicodeDecodeError,
         KeyError,
-        RuntimeError,
-        OSError,
     ) as err:  # zipfile's ways to fail damage
         detail = str(err) if len(str(err)) <= 300 else f"{str(err)[:300]}..."  # zipfile quotes damaged headers whole
         raise CorruptCheckpointError(
@@ -234,6 +237,71 @@ def _check_structure(f: BinaryIO, name: str, file_nbytes: int) -> bytes | None:
         ) from None
     finally:
         f.seek(0)
+
+
+def _name_bytes(info: zipfile.ZipInfo) -> bytes:
+    """An entry's name as the zip stores it (UTF-8 when its flag says so, else code page 437, as zipfile reads it)."""
+    return info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
+
+
+#: Extra fields a torch.save zip's local headers hold: zip64 sizes, and "FB" (padding to the alignment).
+_ZIP64_EXTRA, _PADDING_EXTRA = 0x0001, 0x4246
+
+
+def _header_agrees(header: bytes, info: zipfile.ZipInfo) -> bool:
+    """Whether a local header says what the central directory says of its entry (``info``): every field both hold,
+    sizes through its zip64 field; and whether its extra fields are well formed (padding: zeros, or torch's "Z"s)."""
+    if len(header) < 30 or header[:4] != b"PK\x03\x04":
+        return False
+    needed, flags, method, time, date, crc, csize, usize, nlen = struct.unpack("<HHHHHIIIH", header[4:28])
+    year, month, day, hour, minute, second = info.date_time
+    central = (
+        info.extract_version | info.reserved << 8,
+        info.flag_bits,
+        info.compress_type,
+        hour << 11 | minute << 5 | second // 2,
+        (year - 1980) << 9 | month << 5 | day,
+    )
+    name = _name_bytes(info)
+    if (needed, flags, method, time, date) != central or nlen != len(name) or header[30 : 30 + nlen] != name:
+        return False
+    extra, fields = header[30 + nlen :], {}
+    while extra:
+        if len(extra) < 4 or 4 + struct.unpack("<H", extra[2:4])[0] > len(extra):
+            return False
+        field_id, length = struct.unpack("<HH", extra[:4])
+        fields[field_id], extra = extra[4 : 4 + length], extra[4 + length :]
+    padding = fields.get(_PADDING_EXTRA, b"")
+    if padding.strip(b"\0") and padding.strip(b"Z"):
+        return False
+    if flags & 0x08 and crc == csize == usize == 0:  # a data descriptor follows the data: no sizes here
+        return True
+    raw = fields.get(_ZIP64_EXTRA, b"")
+    if len(raw) % 8:
+        return False
+    zip64 = list(struct.unpack(f"<{len(raw) // 8}Q", raw))
+    sizes = []
+    for size in (usize, csize):
+        sizes.append(zip64.pop(0) if size == 0xFFFFFFFF and zip64 else size)
+    return crc == info.CRC and sizes == [info.file_size, info.compress_size]
+
+
+def _check_our_headers(
+    f: BinaryIO, name: str, archive: zipfile.ZipFile, headers: list[bytes], file_nbytes: int
+) -> None:
+    """A file our writer wrote (its pickle calls our decoders): every header byte, local, central and end records,
+    is what :class:`~lightning_nvcomp.format.zip.ArchiveWriter` writes for these entries (names, CRC-32s, sizes,
+    offsets), so a flipped bit in a field no reader uses is damage too."""
+    infos = archive.infolist()
+    for info, header in zip(infos, headers):
+        if header != local_header(_name_bytes(info), info.CRC, info.file_size, info.header_offset):
+            raise CorruptCheckpointError(f"{name}: the header of entry {info.filename!r} is damaged")
+    start = archive.start_dir
+    directory = b"".join(central_record(_name_bytes(i), i.CRC, i.file_size, i.header_offset) for i in infos)
+    expected = directory + end_records(len(infos), start, start + len(directory))
+    f.seek(start)
+    if start + len(expected) != file_nbytes or f.read(len(expected)) != expected:
+        raise CorruptCheckpointError(f"{name}: the zip's central directory or end records are damaged")
 
 
 def check_zip(f: BinaryIO, name: str) -> None:
