@@ -77,8 +77,10 @@ class _ContentsFinder(pickle.Pickler):
     """A dry-run pickle that notes the tensors and storages torch.save would meet (a module-level class: a local one
     would keep what it found alive in a reference cycle until the next garbage collection)."""
 
+    PROTOCOL = 2  # torch.save's
+
     def __init__(self) -> None:
-        super().__init__(_NullSink(), protocol=2)
+        super().__init__(_NullSink(), protocol=self.PROTOCOL)
         self.tensors: dict[int, torch.Tensor] = {}
         self.storages: dict[int, tuple[torch.UntypedStorage, str | None]] = {}
         self.kept: dict[int, object] = {}
@@ -102,15 +104,37 @@ class _ContentsFinder(pickle.Pickler):
             self.tensors.setdefault(id(item), item)
             state = tensor_state(item)  # its Python attributes, stored with it: the tensors they hold too
             return (int, (), state) if state else (int, ())
-        if isinstance(item, (torch.Tensor, torch.UntypedStorage, torch.storage.TypedStorage)):
+        if isinstance(item, (torch.UntypedStorage, torch.storage.TypedStorage)):
             self.kept.setdefault(id(item), item)
-        return NotImplemented
+        if not isinstance(item, torch.Tensor):
+            return NotImplemented
+        self.kept.setdefault(id(item), item)
+        try:  # torch's own reduction, as torch.save pickles it
+            return item.__reduce_ex__(self.PROTOCOL)
+        except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError) as err:
+            raise _Unsaveable(item, err) from err
+
+
+class _Unsaveable(Exception):
+    """torch cannot pickle this tensor (torch.save refuses it too)."""
+
+    def __init__(self, tensor: torch.Tensor, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.tensor = tensor
 
 
 def find_contents(obj: object) -> Contents:
     """The tensors and storages ``torch.save`` would meet in ``obj``."""
     finder = _ContentsFinder()
-    finder.dump(obj)
+    try:
+        finder.dump(obj)
+    except _Unsaveable as err:
+        t = err.tensor
+        name = _tensor_names(obj).get(id(t), "<unnamed>")
+        raise CheckpointError(
+            f"tensor {name!r} ({type(t).__name__} of layout {t.layout}, dtype {t.dtype}, on {t.device}) cannot be "
+            f"saved, by torch.save either ({err}): convert it to a dense CPU or CUDA tensor first"
+        ) from err
     tensors = list(finder.tensors.values())
     return Contents(tensors, finder.storages, [*tensors, *finder.kept.values()])
 

@@ -178,8 +178,10 @@ def _check_structure(f: BinaryIO, name: str, file_nbytes: int) -> bytes | None:
     at its start."""
     try:
         head = f.read(len(_LEGACY_MAGIC))
+        f.seek(max(file_nbytes - 22, 0))
+        tail = f.read(22)  # torch writes no zip comment: the end record ends the file (read errors pass through)
         f.seek(0)
-        if not zipfile.is_zipfile(f):
+        if len(tail) < 22 or tail[:4] != b"PK\x05\x06":
             if head == _LEGACY_MAGIC:
                 return None
             what = "empty" if file_nbytes == 0 else f"{file_nbytes} bytes"
@@ -198,17 +200,16 @@ def _check_structure(f: BinaryIO, name: str, file_nbytes: int) -> bytes | None:
                 f.seek(info.header_offset)
                 header = f.read(30)
                 header += f.read(sum(struct.unpack("<HH", header[26:30])) if len(header) == 30 else 0)
-                if not _header_agrees(header, info):
-                    raise CorruptCheckpointError(f"{name}: the header of entry {info.filename!r} is damaged")
-                headers.append(header)
                 # torch writes and reads stored entries only: another method or sizes that differ or reach past
                 # the file are damage (torch 2.4's reader allocates a damaged size before it fails)
                 if (
                     info.compress_type != zipfile.ZIP_STORED
                     or info.file_size != info.compress_size
                     or info.header_offset + len(header) + info.compress_size > file_nbytes
+                    or not _entry_agrees(f, header, info)
                 ):
-                    raise CorruptCheckpointError(f"{name}: the zip directory entry {info.filename!r} is damaged")
+                    raise CorruptCheckpointError(f"{name}: the header of entry {info.filename!r} is damaged")
+                headers.append(header)
                 if "/data/" in info.filename and not info.filename.endswith("serialization_id"):
                     continue  # storages: checked by their records, or after the load (plain torch.save files)
                 data = archive.read(info)  # raises BadZipFile on a CRC mismatch
@@ -216,6 +217,8 @@ def _check_structure(f: BinaryIO, name: str, file_nbytes: int) -> bytes | None:
                     pickle_bytes = data
             if pickle_bytes is None:
                 raise CorruptCheckpointError(f"{name}: the checkpoint has no pickle (data.pkl): damaged")
+            if not _end_records_agree(f, archive, file_nbytes):
+                raise CorruptCheckpointError(f"{name}: the zip's end records are damaged")
             # Our writer never writes data descriptors, torch.save's always does: a pickle of our decoder calls
             # that torch.save wrote (built by hand) has its headers checked as any torch.save file's.
             if any(d in pickle_bytes for d in _OUR_DECODERS) and not all(i.flag_bits & 0x08 for i in infos):
@@ -250,10 +253,14 @@ def _name_bytes(info: zipfile.ZipInfo) -> bytes:
 _ZIP64_EXTRA, _PADDING_EXTRA = 0x0001, 0x4246
 
 
-def _header_agrees(header: bytes, info: zipfile.ZipInfo) -> bool:
-    """Whether a local header says what the central directory says of its entry (``info``): every field both hold,
-    sizes through its zip64 field; and whether its extra fields are well formed (padding: zeros, or torch's "Z"s)."""
+def _entry_agrees(f: BinaryIO, header: bytes, info: zipfile.ZipInfo) -> bool:
+    """Whether an entry's local header (``header``) and data descriptor, if any, say what the central directory
+    says of it (``info``): every field both hold, sizes through the zip64 field; whether the local extra fields are
+    the ones torch.save writes, well formed (zip64 sizes, "FB" padding of zeros or torch's "Z"s); and whether the
+    central directory makes it a file (torch's reader reads nothing of an entry marked as a directory)."""
     if len(header) < 30 or header[:4] != b"PK\x03\x04":
+        return False
+    if info.external_attr & 0x10 or info.filename.endswith("/") or info.volume or info.comment:
         return False
     needed, flags, method, time, date, crc, csize, usize, nlen = struct.unpack("<HHHHHIIIH", header[4:28])
     year, month, day, hour, minute, second = info.date_time
@@ -272,20 +279,58 @@ def _header_agrees(header: bytes, info: zipfile.ZipInfo) -> bool:
         if len(extra) < 4 or 4 + struct.unpack("<H", extra[2:4])[0] > len(extra):
             return False
         field_id, length = struct.unpack("<HH", extra[:4])
+        if field_id not in (_ZIP64_EXTRA, _PADDING_EXTRA) or field_id in fields:
+            return False
         fields[field_id], extra = extra[4 : 4 + length], extra[4 + length :]
     padding = fields.get(_PADDING_EXTRA, b"")
     if padding.strip(b"\0") and padding.strip(b"Z"):
         return False
-    if flags & 0x08 and crc == csize == usize == 0:  # a data descriptor follows the data: no sizes here
-        return True
-    raw = fields.get(_ZIP64_EXTRA, b"")
-    if len(raw) % 8:
+    zip64 = fields.get(_ZIP64_EXTRA, b"")
+    if len(zip64) % 8:
         return False
-    zip64 = list(struct.unpack(f"<{len(raw) // 8}Q", raw))
-    sizes = []
-    for size in (usize, csize):
-        sizes.append(zip64.pop(0) if size == 0xFFFFFFFF and zip64 else size)
-    return crc == info.CRC and sizes == [info.file_size, info.compress_size]
+    large = list(struct.unpack(f"<{len(zip64) // 8}Q", zip64))
+    sizes = [large.pop(0) if size == 0xFFFFFFFF and large else size for size in (usize, csize)]
+    if not flags & 0x08:
+        return crc == info.CRC and sizes == [info.file_size, info.compress_size]
+    # A data descriptor follows the data (torch.save's writer): the local header holds zeros, the descriptor (its
+    # signature, then 4- or 8-byte sizes) the CRC-32 and sizes.
+    if (crc, csize, usize) != (0, 0, 0):
+        return False
+    f.seek(info.header_offset + len(header) + info.compress_size)
+    descriptor = f.read(24)
+    expected = [
+        b"PK\x07\x08" + struct.pack(f"<I{width}{width}", info.CRC, info.compress_size, info.file_size)
+        for width in ("I", "Q")
+        if width == "Q" or info.file_size < 1 << 32
+    ]
+    return any(descriptor.startswith(e) for e in expected)
+
+
+def _end_records_agree(f: BinaryIO, archive: zipfile.ZipFile, file_nbytes: int) -> bool:
+    """Whether the end record (with no comment, as torch writes it) and the zip64 end record and locator, where
+    present, agree with each other and with the central directory zipfile read: readers that trust one or the
+    other then read the same directory."""
+    count, start = len(archive.infolist()), archive.start_dir
+    f.seek(file_nbytes - 22)
+    sig, disk, cd_disk, on_disk, total, cd_size, cd_offset, comment = struct.unpack("<IHHHHIIH", f.read(22))
+    if sig != 0x06054B50 or disk or cd_disk or comment or on_disk != total or total not in (count, 0xFFFF):
+        return False
+    f.seek(max(file_nbytes - 42, 0))
+    locator = f.read(20) if file_nbytes >= 42 else b""
+    if locator[:4] != b"PK\x06\x07":  # no zip64 records
+        return total == count and cd_offset == start and start + cd_size == file_nbytes - 22
+    _, z64_disk, z64_offset, disks = struct.unpack("<IIQI", locator)
+    if z64_disk or disks != 1 or z64_offset != file_nbytes - 42 - 56:
+        return False
+    f.seek(z64_offset)
+    z64 = struct.unpack("<IQHHIIQQQQ", f.read(56))
+    sig64, size, _, _, disk64, cd_disk64, on_disk64, total64, cd_size64, cd_offset64 = z64
+    return (
+        (sig64, size, disk64, cd_disk64, on_disk64, total64, cd_offset64) == (0x06064B50, 44, 0, 0, count, count, start)
+        and start + cd_size64 == z64_offset
+        and cd_size in (cd_size64, 0xFFFFFFFF)
+        and cd_offset in (start, 0xFFFFFFFF)
+    )
 
 
 def _check_our_headers(

@@ -218,7 +218,7 @@ class Snapshot:
         codec: str,
         raw_nbytes: int,
         encode_s: float,
-        placements: dict[int, tuple[int, Placement, object]],
+        placements: dict[int, tuple[torch.Tensor, int, Placement, object]],
         storages: dict[int, tuple[int, int]],
         coded: list[_CodedRecord],
         kept: MemorySink | None,
@@ -237,7 +237,7 @@ class Snapshot:
             self._kept.write_to(writer)
         encoded = [(c.blobs, c.record()) for c in self._coded]  # every checksum is in: each record is sealed
         reductions: dict[int, tuple] = {}
-        for tensor_id, (slot, placement, attributes) in self._placements.items():
+        for tensor_id, (_, slot, placement, attributes) in self._placements.items():
             blobs, meta = encoded[slot]
             args = (blobs, meta, *placement, tensor_check(meta, *placement))
             if attributes:  # as torch.save stores a tensor with Python attributes: set on the decoded tensor
@@ -311,7 +311,10 @@ def snapshot(
     for t in contents.tensors:
         slot, index = where[t.untyped_storage()._cdata]
         attributes = tensor_state(t)
+        # By id, the tensor held: a tensor made while pickling (a sparse tensor's indices) must not take the id of
+        # one made while its contents were found, and so its record, however late the snapshot is written.
         placements[id(t)] = (
+            t,
             slot,
             Placement(
                 index,
