@@ -16,6 +16,7 @@ import contextlib
 import errno
 import gc
 import io
+import json
 import os
 import struct
 import zipfile
@@ -26,6 +27,7 @@ from pathlib import Path
 import fsspec
 import pytest
 import torch
+from fixtures.make_v0_3_dev import digest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.testing._internal.two_tensor import TwoTensor
@@ -42,6 +44,8 @@ from lightning_nvcomp.format.zip import ArchiveWriter
 
 from conftest import python_child, random_tensor, tensor_bytes, tensor_data_entries
 from lightning_models import TinyData, TinyModule, quiet_trainer
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def flip(path: str | os.PathLike, offset: int, bit: int = 0) -> None:
@@ -277,6 +281,18 @@ def test_attributes_are_those_of_the_snapshot(tmp_path):
     with open(tmp_path / "late.ckpt", "wb") as f:
         snap.write_to(ArchiveWriter(f))
     assert_same_attributes(torch.load(tmp_path / "late.ckpt", weights_only=True), expected)
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+@pytest.mark.parametrize("loader", ["torch.load", "torch.load(weights_only=False)", "lightning_nvcomp.load"])
+def test_the_v0_3_dev_files_with_attributes_and_a_nested_tensor_keep_loading(codec, loader):
+    """Files written when attributes and nested tensors were first stored (``fixtures/make_v0_3_dev.py``)."""
+    path = FIXTURES / "v0.3-dev" / f"{codec}.pt"
+    if loader == "lightning_nvcomp.load":
+        loaded = lightning_nvcomp.load(path)
+    else:
+        loaded = torch.load(path, weights_only=loader == "torch.load")
+    assert digest(loaded) == json.loads((FIXTURES / "v0.3-dev" / "state.json").read_text())
 
 
 # -- tensor kinds -----------------------------------------------------------------------------------------------
