@@ -46,10 +46,10 @@ class Contents:
     """What ``torch.save`` would store of an object, found by a dry-run pickle.
 
     ``tensors``: the dense tensors stored through :func:`decode_tensor`, in pickling order (those their Python
-    attributes hold included). ``storages``: the storages
-    of every other tensor (conj/neg views, subclasses, sparse parts, dtypes the format does not name) and storages
-    saved as such, by ``_cdata``: ``(storage, dtype name or None for an untyped storage)``; they are stored through
-    :func:`decode_storage`. ``kept``: every object the save must not copy (it holds or is what was found).
+    attributes hold included). ``storages``: the storages of every other tensor (conj/neg views, subclasses, sparse,
+    quantized and nested parts, dtypes the format does not name) and storages saved as such, by ``_cdata``:
+    ``(storage, dtype name or None for an untyped storage)``; they are stored through :func:`decode_storage`.
+    ``kept``: every object the save must not copy (it holds or is what was found).
     """
 
     tensors: list[torch.Tensor]
@@ -104,11 +104,10 @@ class _ContentsFinder(pickle.Pickler):
             self.tensors.setdefault(id(item), item)
             state = tensor_state(item)  # its Python attributes, stored with it: the tensors they hold too
             return (int, (), state) if state else (int, ())
-        if isinstance(item, (torch.UntypedStorage, torch.storage.TypedStorage)):
+        if isinstance(item, (torch.Tensor, torch.UntypedStorage, torch.storage.TypedStorage)):
             self.kept.setdefault(id(item), item)
         if not isinstance(item, torch.Tensor):
             return NotImplemented
-        self.kept.setdefault(id(item), item)
         try:  # torch's own reduction, as torch.save pickles it
             return item.__reduce_ex__(self.PROTOCOL)
         except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError) as err:

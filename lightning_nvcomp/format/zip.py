@@ -112,7 +112,7 @@ def local_header(full: bytes, crc: int, size: int, offset: int) -> bytes:
 
 def end_records(count: int, start: int, end: int) -> bytes:
     """What follows the central directory of ``count`` entries at ``[start, end)``: the zip64 end record, its
-    locator and the end record (:data:`END_NBYTES` bytes)."""
+    locator and the end record."""
     return (
         struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, _VERSION, _VERSION, 0, 0, count, count, end - start, start)
         + struct.pack("<IIQI", 0x07064B50, 0, end, 1)
@@ -120,10 +120,6 @@ def end_records(count: int, start: int, end: int) -> bytes:
             "<IHHHHIIH", 0x06054B50, 0, 0, min(count, 0xFFFF), min(count, 0xFFFF), min(end - start, _ZIP64), _ZIP64, 0
         )
     )
-
-
-#: The bytes of :func:`end_records`.
-END_NBYTES = 56 + 20 + 22
 
 
 def central_record(full: bytes, crc: int, size: int, offset: int) -> bytes:
