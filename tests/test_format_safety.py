@@ -444,7 +444,6 @@ def assert_damage(path: str, data: bytes, offset: int, bit: int) -> None:
     assert verify(path) == 1, (offset, bit)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("entry", ["archive/data/0", "archive/data.pkl"])
 def test_each_bit_of_a_local_header_flipped_is_damage(workdir, entry):
     lightning_nvcomp.save(small_state(), Path("ckpts/ok.ckpt"), codec="zstd")
