@@ -35,7 +35,8 @@ class RangeReader(SizedReader):
     :class:`~lightning_nvcomp.remote.errors.RemoteStorageError` naming the URL), and the reader remembers it: what
     reads the file may turn it into another error (``zipfile`` calls a file it cannot read "not a zip file", torch
     an object without ``read``), so leaving a ``with`` block of this reader after a failed read raises that storage
-    error, whatever the block raised: a load cut off by the network is never reported as damage.
+    error, whatever the block raised: a load cut off by the network is never reported as damage. Reads after a
+    failed one raise its error at once.
 
     Args:
         fetch: ``fetch(start, end)`` -> the bytes from ``start`` (inclusive) to ``end`` (exclusive).
@@ -59,6 +60,8 @@ class RangeReader(SizedReader):
         self._failure: BaseException | None = None  # the error of the first read that failed
 
     def readinto(self, buffer: Any) -> int:
+        if self._failure is not None:  # what read the file went on: the bytes it needs cannot be had
+            raise self._failure
         try:
             return self._readinto(buffer)
         except Exception as err:
@@ -141,5 +144,6 @@ class RangeReader(SizedReader):
                 future.cancel()
             self._blocks.clear()
             self._windows.clear()
-            self._pool.shutdown(wait=True)
+            # after a failed read, fetches still retrying (the storage unreachable) are not waited for
+            self._pool.shutdown(wait=self._failure is None)
         super().close()
