@@ -52,6 +52,11 @@ CREDENTIALS = {
 ENDPOINTS = {
     "s3": "AWS_ENDPOINT_URL, or RemoteOptions(storage_options={'client_kwargs': {'endpoint_url': ...}})",
 }
+#: Where RemoteOptions are given.
+PASSED_AS = (
+    "(RemoteOptions go to remote= of NvcompCheckpointIO, attach() and NvcompFileSystemWriter/Reader, or to "
+    "storage_for(url, RemoteOptions(...)) for save() and load())"
+)
 #: Protocols that share another's advice.
 SAME_AS = {"s3a": "s3", "gcs": "gs", "abfss": "abfs", "az": "abfs"}
 #: The libraries behind fsspec's storage back-ends: an error raised by one of them is the storage's.
@@ -118,13 +123,17 @@ def _not_sent(err: BaseException) -> bool:
 
 
 def maybe_applied(err: BaseException) -> bool:
-    """Whether the request that failed with ``err`` may have been carried out by the server: False only where it
-    never reached it, or the server refused it (an answer of 4xx other than 404: a 404 may answer the retry of a
-    request that was carried out, e.g. ``NoSuchUpload`` for a completed multipart upload)."""
+    """Whether the request that failed with ``err`` may have been carried out: False only where it never reached the
+    server, the server refused it (an answer below 500 other than 404: a 404 may answer the retry of a request that
+    was carried out, e.g. ``NoSuchUpload`` for a completed multipart upload), or the local system did (an OSError
+    with an errno, other than a lost connection)."""
     if _not_sent(err):
         return False
     _, status = _answer(err)
-    return not (400 <= status < 500 and status != 404)
+    if status:
+        return status >= 500 or status == 404
+    local = isinstance(err, OSError) and err.errno is not None and not isinstance(err, (ConnectionError, TimeoutError))
+    return not local
 
 
 def storage_error(err: BaseException, url: str, doing: str, outcome: str = "") -> BaseException:
@@ -147,7 +156,7 @@ def storage_error(err: BaseException, url: str, doing: str, outcome: str = "") -
     if _credentials_missing(err):
         advice = CREDENTIALS.get(protocol, "pass the credentials in RemoteOptions(storage_options=...)")
         kind: type[RemoteStorageError] = RemoteAccessError
-        message = f"no valid credentials for {protocol or 'this'} storage ({detail}): {advice}"
+        message = f"no valid credentials for {protocol or 'this'} storage ({detail}): {advice} {PASSED_AS}"
     elif isinstance(err, PermissionError) or status == 403:
         kind = RemoteAccessError
         message = f"access denied ({detail}): the credentials in use lack the permission; check them and the policy"
@@ -157,7 +166,10 @@ def storage_error(err: BaseException, url: str, doing: str, outcome: str = "") -
     elif isinstance(err, (ConnectionError, TimeoutError)) or names & {"HTTPClientError", "ConnectionError"}:
         kind = RemoteUnreachableError
         where = ENDPOINTS.get(protocol, "RemoteOptions(storage_options=...)")
-        message = f"the storage could not be reached or did not answer ({detail}); check the network and the address ({where}), then retry"
+        message = (
+            f"the storage could not be reached or did not answer ({detail}); check the network and the address "
+            f"({where}) {PASSED_AS}, then retry"
+        )
     else:
         kind = RemoteStorageError
         message = f"the storage failed ({detail}); retry, and check the storage options if it persists"

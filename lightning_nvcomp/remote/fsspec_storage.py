@@ -100,7 +100,7 @@ class FsspecStorage:
 
     def rename(self, path: str, new_path: str) -> None:
         """Move ``path`` to ``new_path`` (a copy, then a delete, on object stores)."""
-        with naming(path, f"move to {new_path}"):
+        with naming(path, "move"):
             self.fs.mv(self._key(path), self._key(new_path))
         self.fs.invalidate_cache(self._key(new_path))
 

@@ -238,7 +238,7 @@ class MultipartUpload:
                 try:
                     self._fs.call_s3("put_object", Bucket=self._bucket, Key=self._key, Body=body, **self._extra)
                 except Exception as err:
-                    self._settle(err, "PutObject", f'"{hashlib.md5(body).hexdigest()}"')
+                    self._settle(err, "PutObject", f'"{hashlib.md5(body, usedforsecurity=False).hexdigest()}"')
             else:
                 if self._buffer:
                     self._send()
@@ -317,7 +317,7 @@ def multipart_etag(part_etags: list[str]) -> str | None:
         return None
     if len(digests) != 16 * len(part_etags):
         return None
-    return f'"{hashlib.md5(digests).hexdigest()}-{len(part_etags)}"'
+    return f'"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-{len(part_etags)}"'
 
 
 class _ThroughFile:
