@@ -41,6 +41,7 @@ from lightning_nvcomp.remote.errors import (  # noqa: E402
     RemoteStorageError,
     RemoteUnreachableError,
 )
+from lightning_nvcomp.remote.upload import retry_failed_aborts  # noqa: E402
 
 from conftest import assert_tree_bit_exact, trained_like  # noqa: E402
 
@@ -359,7 +360,7 @@ def test_a_complete_that_never_reaches_the_server_fails_and_leaves_the_previous_
     assert_tree_bit_exact(state(0), lightning_nvcomp.load(url, storage=storage))
 
 
-def test_a_lost_complete_answer_that_cannot_be_checked_is_an_unknown_outcome(proxied):
+def test_a_lost_complete_answer_that_cannot_be_checked_is_an_unknown_outcome(proxied, caplog):
     """The answer to CompleteMultipartUpload is lost and every request after it too (the abort, the look at the
     object): the save says its outcome is unknown, names the URL and does not claim the previous checkpoint is
     intact - rightly: the server did complete it."""
@@ -367,11 +368,16 @@ def test_a_lost_complete_answer_that_cannot_be_checked_is_an_unknown_outcome(pro
     url = f"s3://{name}/run/last.ckpt"
     lightning_nvcomp.save(state(0), url, codec="zstd", storage=storage)
     faults.mode = "complete_then_all"
-    with pytest.raises(OutcomeUnknownError) as raised:
-        lightning_nvcomp.save(state(1), url, codec="zstd", storage=storage)
+    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.remote.upload"):
+        with pytest.raises(OutcomeUnknownError) as raised:
+            lightning_nvcomp.save(state(1), url, codec="zstd", storage=storage)
     message = str(raised.value)
     assert url in message and "unknown" in message and "intact" not in message, message
     assert "lightning-nvcomp verify" in message, message
     faults.mode = "pass"
     assert_tree_bit_exact(state(1), lightning_nvcomp.load(url, storage=storage))  # the new one was completed
     assert uploads(fs, name) == []
+    assert any("could not abort" in r.getMessage() for r in caplog.records)  # the abort was lost too
+    caplog.clear()
+    retry_failed_aborts()  # while this proxy still runs (the next upload of the process would do it)
+    assert not any("could not abort" in r.getMessage() for r in caplog.records)
