@@ -65,7 +65,7 @@ class RangeReader(SizedReader):
         try:
             return self._readinto(buffer)
         except Exception as err:
-            self._failure = self._failure or err
+            self._failure = err
             raise
 
     def _readinto(self, buffer: Any) -> int:
