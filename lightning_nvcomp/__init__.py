@@ -1,18 +1,31 @@
 """lightning_nvcomp: lossless GPU checkpoint compression for PyTorch (nvCOMP gANS / Zstd, CPU zstd fallback).
 
 ``import lightning_nvcomp`` registers the decoder with ``torch.load`` (also for ``weights_only=True``).
+
+The names here are ``__all__``, which ``dir(lightning_nvcomp)`` lists (with ``__version__``): ``save``, ``load``,
+their stats and errors, and the Lightning integration, which imports Lightning when first used. Modules with an
+API of their own are imported by name: ``lightning_nvcomp.dcp`` (torch.distributed.checkpoint),
+``lightning_nvcomp.accelerate`` (``attach``), ``lightning_nvcomp.remote`` (``RemoteOptions``).
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+# this module's own imports under private names: its public names are the API
+import importlib as _importlib
+import typing as _typing
 
-from lightning_nvcomp.errors import CheckpointError, CodecUnavailableError, CorruptCheckpointError, DecodeLimitError
+from lightning_nvcomp.errors import (
+    CheckpointError,
+    CodecUnavailableError,
+    CorruptCheckpointError,
+    DecodeLimitError,
+    RefusedObjectsError,
+    UnsupportedFormatError,
+)
 from lightning_nvcomp.format import decode_storage, decode_tensor, load
 from lightning_nvcomp.integrations._require import MissingExtraError
 from lightning_nvcomp.saving import save
 from lightning_nvcomp.stats import SaveStats
 
-if TYPE_CHECKING:  # for type checkers; at run time these come from __getattr__ below
+if _typing.TYPE_CHECKING:  # for type checkers; at run time these come from __getattr__ below
     from lightning_nvcomp.integrations.lightning import NvcompCheckpointIO, NvcompSavings
     from lightning_nvcomp.integrations.lightning_sharded import NvcompFSDPStrategy, NvcompModelParallelStrategy
 
@@ -29,12 +42,12 @@ _INTEGRATIONS = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     module = _INTEGRATIONS.get(name)
     if module is None:
         raise AttributeError(f"module 'lightning_nvcomp' has no attribute {name!r}")
     try:
-        integration = importlib.import_module(f"lightning_nvcomp.integrations.{module}")
+        integration = _importlib.import_module(f"lightning_nvcomp.integrations.{module}")
     except MissingExtraError as err:
         # the same error, naming the attribute that was asked for
         cause = err.__cause__
@@ -42,16 +55,24 @@ def __getattr__(name: str) -> Any:
     return getattr(integration, name)
 
 
+def __dir__() -> list[str]:
+    # the public names only, not the submodules that importing the package loads
+    return sorted([*__all__, *(name for name in globals() if name.startswith("__") and name.endswith("__"))])
+
+
 __all__ = [
     "CheckpointError",
     "CodecUnavailableError",
     "CorruptCheckpointError",
     "DecodeLimitError",
+    "MissingExtraError",
     "NvcompCheckpointIO",
     "NvcompFSDPStrategy",
     "NvcompModelParallelStrategy",
     "NvcompSavings",
+    "RefusedObjectsError",
     "SaveStats",
+    "UnsupportedFormatError",
     "decode_storage",
     "decode_tensor",
     "load",

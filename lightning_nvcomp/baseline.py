@@ -18,6 +18,7 @@ import time
 import torch
 
 from lightning_nvcomp.storage import atomic_write
+from lightning_nvcomp.temp_names import own_name
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +45,13 @@ class Baseline:
         """Time ``torch.save(obj)`` into a temporary file in the local ``directory`` (removed after), once, if
         ``raw_nbytes`` is at most :attr:`max_nbytes` and a quarter of ``free_nbytes`` (as the probe is bounded).
         Never fails the save: a failed write (a full disk, say) leaves the baseline to the bandwidth, with a
-        warning."""
+        warning. The file, a copy of the checkpoint, is readable by its owner only, from its creation on, and has a
+        name that the next save there removes if this process dies before it does (see
+        :mod:`lightning_nvcomp.storage`)."""
         fits = free_nbytes is None or raw_nbytes <= free_nbytes // 4
         if self.measured or not 0 < raw_nbytes <= self.max_nbytes or not fits:
             return
-        path = os.path.join(directory, f".lightning-nvcomp-baseline-{os.getpid()}.pt")
+        path = os.path.join(directory, own_name("lightning-nvcomp-baseline-torch-save", ".tmp"))
         begin = time.perf_counter()
         try:
             atomic_write(path, lambda f: torch.save(obj, f), fsync=self.fsync)

@@ -87,6 +87,21 @@ class StorageBackend(Protocol):
         ...
 
 
+def absolute_path(path: str | os.PathLike) -> str:
+    """The local ``path`` (a bare file name, a relative path, a ``pathlib`` path) as an absolute path string, made
+    against the working directory now, as ``pathlib.Path.absolute`` makes it: a ``..`` is left for the operating
+    system to resolve (after a symbolic link it leads elsewhere than the text says). Work finished later, on another
+    thread (a rename, a flush), goes where the save was asked to go even if the working directory changes."""
+    return os.path.join(os.getcwd(), os.fsdecode(os.fspath(path)))
+
+
+def parent_directory(path: str | os.PathLike) -> str:
+    """The directory holding the local file ``path``, absolute (see :func:`absolute_path`); a bare file name's is the
+    working directory. Every local write, probe and flush finds a file's directory here
+    (:meth:`StorageBackend.parent` of the local storage)."""
+    return os.path.dirname(absolute_path(path))
+
+
 def is_url(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a URL (``scheme://...``) rather than a local path."""
     return isinstance(path, (str, os.PathLike)) and bool(URL.match(os.fsdecode(os.fspath(path))))

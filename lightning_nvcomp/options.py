@@ -73,14 +73,17 @@ class Codec(_Choice, option="codec"):
 class Durability(_Choice, option="durable"):
     """When a checkpoint is on stable storage (survives a power loss or a kernel crash), not only in the page cache.
 
-    ``BACKGROUND`` (the default): training does not wait for it. The file is written (a sync save waits for that,
-    at page-cache speed), then flushed to the disk and renamed into place on the writer thread, behind training;
-    an older checkpoint is pruned only once every newer save is durable, and a file is replaced only by a durable
-    one, so one durable checkpoint always exists. ``SYNC``: durable when the save returns (a sync save waits for
-    the flush; an async save's background write flushes before it is done). ``OS``: as ``torch.save`` and
-    Lightning's ``TorchCheckpointIO``: written and renamed, never flushed; the page cache decides when the bytes
-    reach the disk, and a crash can lose the newest checkpoints. Remote storage (``s3://``...) is durable when an
-    upload completes, whatever is chosen.
+    Whatever is chosen, when a sync save returns its file is under its final name, complete, for any process to
+    read; an async save's file appears when its background write is done.
+
+    ``BACKGROUND`` (the default): training does not wait for it. A sync save writes the file (at page-cache speed)
+    and renames it into place; the writer thread flushes it to the disk behind training. A file that replaces one
+    of the same name (``last.ckpt``) is flushed before its rename, in the save, so a file is replaced only by a
+    durable one; an older checkpoint is pruned only once every newer save is durable: one durable checkpoint always
+    exists. ``SYNC``: durable when the save returns (a sync save waits for the flush; an async save's background
+    write flushes before it is done). ``OS``: as ``torch.save`` and Lightning's ``TorchCheckpointIO``: written and
+    renamed, never flushed; the page cache decides when the bytes reach the disk, and a crash can lose the newest
+    checkpoints. Remote storage (``s3://``...) is durable when an upload completes, whatever is chosen.
     """
 
     BACKGROUND = "background"

@@ -17,7 +17,7 @@ from typing import Any, BinaryIO, Callable
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp import saving, telemetry
 from lightning_nvcomp.baseline import Baseline
-from lightning_nvcomp.locations import StorageBackend, is_url, storage_for
+from lightning_nvcomp.locations import StorageBackend, absolute_path, is_url, storage_for
 from lightning_nvcomp.options import Codec, Durability, SaveOptions
 from lightning_nvcomp.policy import CodecPolicy
 from lightning_nvcomp.prediction import Prediction
@@ -33,7 +33,8 @@ def _combined(stats: list[SaveStats], label: str) -> SaveStats:
     """One save's figures for several files written together (e.g. Accelerate's model, optimizer, scheduler)."""
     if len(stats) == 1:
         return stats[0]
-    codec = max(stats, key=lambda s: s.raw_nbytes).codec
+    largest = max(stats, key=lambda s: s.raw_nbytes)
+    codec = largest.codec
     predictions = [s.prediction for s in stats if s.prediction is not None]
     prediction = None
     if len(predictions) == len(stats):  # auto: one forecast per file, summed like the files' times
@@ -55,6 +56,7 @@ def _combined(stats: list[SaveStats], label: str) -> SaveStats:
         prediction = replace(
             summed(codec, predictions),
             alternatives=tuple(summed(c, [found[c] for found in by_codec]) for c in common),
+            reason=f"for {os.path.basename(largest.path)}, the largest file, {predictions[stats.index(largest)].reason}",
         )
     durable = [s.durable_s for s in stats]
     return SaveStats(
@@ -84,6 +86,12 @@ def _discard_after(earlier: list[Future], path: str, storage: StorageBackend) ->
         storage.discard(path)
 
 
+def _resolved(path: str | os.PathLike) -> str:
+    """``path`` as work done later (on the writer thread, after a ``chdir``) must see it: a URL as given, a local
+    path absolute."""
+    return os.fspath(path) if is_url(path) else absolute_path(path)
+
+
 def _same_path(path: str) -> str:
     """``path`` in a form that compares equal for every spelling of one file: absolute, or the URL as given."""
     return path if is_url(path) else os.path.abspath(path)
@@ -95,8 +103,16 @@ class CheckpointWriter:
 
     Saves are grouped: :meth:`save` each file of a checkpoint, then :meth:`commit` it, which records one set of
     savings metrics for the group (once its background writes are done). All background work (async writes,
-    ``background`` durability's flush and rename, :meth:`discard` of old checkpoints) runs in order on one writer
-    thread: an old checkpoint is deleted only after every save queued before its deletion is durable.
+    ``background`` durability's flushes, :meth:`discard` of old checkpoints) runs in order on one writer thread: an
+    old checkpoint is deleted only after every save queued before its deletion is durable.
+
+    Read after write: when a save that is not async returns, its file is under its name, complete, for any process
+    to read (a logger that uploads it, a copy, ``torch.load``), whatever the durability. With ``background``
+    durability a new file is flushed to the disk behind training; a file that replaces one of the same name
+    (``last.ckpt``) is flushed before its rename, in the save, so that a power loss leaves the old file or the new
+    one, never neither (see :meth:`~lightning_nvcomp.storage.StagedWrite.publish`): one durable checkpoint always
+    exists. An async save's file appears when its background write is done (as with Lightning's
+    ``AsyncCheckpointIO``); :meth:`wait` waits for it.
 
     Args:
         options: the codec, sync or async, durability, the staging, probe and host buffer sizes, the interval and
@@ -148,7 +164,7 @@ class CheckpointWriter:
         and the first ``auto`` save calibrates the codecs on this state; their time is not the save's: it is
         reported once, as ``probe_s``."""
         storage = self.storage_for(path)
-        path = os.fspath(path)
+        path = _resolved(path)
         directory = storage.parent(path)
         storage.makedirs(directory)
         if not self.policy.knows_bandwidth(directory):  # the one-off probe of this file system, before the timing
@@ -185,6 +201,7 @@ class CheckpointWriter:
 
             def stage(target: str, fill: Callable[[BinaryIO], None]) -> int:
                 staged.append(storage.write_staged(target, fill))
+                staged[0].publish()  # under its name now (a replacement flushed first); its flush runs behind
                 return staged[0].size
 
             stats = saving.save_file(
@@ -208,7 +225,7 @@ class CheckpointWriter:
         """Delete the checkpoint file ``path`` (pruning): at once when nothing is being written, else on the writer
         thread after the saves queued before it, and only if they all succeeded (so that an older checkpoint is
         never deleted before a newer one is durable)."""
-        path = os.fspath(path)
+        path = _resolved(path)
         storage = self.storage_for(path)
         earlier = [future for _, future in self._inflight]  # a failure stays here until wait() has raised it
         if any(not future.done() for future in earlier):
@@ -217,7 +234,9 @@ class CheckpointWriter:
             _discard_after(earlier, path, storage)
 
     def commit(self, step: int, label: str) -> None:
-        """Close the current group of saves (checkpoint ``label`` at training ``step``) and record its savings."""
+        """Close the current group of saves (checkpoint ``label``, a file or a directory, at training ``step``) and
+        record its savings."""
+        label = _resolved(label)
         group, blocked, waited, probe_s = self._group, self._blocked, self._waited, self._probe_s
         self._group, self._blocked, self._waited, self._probe_s = [], 0.0, 0.0, 0.0
         if not group:
@@ -233,11 +252,11 @@ class CheckpointWriter:
             self._record(group, blocked, waited, probe_s, slowdown, step, label)
 
     def _make_room(self, path: str) -> None:
-        """Wait for earlier writes of ``path``, then for the oldest earlier checkpoint's background writes while the
-        host buffer cannot hold this checkpoint's besides theirs (in sync mode: while two are still being
-        flushed)."""
-        if self.options.async_save:
-            self.wait(path)
+        """Wait for earlier writes, flushes and deletions of ``path`` (a file is replaced only once the one before it
+        is durable, and never deleted after its new save), then for the oldest earlier checkpoint's background
+        writes while the host buffer cannot hold this checkpoint's besides theirs (in sync mode: while two are still
+        being flushed)."""
+        self.wait(path)
         self._held = deque(item for item in self._held if not item[0].done())
         begin = time.perf_counter()
         while not self._room():
@@ -287,9 +306,9 @@ class CheckpointWriter:
             self.policy.observe_save(stats.codec, stats.raw_nbytes, stats.file_nbytes, stats.encode_s)
 
     def _flush(self, staged: StagedWrite, stats: SaveStats, directory: str, begin: float) -> SaveStats:
-        """``background`` durability: flush a file written by a sync save to the disk and rename it into place."""
+        """``background`` durability: flush a file a sync save put in place to the disk."""
         flush_begin = time.perf_counter()
-        staged.commit(fsync=True)
+        staged.flush()
         self.policy.observe_write(directory, stats.file_nbytes, stats.seconds + time.perf_counter() - flush_begin)
         return replace(stats, durable_s=time.perf_counter() - begin)
 

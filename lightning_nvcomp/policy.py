@@ -324,6 +324,7 @@ class CodecPolicy:
         ]
         if close:
             runner_up = min(close, key=lambda p: p.blocked_s)
+            why = "not yet measured" if runner_up.codec not in self._measured else f"unused for {RETRY_EVERY} saves"
             log.info(
                 "auto: trying %s (predicted %.3f s blocked) instead of %s (%.3f s) to measure it: within %d%%, %s",
                 runner_up.codec,
@@ -331,10 +332,14 @@ class CodecPolicy:
                 chosen.codec,
                 chosen.blocked_s,
                 round(RETRY_CLOSE * 100),
-                "not yet measured" if runner_up.codec not in self._measured else f"unused for {RETRY_EVERY} saves",
+                why,
             )
-            chosen = runner_up
+            reason = (
+                f"tried instead of {chosen.codec} to measure it in a real save (predicted within {RETRY_CLOSE:.0%} "
+                f"of it, {why})"
+            )
+            chosen = replace(runner_up, reason=reason)
         self._used[chosen.codec] = self._decisions
-        chosen = replace(chosen, alternatives=tuple(p for p in predictions if p is not chosen))
+        chosen = replace(chosen, alternatives=tuple(p for p in predictions if p.codec != chosen.codec))
         self.last_decision = (chosen, predictions)
         return self.last_decision

@@ -15,14 +15,14 @@ writer costs
   waits for its write before it ends.
 
 The codec that loses the least training time wins; a tie (see :func:`choose`) goes to the smaller file, then to the
-checkpoint durable sooner. Uncompressed saves (``none``) have ``r = 1`` and ``E`` = the device-to-host copy rate
-(``inf`` for CPU state).
+checkpoint durable sooner; the chosen prediction says which rule decided (:attr:`Prediction.reason`). Uncompressed
+saves (``none``) have ``r = 1`` and ``E`` = the device-to-host copy rate (``inf`` for CPU state).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lightning_nvcomp.calibration import CodecProfile
 from lightning_nvcomp.steps import slowed_seconds
@@ -49,6 +49,9 @@ class Prediction:
     blocked_s: float
     #: The other candidates' predictions at the decision that chose this one (why it was chosen).
     alternatives: tuple[Prediction, ...] = ()
+    #: Why the decision chose this one, in words: the rule that decided (see :func:`choose`) or the policy's trial of
+    #: a close runner-up; "" for a prediction no decision chose.
+    reason: str = ""
 
     @classmethod
     def from_dict(cls, fields: dict) -> Prediction:
@@ -88,11 +91,37 @@ def predict(
 def choose(predictions: list[Prediction], interval_s: float | None = None) -> Prediction:
     """The prediction that loses the least training time, where a tie (within :data:`TIE_FRACTION` of the least,
     or :data:`TIE_S` when saves are ``interval_s`` apart, at most :data:`TIE_INTERVAL_FRACTION` of it) is won by
-    the smaller file (ratios within 1% are equal), then by the sooner durable checkpoint."""
+    the smaller file (ratios within 1% are equal), then by the sooner durable checkpoint. Its
+    :attr:`~Prediction.reason` names the rule that decided."""
     if not predictions:
         raise ValueError("no codec to choose from")
     best = min(p.blocked_s for p in predictions)
     absolute = min(TIE_S, TIE_INTERVAL_FRACTION * interval_s) if interval_s is not None else 0.0
-    close = [p for p in predictions if p.blocked_s <= best + max(absolute, TIE_FRACTION * best) + 1e-9]
+    relative = TIE_FRACTION * best
+    close = [p for p in predictions if p.blocked_s <= best + max(absolute, relative) + 1e-9]
     top = max(p.ratio for p in close)
-    return min((p for p in close if p.ratio * (1 + _RATIO_TIE) >= top), key=lambda p: (p.durable_s, p.blocked_s))
+    smallest = [p for p in close if p.ratio * (1 + _RATIO_TIE) >= top]
+    chosen = min(smallest, key=lambda p: (p.durable_s, p.blocked_s))
+    tied = [p for p in close if p is not chosen]
+    within = format_seconds(absolute) if absolute > relative else f"{TIE_FRACTION:.0%}"
+    if len(predictions) == 1:
+        reason = "the only candidate"
+    elif not tied:
+        reason = f"the least, no other within {within} of it"
+    else:
+        tie = f"a tie with {', '.join(p.codec for p in tied)} (within {within} of the least)"
+        if len(smallest) == 1:
+            ratios = ", ".join(f"{p.codec} {p.ratio:.3f}x" for p in tied)
+            reason = f"{tie}, won by the smaller file ({chosen.ratio:.3f}x; {ratios})"
+        else:
+            durable = ", ".join(f"{p.codec} {format_seconds(p.durable_s)}" for p in smallest if p is not chosen)
+            reason = (
+                f"{tie} and ratios within {_RATIO_TIE:.0%}, won by the checkpoint durable sooner "
+                f"({format_seconds(chosen.durable_s)}; {durable})"
+            )
+    return replace(chosen, reason=reason)
+
+
+def format_seconds(s: float) -> str:
+    """``12.35 s``, ``0.42 s``, ``28.5 ms``, ``-3.1 ms``: milliseconds under a tenth of a second."""
+    return f"{s:.2f} s" if abs(s) >= 0.1 else f"{s * 1e3:.1f} ms"

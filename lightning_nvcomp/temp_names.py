@@ -18,6 +18,8 @@ import secrets
 import socket
 import stat
 
+from lightning_nvcomp.locations import parent_directory
+
 try:
     import fcntl
 except ImportError:  # Windows: no flock, and os.kill(pid, 0) is no liveness test there: nothing is stale
@@ -46,7 +48,13 @@ def own_name(name: str, suffix: str) -> str:
 
 
 def trash_name(path: str) -> str:
-    return os.path.join(os.path.dirname(path), own_name(os.path.basename(path), TRASH_SUFFIX))
+    """The absolute trash name of the file ``path`` (beside it)."""
+    return os.path.join(parent_directory(path), own_name(os.path.basename(path), TRASH_SUFFIX))
+
+
+def is_own(name: str) -> bool:
+    """Whether the file name ``name`` is of our temporary or trash pattern (made by :func:`own_name`, on any host)."""
+    return _OWN.match(name) is not None
 
 
 def _pid_alive(pid: int) -> bool:

@@ -218,7 +218,9 @@ def job_roundtrip(results: dict, root: str) -> None:
         if dist.get_rank() == 0:
             assert writer.totals["raw_nbytes"] == stats.raw_nbytes, (writer.totals, stats)
             names = sorted(os.listdir(f"{root}/zstd"))
-            assert names == [".metadata"] + [f"__{r}_0.distcp" for r in range(dist.get_world_size())], names
+            # __<rank>_0.<checkpoint id>.distcp
+            assert names[0] == ".metadata", names
+            assert [n.split(".")[0] for n in names[1:]] == [f"__{r}_0" for r in range(dist.get_world_size())], names
             import pickle
 
             with open(f"{root}/zstd/.metadata", "rb") as f:

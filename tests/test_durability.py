@@ -8,6 +8,7 @@ file each flush was of and when, and can make flushes slow (a disk that takes it
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -40,7 +41,9 @@ class FsyncSpy:
         monkeypatch.setattr(os, "fsync", fsync)
 
     def files(self) -> list[str]:
-        return [os.path.basename(path) for path, _, _ in self.calls if not os.path.isdir(path)]
+        """The flushed files' names, a temporary file's without its leading dot (a file may be flushed under its
+        temporary name or its own)."""
+        return [os.path.basename(path).lstrip(".") for path, _, _ in self.calls if not os.path.isdir(path)]
 
 
 def state(n: int = 1 << 16, seed: int = 0) -> dict:
@@ -70,13 +73,13 @@ def test_each_durability_flushes_when_it_says(tmp_path, monkeypatch):
     for durable in ("sync", "background", "os"):
         w = writer(durable)
         save(w, state(seed=1), tmp_path / f"{durable}.ckpt")
-        flushed_on_return = [f for f in spy.files() if f.startswith(f".{durable}.ckpt")]
+        flushed_on_return = [f for f in spy.files() if f.startswith(f"{durable}.ckpt")]
         w.close()
-        flushed = [f for f in spy.files() if f.startswith(f".{durable}.ckpt")]
+        flushed = [f for f in spy.files() if f.startswith(f"{durable}.ckpt")]
         if durable == "sync":
             assert flushed_on_return, "durable='sync': the file is flushed before the save returns"
         elif durable == "background":
-            threads = {thread for path, thread, _ in spy.calls if os.path.basename(path).startswith(".background")}
+            threads = {thread for path, thread, _ in spy.calls if os.path.basename(path) == "background.ckpt"}
             assert threads == {"lightning-nvcomp-write_0"}, threads  # flushed on the writer thread
         else:
             assert not flushed, "durable='os' never flushes"
@@ -84,16 +87,17 @@ def test_each_durability_flushes_when_it_says(tmp_path, monkeypatch):
     assert [m.get("nvcomp/durable_s") is None for m in w.savings.history] == [True]  # "os": never known durable
 
 
-def test_background_returns_before_the_flush_and_renames_after_it(tmp_path, monkeypatch):
+def test_background_returns_before_the_flush_with_the_file_in_place(tmp_path, monkeypatch):
     w = writer("background")
     save(w, state(), tmp_path / "first.ckpt")
     w.wait()
     spy = FsyncSpy(monkeypatch, delay_s=0.5)
     path = tmp_path / "second.ckpt"
     seconds = save(w, state(seed=2), path)
-    assert seconds < 0.5 and not path.exists() and w.pending()  # written, not yet flushed nor under its name
+    assert seconds < 0.5 and w.pending()  # not yet flushed ...
+    assert_tree_bit_exact(state(seed=2), torch.load(path, weights_only=True))  # ... but in place, readable
     w.wait()
-    assert path.exists() and spy.calls
+    assert spy.calls
     assert_tree_bit_exact(state(seed=2), torch.load(path, weights_only=True))
     metrics = w.savings.history[-1]
     assert metrics["nvcomp/durable_s"] >= 0.5 > metrics["nvcomp/blocked_s"]
@@ -112,13 +116,14 @@ def test_background_prunes_an_older_checkpoint_only_once_the_newer_is_durable(tm
     w.wait()
     assert not old.exists() and (tmp_path / "new.ckpt").exists()
 
-    # a newer save that fails (its rename onto a directory in the way) keeps the older checkpoint
-    blocked = tmp_path / "blocked.ckpt"
-    blocked.mkdir()
-    (blocked / "keep").write_bytes(b"x")
-    save(w, state(seed=3), blocked)
+    # a newer save that fails (its flush: an I/O error of the disk) keeps the older checkpoint
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    save(w, state(seed=3), tmp_path / "failed.ckpt")
     w.discard(tmp_path / "new.ckpt")
-    with pytest.raises(RuntimeError, match="blocked.ckpt"):
+    with pytest.raises(RuntimeError, match="failed.ckpt"):
         w.wait()
     assert_tree_bit_exact(state(seed=2), torch.load(tmp_path / "new.ckpt", weights_only=True))
     w.close()

@@ -69,7 +69,7 @@ def _check(tmp_path: Path, kind: str, codec: str, gpus: int = 1) -> None:
     assert all(r[1] == codec for r in ranks) and sum(r[3] for r in ranks) < sum(r[2] for r in ranks), ranks
     # ranks[r] is rank r's: the bytes the metadata records in rank r's data files (__<r>_<n>.distcp)
     with open(ours / "checkpoints" / names[1] / ".metadata", "rb") as f:
-        infos = [i for i in pickle.load(f).storage_data.values() if isinstance(i, NvcompStorageInfo)]
+        infos = [i for i in pickle.load(f).storage_data.values() if isinstance(i, NvcompStorageInfo) and i.codec]
     per_rank = [0] * len(results)
     for info in infos:
         per_rank[int(re.match(r"__(\d+)_", info.relative_path)[1])] += info.length

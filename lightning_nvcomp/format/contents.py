@@ -9,6 +9,7 @@ from typing import Any, TypeGuard
 
 import torch
 
+from lightning_nvcomp._torch_compat import tensor_state
 from lightning_nvcomp.errors import CheckpointError
 from lightning_nvcomp.tree import leaves
 
@@ -27,6 +28,7 @@ def _eligible(obj: object) -> TypeGuard[torch.Tensor]:
         isinstance(obj, torch.Tensor)
         and type(obj) in (torch.Tensor, torch.nn.Parameter)
         and obj.layout == torch.strided
+        and not obj.is_nested  # a nested tensor of strided layout: torch pickles it as its parts
         and obj.device.type in ("cpu", "cuda")
         and str(obj.dtype).removeprefix("torch.") in DTYPES
         and not obj.is_conj()
@@ -43,10 +45,11 @@ class _NullSink:
 class Contents:
     """What ``torch.save`` would store of an object, found by a dry-run pickle.
 
-    ``tensors``: the dense tensors stored through :func:`decode_tensor`, in pickling order. ``storages``: the storages
-    of every other tensor (conj/neg views, subclasses, sparse parts, dtypes the format does not name) and storages
-    saved as such, by ``_cdata``: ``(storage, dtype name or None for an untyped storage)``; they are stored through
-    :func:`decode_storage`. ``kept``: every object the save must not copy (it holds or is what was found).
+    ``tensors``: the dense tensors stored through :func:`decode_tensor`, in pickling order (those their Python
+    attributes hold included). ``storages``: the storages of every other tensor (conj/neg views, subclasses, sparse,
+    quantized and nested parts, dtypes the format does not name) and storages saved as such, by ``_cdata``:
+    ``(storage, dtype name or None for an untyped storage)``; they are stored through :func:`decode_storage`.
+    ``kept``: every object the save must not copy (it holds or is what was found).
     """
 
     tensors: list[torch.Tensor]
@@ -74,8 +77,10 @@ class _ContentsFinder(pickle.Pickler):
     """A dry-run pickle that notes the tensors and storages torch.save would meet (a module-level class: a local one
     would keep what it found alive in a reference cycle until the next garbage collection)."""
 
+    PROTOCOL = 2  # torch.save's
+
     def __init__(self) -> None:
-        super().__init__(_NullSink(), protocol=2)
+        super().__init__(_NullSink(), protocol=self.PROTOCOL)
         self.tensors: dict[int, torch.Tensor] = {}
         self.storages: dict[int, tuple[torch.UntypedStorage, str | None]] = {}
         self.kept: dict[int, object] = {}
@@ -97,16 +102,38 @@ class _ContentsFinder(pickle.Pickler):
     def reducer_override(self, item: object) -> Any:
         if _eligible(item):
             self.tensors.setdefault(id(item), item)
-            return int, ()
+            state = tensor_state(item)  # its Python attributes, stored with it: the tensors they hold too
+            return (int, (), state) if state else (int, ())
         if isinstance(item, (torch.Tensor, torch.UntypedStorage, torch.storage.TypedStorage)):
             self.kept.setdefault(id(item), item)
-        return NotImplemented
+        if not isinstance(item, torch.Tensor):
+            return NotImplemented
+        try:  # torch's own reduction, as torch.save pickles it
+            return item.__reduce_ex__(self.PROTOCOL)
+        except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError) as err:
+            raise _Unsaveable(item, err) from err
+
+
+class _Unsaveable(Exception):
+    """torch cannot pickle this tensor (torch.save refuses it too)."""
+
+    def __init__(self, tensor: torch.Tensor, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.tensor = tensor
 
 
 def find_contents(obj: object) -> Contents:
     """The tensors and storages ``torch.save`` would meet in ``obj``."""
     finder = _ContentsFinder()
-    finder.dump(obj)
+    try:
+        finder.dump(obj)
+    except _Unsaveable as err:
+        t = err.tensor
+        name = _tensor_names(obj).get(id(t), "<unnamed>")
+        raise CheckpointError(
+            f"tensor {name!r} ({type(t).__name__} of layout {t.layout}, dtype {t.dtype}, on {t.device}) cannot be "
+            f"saved, by torch.save either ({err}): convert it to a dense CPU or CUDA tensor first"
+        ) from err
     tensors = list(finder.tensors.values())
     return Contents(tensors, finder.storages, [*tensors, *finder.kept.values()])
 

@@ -32,6 +32,14 @@ class TensorInfo(NamedTuple):
     record: dict
     stored_nbytes: int
 
+    # A tensor with Python attributes is pickled as torch's ``_rebuild_from_type_v2(decode_tensor, type, args,
+    # attributes)``, which calls these on what decode_tensor returned: its description stands for it as it is.
+    def as_subclass(self, cls: type) -> TensorInfo:
+        return self
+
+    def __setstate__(self, state: object) -> None:
+        pass
+
 
 #: While set, decode_tensor hands each tensor's description to this callable instead of decoding.
 _describe: contextvars.ContextVar[Callable[..., Any] | None] = contextvars.ContextVar("describe", default=None)
@@ -51,6 +59,18 @@ def _blob_key(b: torch.Tensor) -> tuple:
 
 def _fail(name: object, message: str) -> CorruptCheckpointError:
     return CorruptCheckpointError(f"tensor {name!r}: {message}")
+
+
+@contextlib.contextmanager
+def _file_named(state: LoadState) -> Iterator[None]:
+    """Errors of a decoder name the file of its load (``torch.load`` calls the decoders knowing no path)."""
+    try:
+        yield
+    except CheckpointError as err:
+        message = str(err)
+        if not state.name or message.startswith(state.name):
+            raise
+        raise type(err)(f"{state.name}: {message}") from None
 
 
 def _int_tuple(value: object, name: object, what: str) -> tuple[int, ...]:
@@ -127,7 +147,7 @@ def _record_storages(
     cached = state.cache.get(key)
     if cached is not None:
         return cached
-    state.charge(blobs, keys, rec["nbytes"], name)
+    state.charge(blobs, rec["nbytes"], name)
     try:
         data = records.decode(blobs, rec, target, move=False, layout=rec[_LAYOUT])
     except CheckpointError as err:
@@ -250,18 +270,16 @@ def decode_tensor(
     under any loader. Format 1 records (v0.1) are called without it. Arguments a newer format may add (``newer``)
     are accepted so that its record's version is what the error names (upgrade), not the call.
     """
-    if not isinstance(name, str):
-        raise CorruptCheckpointError(f"tensor name {name!r} is not a string")
-    _check_blobs(blobs, name)  # before the load's state is found by them
     state = _load_state(blobs)
-    placed = _place(
-        blobs, rec, Placement(index, offset, size, stride, requires_grad, parameter, name), check, newer, state
-    )
-    describe = _describe.get()
-    if describe is not None:
-        rec = placed.rec
-        return describe(TensorInfo(name, rec["dtype"], placed.at.size, rec, sum(b.numel() for b in blobs)))
-    return _tensor(placed, _record_storages(blobs, placed.rec, name, state, placed.keys)[placed.at.storage])
+    with _file_named(state):
+        placed = _place(
+            blobs, rec, Placement(index, offset, size, stride, requires_grad, parameter, name), check, newer, state
+        )
+        describe = _describe.get()
+        if describe is not None:
+            rec = placed.rec
+            return describe(TensorInfo(name, rec["dtype"], placed.at.size, rec, sum(b.numel() for b in blobs)))
+        return _tensor(placed, _record_storages(blobs, placed.rec, name, state, placed.keys)[placed.at.storage])
 
 
 def decode_tensors(
@@ -289,7 +307,7 @@ def decode_tensors(
     decoded: dict[int, torch.Tensor] = {}
     for (layout, work), members in batches.items():
         for i in members:
-            state.charge(placed[i].blobs, placed[i].keys, placed[i].rec["nbytes"], placed[i].at.name)
+            state.charge(placed[i].blobs, placed[i].rec["nbytes"], placed[i].at.name)
         batch = [(placed[i].blobs, placed[i].rec, layout) for i in members]
         try:
             outs = batch_coding.decode_batch(batch, torch.device(work))
@@ -328,9 +346,17 @@ def decode_storage(
     Returns a ``TypedStorage`` of ``dtype`` (uint8 when ``dtype`` is None: a storage saved untyped), as
     ``torch.load``'s persistent storages are; torch's own rebuild functions place the tensors in it.
     """
+    state = _load_state(blobs)
+    with _file_named(state):
+        return _decode_storage(blobs, rec, index, dtype, check, newer, state)
+
+
+def _decode_storage(
+    blobs: list[torch.Tensor], rec: dict, index: int, dtype: str | None, check: int, newer: tuple, state: LoadState
+) -> Any:
     where = f"storage {index!r} of a record"
     _check_blobs(blobs, where)
-    state, keys = _load_state(blobs), [_blob_key(b) for b in blobs]
+    keys = [_blob_key(b) for b in blobs]
     rec = _check_record(rec, blobs, where, state, keys)
     typed = _torch_dtype(dtype) if dtype is not None else None
     if dtype is not None and typed is None:

@@ -1,11 +1,14 @@
 """What one load may decode and has decoded (:class:`LoadState`), and how a decoder finds the state of the load
 that calls it: set by our loaders (``_load``), one per plain ``torch.load`` call (found on the stack, see
-``_torch_compat``), or one per record where neither is known."""
+``_torch_compat``: its file named in errors, its size the base of the bound), or one per record where neither is
+known."""
 
 from __future__ import annotations
 
 import contextvars
+import io
 import os
+import stat
 import weakref
 
 import torch
@@ -44,8 +47,8 @@ class LoadState:
 
     Args:
         name: how errors name the file.
-        limit: the most bytes this load may decode (None: unlimited). With ``file_nbytes`` unknown (a plain
-            ``torch.load``), the compressed bytes seen so far stand in for the file's size.
+        limit: the most bytes this load may decode (None: unlimited). With ``file_nbytes`` unknown, the bytes of
+            the distinct storages that blobs were read from so far stand in for the file's size.
         file_nbytes: the size of the file being loaded, when known.
     """
 
@@ -59,28 +62,41 @@ class LoadState:
         self.produced: set[int] = set()
         self._seen: set[tuple] = set()
 
+    def where(self, tensor: str) -> str:
+        """How an error names a tensor of this load: ``step-1.ckpt: tensor 'layer.weight'``."""
+        return f"{self.name}: tensor {tensor!r}" if self.name else f"tensor {tensor!r}"
+
     def bound(self) -> int | None:
         if self.limit is not False:
             return self.limit
         base = self.file_nbytes if self.file_nbytes is not None else self.compressed
         return DECODE_MULTIPLE * base + DECODE_ALLOWANCE
 
-    def charge(self, blobs: list[torch.Tensor], keys: list[tuple], nbytes: int, name: str) -> None:
+    def charge(self, blobs: list[torch.Tensor], nbytes: int, name: str) -> None:
         """Count a record about to be decoded; raise DecodeLimitError if the load would exceed its bound."""
-        for b, key in zip(blobs, keys):
-            if key not in self._seen:
-                self._seen.add(key)
-                self.compressed += b.numel()
+        if self.file_nbytes is None:
+            # Count the storages blobs lie in, each once: views of one storage (several tensors' blobs, or views
+            # crafted to overlap) add nothing.
+            for b in blobs:
+                storage = b.untyped_storage()
+                seen = (storage.device, storage.data_ptr(), storage.nbytes())
+                if seen not in self._seen:
+                    self._seen.add(seen)
+                    self.compressed += storage.nbytes()
         bound = self.bound()
         if bound is not None and self.decoded + nbytes > bound:
+            base = (
+                f"the file's {self.file_nbytes} bytes"
+                if self.file_nbytes is not None
+                else f"the {self.compressed} stored bytes read so far"
+            )
             rule = (
                 f"{self.limit} bytes"
                 if self.limit is not False
-                else f"{DECODE_MULTIPLE} x the file's {self.file_nbytes if self.file_nbytes is not None else self.compressed}"
-                f" bytes + {DECODE_ALLOWANCE >> 20} MiB"
+                else f"{DECODE_MULTIPLE} x {base} + {DECODE_ALLOWANCE >> 20} MiB"
             )
             raise DecodeLimitError(
-                f"{self.name + ': ' if self.name else ''}tensor {name!r}: decoding it would bring this load to "
+                f"{self.where(name)}: decoding it would bring this load to "
                 f"{self.decoded + nbytes} bytes, over its limit of {bound} ({rule}), which guards against "
                 "decompression bombs. If you trust the file, raise the limit: lightning_nvcomp.load(..., "
                 f"max_decoded_nbytes=N) or the environment variable {DECODE_LIMIT_ENV}=N (bytes, or 'unlimited')"
@@ -101,20 +117,59 @@ _torch_loads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _orphans: dict[int, LoadState] = {}
 
 
-def _load_state(blobs: list[torch.Tensor]) -> LoadState:
+def _load_state(blobs: object) -> LoadState:
+    """The state of the load that calls the decoder (``blobs``: its first argument, as given)."""
     state = _load.get()
     if state is not None:
         return state
-    unpickler = _torch_compat.current_torch_load()
-    if unpickler is not None:
+    found = _torch_compat.current_torch_load()
+    if found is not None:
         try:
-            return _torch_loads.setdefault(unpickler, LoadState())
+            state = _torch_loads.get(found.unpickler)
+            if state is None:
+                state = _torch_loads[found.unpickler] = LoadState(_source_name(found), file_nbytes=_source_size(found))
+            return state
         except TypeError:  # not weak-referenceable: treat as unknown
             pass
-    if not blobs:
+    if not isinstance(blobs, list) or not blobs or not isinstance(blobs[0], torch.Tensor):
         return LoadState()
     key = id(blobs[0])
     if key not in _orphans:
         _orphans[key] = LoadState()
         weakref.finalize(blobs[0], _orphans.pop, key, None)
     return _orphans[key]
+
+
+def _source_name(load: _torch_compat.TorchLoad) -> str:
+    """How errors name the file a plain ``torch.load`` reads: its absolute path, its URL (an fsspec file), or what
+    kind of file object it is."""
+    for source in (load.source, load.opened):
+        if isinstance(source, (str, os.PathLike)):
+            return os.path.abspath(os.fspath(source))
+        for attribute in ("full_name", "name", "path"):  # fsspec files have full_name (a URL), files a name
+            value = getattr(source, attribute, None)
+            if isinstance(value, str) and value:
+                return value if "://" in value else os.path.abspath(value)
+    if load.source is None:
+        return "the file torch.load is reading"
+    return f"the {type(load.source).__name__} torch.load is reading"
+
+
+def _source_size(load: _torch_compat.TorchLoad) -> int | None:
+    """The size of the file a plain ``torch.load`` reads (None if unknown): the base of its decode bound."""
+    f = load.opened
+    if f is None:
+        return None
+    try:
+        status = os.fstat(f.fileno())  # type: ignore[attr-defined]
+        if stat.S_ISREG(status.st_mode):
+            return status.st_size
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        pass
+    try:  # torch's reader seeks before every read of a file object: moving its position changes nothing
+        position = f.tell()  # type: ignore[attr-defined]
+        size = f.seek(0, os.SEEK_END)  # type: ignore[attr-defined]
+        f.seek(position)  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None
+    return size if isinstance(size, int) else None

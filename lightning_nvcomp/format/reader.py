@@ -20,6 +20,7 @@ from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, Ref
 from lightning_nvcomp.format.contents import find_contents
 from lightning_nvcomp.format.decode import _describe, _keep_on_gpu
 from lightning_nvcomp.format.load_state import LoadState, _load
+from lightning_nvcomp.format.zip import central_record, end_records, local_header
 from lightning_nvcomp.locations import StorageBackend, storage_for
 from lightning_nvcomp.resources import collector_paused
 
@@ -177,8 +178,10 @@ def _check_structure(f: BinaryIO, name: str, file_nbytes: int) -> bytes | None:
     at its start."""
     try:
         head = f.read(len(_LEGACY_MAGIC))
+        f.seek(max(file_nbytes - 22, 0))
+        tail = f.read(22)  # torch writes no zip comment: the end record ends the file (read errors pass through)
         f.seek(0)
-        if not zipfile.is_zipfile(f):
+        if len(tail) < 22 or tail[:4] != b"PK\x05\x06":
             if head == _LEGACY_MAGIC:
                 return None
             what = "empty" if file_nbytes == 0 else f"{file_nbytes} bytes"
@@ -190,29 +193,36 @@ def _check_structure(f: BinaryIO, name: str, file_nbytes: int) -> bytes | None:
         with zipfile.ZipFile(f) as archive:
             infos = archive.infolist()
             top = infos[0].filename.split("/", 1)[0] if infos else ""
+            headers = []
             for info in infos:
                 if info.filename.split("/", 1)[0] != top or not 0 <= info.header_offset < file_nbytes:
                     raise CorruptCheckpointError(f"{name}: the zip directory entry {info.filename!r} is damaged")
                 f.seek(info.header_offset)
-                header = f.read(30 + len(info.orig_filename.encode()))
-                if header[:4] != b"PK\x03\x04" or header[30:] != info.orig_filename.encode():
-                    raise CorruptCheckpointError(f"{name}: the header of entry {info.filename!r} is damaged")
+                header = f.read(30)
+                header += f.read(sum(struct.unpack("<HH", header[26:30])) if len(header) == 30 else 0)
                 # torch writes and reads stored entries only: another method or sizes that differ or reach past
                 # the file are damage (torch 2.4's reader allocates a damaged size before it fails)
-                end = info.header_offset + len(header) + struct.unpack("<H", header[28:30])[0] + info.compress_size
                 if (
                     info.compress_type != zipfile.ZIP_STORED
                     or info.file_size != info.compress_size
-                    or end > file_nbytes
+                    or info.header_offset + len(header) + info.compress_size > file_nbytes
+                    or not _entry_agrees(f, header, info)
                 ):
-                    raise CorruptCheckpointError(f"{name}: the zip directory entry {info.filename!r} is damaged")
+                    raise CorruptCheckpointError(f"{name}: the header of entry {info.filename!r} is damaged")
+                headers.append(header)
                 if "/data/" in info.filename and not info.filename.endswith("serialization_id"):
                     continue  # storages: checked by their records, or after the load (plain torch.save files)
                 data = archive.read(info)  # raises BadZipFile on a CRC mismatch
                 if info.filename.endswith("/data.pkl"):
                     pickle_bytes = data
-        if pickle_bytes is None:
-            raise CorruptCheckpointError(f"{name}: the checkpoint has no pickle (data.pkl): damaged")
+            if pickle_bytes is None:
+                raise CorruptCheckpointError(f"{name}: the checkpoint has no pickle (data.pkl): damaged")
+            if not _end_records_agree(f, archive, file_nbytes):
+                raise CorruptCheckpointError(f"{name}: the zip's end records are damaged")
+            # Our writer never writes data descriptors, torch.save's always does: a pickle of our decoder calls
+            # that torch.save wrote (built by hand) has its headers checked as any torch.save file's.
+            if any(d in pickle_bytes for d in _OUR_DECODERS) and not all(i.flag_bits & 0x08 for i in infos):
+                _check_our_headers(f, name, archive, headers, file_nbytes)
         return pickle_bytes
     except CorruptCheckpointError:
         raise
@@ -225,8 +235,6 @@ def _check_structure(f: BinaryIO, name: str, file_nbytes: int) -> bytes | None:
         struct.error,
         UnicodeDecodeError,
         KeyError,
-        RuntimeError,
-        OSError,
     ) as err:  # zipfile's ways to fail damage
         detail = str(err) if len(str(err)) <= 300 else f"{str(err)[:300]}..."  # zipfile quotes damaged headers whole
         raise CorruptCheckpointError(
@@ -234,6 +242,113 @@ def _check_structure(f: BinaryIO, name: str, file_nbytes: int) -> bytes | None:
         ) from None
     finally:
         f.seek(0)
+
+
+def _name_bytes(info: zipfile.ZipInfo) -> bytes:
+    """An entry's name as the zip stores it (UTF-8 when its flag says so, else code page 437, as zipfile reads it)."""
+    return info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
+
+
+#: Extra fields a torch.save zip's local headers hold: zip64 sizes, and "FB" (padding to the alignment).
+_ZIP64_EXTRA, _PADDING_EXTRA = 0x0001, 0x4246
+
+
+def _entry_agrees(f: BinaryIO, header: bytes, info: zipfile.ZipInfo) -> bool:
+    """Whether an entry's local header (``header``) and data descriptor, if any, say what the central directory
+    says of it (``info``): every field both hold, sizes through the zip64 field; whether the local extra fields are
+    the ones torch.save writes, well formed (zip64 sizes, "FB" padding of zeros or torch's "Z"s); and whether the
+    central directory makes it a file (torch's reader reads nothing of an entry marked as a directory)."""
+    if len(header) < 30 or header[:4] != b"PK\x03\x04":
+        return False
+    if info.external_attr & 0x10 or info.filename.endswith("/") or info.volume or info.comment:
+        return False
+    needed, flags, method, time, date, crc, csize, usize, nlen = struct.unpack("<HHHHHIIIH", header[4:28])
+    year, month, day, hour, minute, second = info.date_time
+    central = (
+        info.extract_version | info.reserved << 8,
+        info.flag_bits,
+        info.compress_type,
+        hour << 11 | minute << 5 | second // 2,
+        (year - 1980) << 9 | month << 5 | day,
+    )
+    name = _name_bytes(info)
+    if (needed, flags, method, time, date) != central or nlen != len(name) or header[30 : 30 + nlen] != name:
+        return False
+    extra, fields = header[30 + nlen :], {}
+    while extra:
+        if len(extra) < 4 or 4 + struct.unpack("<H", extra[2:4])[0] > len(extra):
+            return False
+        field_id, length = struct.unpack("<HH", extra[:4])
+        if field_id not in (_ZIP64_EXTRA, _PADDING_EXTRA) or field_id in fields:
+            return False
+        fields[field_id], extra = extra[4 : 4 + length], extra[4 + length :]
+    padding = fields.get(_PADDING_EXTRA, b"")
+    if padding.strip(b"\0") and padding.strip(b"Z"):
+        return False
+    zip64 = fields.get(_ZIP64_EXTRA, b"")
+    if len(zip64) % 8:
+        return False
+    large = list(struct.unpack(f"<{len(zip64) // 8}Q", zip64))
+    sizes = [large.pop(0) if size == 0xFFFFFFFF and large else size for size in (usize, csize)]
+    if not flags & 0x08:
+        return crc == info.CRC and sizes == [info.file_size, info.compress_size]
+    # A data descriptor follows the data (torch.save's writer): the local header holds zeros, the descriptor (its
+    # signature, then 4- or 8-byte sizes) the CRC-32 and sizes.
+    if (crc, csize, usize) != (0, 0, 0):
+        return False
+    f.seek(info.header_offset + len(header) + info.compress_size)
+    descriptor = f.read(24)
+    expected = [
+        b"PK\x07\x08" + struct.pack(f"<I{width}{width}", info.CRC, info.compress_size, info.file_size)
+        for width in ("I", "Q")
+        if width == "Q" or info.file_size < 1 << 32
+    ]
+    return any(descriptor.startswith(e) for e in expected)
+
+
+def _end_records_agree(f: BinaryIO, archive: zipfile.ZipFile, file_nbytes: int) -> bool:
+    """Whether the end record (with no comment, as torch writes it) and the zip64 end record and locator, where
+    present, agree with each other and with the central directory zipfile read: readers that trust one or the
+    other then read the same directory."""
+    count, start = len(archive.infolist()), archive.start_dir
+    f.seek(file_nbytes - 22)
+    sig, disk, cd_disk, on_disk, total, cd_size, cd_offset, comment = struct.unpack("<IHHHHIIH", f.read(22))
+    if sig != 0x06054B50 or disk or cd_disk or comment or on_disk != total or total not in (count, 0xFFFF):
+        return False
+    f.seek(max(file_nbytes - 42, 0))
+    locator = f.read(20) if file_nbytes >= 42 else b""
+    if locator[:4] != b"PK\x06\x07":  # no zip64 records
+        return total == count and cd_offset == start and start + cd_size == file_nbytes - 22
+    _, z64_disk, z64_offset, disks = struct.unpack("<IIQI", locator)
+    if z64_disk or disks != 1 or z64_offset != file_nbytes - 42 - 56:
+        return False
+    f.seek(z64_offset)
+    z64 = struct.unpack("<IQHHIIQQQQ", f.read(56))
+    sig64, size, _, _, disk64, cd_disk64, on_disk64, total64, cd_size64, cd_offset64 = z64
+    return (
+        (sig64, size, disk64, cd_disk64, on_disk64, total64, cd_offset64) == (0x06064B50, 44, 0, 0, count, count, start)
+        and start + cd_size64 == z64_offset
+        and cd_size in (cd_size64, 0xFFFFFFFF)
+        and cd_offset in (start, 0xFFFFFFFF)
+    )
+
+
+def _check_our_headers(
+    f: BinaryIO, name: str, archive: zipfile.ZipFile, headers: list[bytes], file_nbytes: int
+) -> None:
+    """A file our writer wrote (its pickle calls our decoders): every header byte, local, central and end records,
+    is what :class:`~lightning_nvcomp.format.zip.ArchiveWriter` writes for these entries (names, CRC-32s, sizes,
+    offsets), so a flipped bit in a field no reader uses is damage too."""
+    infos = archive.infolist()
+    for info, header in zip(infos, headers):
+        if header != local_header(_name_bytes(info), info.CRC, info.file_size, info.header_offset):
+            raise CorruptCheckpointError(f"{name}: the header of entry {info.filename!r} is damaged")
+    start = archive.start_dir
+    directory = b"".join(central_record(_name_bytes(i), i.CRC, i.file_size, i.header_offset) for i in infos)
+    expected = directory + end_records(len(infos), start, start + len(directory))
+    f.seek(start)
+    if start + len(expected) != file_nbytes or f.read(len(expected)) != expected:
+        raise CorruptCheckpointError(f"{name}: the zip's central directory or end records are damaged")
 
 
 def check_zip(f: BinaryIO, name: str) -> None:

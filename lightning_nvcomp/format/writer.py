@@ -14,6 +14,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
+from lightning_nvcomp._torch_compat import rebuild_with_state, tensor_state
 from lightning_nvcomp.codec import pinned, schema
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec.checksum import Checksum
@@ -217,7 +218,7 @@ class Snapshot:
         codec: str,
         raw_nbytes: int,
         encode_s: float,
-        placements: dict[int, tuple[int, Placement]],
+        placements: dict[int, tuple[torch.Tensor, int, Placement, object]],
         storages: dict[int, tuple[int, int]],
         coded: list[_CodedRecord],
         kept: MemorySink | None,
@@ -236,9 +237,14 @@ class Snapshot:
             self._kept.write_to(writer)
         encoded = [(c.blobs, c.record()) for c in self._coded]  # every checksum is in: each record is sealed
         reductions: dict[int, tuple] = {}
-        for tensor_id, (slot, placement) in self._placements.items():
+        for tensor_id, (_, slot, placement, attributes) in self._placements.items():
             blobs, meta = encoded[slot]
-            reductions[tensor_id] = (decode_tensor, (blobs, meta, *placement, tensor_check(meta, *placement)))
+            args = (blobs, meta, *placement, tensor_check(meta, *placement))
+            if attributes:  # as torch.save stores a tensor with Python attributes: set on the decoded tensor
+                kind = torch.nn.Parameter if placement.parameter else torch.Tensor
+                reductions[tensor_id] = (rebuild_with_state, (decode_tensor, kind, args, attributes))
+            else:
+                reductions[tensor_id] = (decode_tensor, args)
 
         def storage_reduction(slot: int, index: int) -> Callable[[str | None], tuple]:
             blobs, meta = encoded[slot]
@@ -277,10 +283,11 @@ def snapshot(
     if tensors is None:
         tensors = find_contents(obj)
     contents = tensors if isinstance(tensors, Contents) else find_contents(obj)
+    memo: dict[int, object] = {id(t): t for t in contents.kept}
     if isolate:
         # The file is written later: freeze the structure (dicts, counters, callback states) as it is now; the
         # tensors and storages themselves are copied below, so the copy shares them.
-        obj = copy.deepcopy(obj, memo={id(t): t for t in contents.kept})
+        obj = copy.deepcopy(obj, memo=memo)
     names = _tensor_names(obj)
     plan, where = _plan(contents.tensors, names, staging_nbytes, contents.storages)
     kept = MemorySink() if sink is None else None
@@ -303,7 +310,11 @@ def snapshot(
     placements = {}
     for t in contents.tensors:
         slot, index = where[t.untyped_storage()._cdata]
+        attributes = tensor_state(t)
+        # By id, the tensor held: a tensor made while pickling (a sparse tensor's indices) must not take the id of
+        # one made while its contents were found, and so its record, however late the snapshot is written.
         placements[id(t)] = (
+            t,
             slot,
             Placement(
                 index,
@@ -314,6 +325,7 @@ def snapshot(
                 type(t) is torch.nn.Parameter,
                 names.get(id(t), "<unnamed>"),
             ),
+            copy.deepcopy(attributes, memo) if isolate and attributes else attributes,
         )
     # Every planned storage: other tensors reach them too (the parts of a sparse tensor are made while pickling).
     return Snapshot(obj, codec, contents.nbytes, time.perf_counter() - begin, placements, where, coded, kept)

@@ -1,4 +1,6 @@
 """The zip container ``torch.load`` reads, written as a stream: each record goes to the file as soon as it exists.
+Every byte of its headers follows from the entries' names, CRC-32s, sizes and offsets (:func:`local_header`,
+:func:`central_record`, :func:`end_records`), so a reader can check them all.
 
 ``torch.save`` builds the whole pickle first and then writes every storage; a checkpoint save instead wants to write
 compressed segments while the GPU is still coding the next ones. The layout matches ``torch.save``'s: entries
@@ -46,14 +48,8 @@ class ArchiveWriter:
         full = f"{self.name}/{name}".encode()
         crc = zlib.crc32(data) if crc is None else crc
         n = data.nbytes
-        pad = -(self._offset + 30 + len(full) + 24) % _ALIGN
-        # The zip64 sizes, then an "FB" field padding the data to the alignment, as torch.save writes.
-        extra = struct.pack("<HHQQHH", 1, 16, n, n, 0x4246, pad) + bytes(pad)
-        header = struct.pack(
-            "<IHHHHHIIIHH", 0x04034B50, _VERSION, 0, 0, 0, _DOS_DATE, crc, _ZIP64, _ZIP64, len(full), len(extra)
-        )
-        self._central.append((full, _central_record(full, crc, n, self._offset)))
-        self._write(header + full + extra)
+        self._central.append((full, central_record(full, crc, n, self._offset)))
+        self._write(local_header(full, crc, n, self._offset))
         self._write(data)
 
     def finish(self, first: str) -> None:
@@ -64,24 +60,7 @@ class ArchiveWriter:
             [record for full, record in self._central if full == first_name]
             + [record for full, record in self._central if full != first_name]
         )
-        end = start + len(directory)
-        count = len(self._central)
-        self._write(
-            directory
-            + struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, _VERSION, _VERSION, 0, 0, count, count, end - start, start)
-            + struct.pack("<IIQI", 0x07064B50, 0, end, 1)
-            + struct.pack(
-                "<IHHHHIIH",
-                0x06054B50,
-                0,
-                0,
-                min(count, 0xFFFF),
-                min(count, 0xFFFF),
-                min(end - start, _ZIP64),
-                _ZIP64,
-                0,
-            )
-        )
+        self._write(directory + end_records(len(self._central), start, start + len(directory)))
 
     def add_torch_metadata(self, serialization_id: str | None = None) -> None:
         """The small records torch.save writes next to the data (format, alignment, byte order, version, id).
@@ -120,7 +99,30 @@ def _torch_metadata(name: str, serialization_id: str) -> tuple[bytes, tuple[tupl
     return buffer.getvalue(), tuple(writer._central)
 
 
-def _central_record(full: bytes, crc: int, size: int, offset: int) -> bytes:
+def local_header(full: bytes, crc: int, size: int, offset: int) -> bytes:
+    """The local header of the entry ``full`` (its whole name) of ``size`` bytes at ``offset``: the zip64 sizes,
+    then an "FB" field of zeros padding the data to the alignment, as torch.save pads it."""
+    pad = -(offset + 30 + len(full) + 24) % _ALIGN
+    extra = struct.pack("<HHQQHH", 1, 16, size, size, 0x4246, pad) + bytes(pad)
+    header = struct.pack(
+        "<IHHHHHIIIHH", 0x04034B50, _VERSION, 0, 0, 0, _DOS_DATE, crc, _ZIP64, _ZIP64, len(full), len(extra)
+    )
+    return header + full + extra
+
+
+def end_records(count: int, start: int, end: int) -> bytes:
+    """What follows the central directory of ``count`` entries at ``[start, end)``: the zip64 end record, its
+    locator and the end record."""
+    return (
+        struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, _VERSION, _VERSION, 0, 0, count, count, end - start, start)
+        + struct.pack("<IIQI", 0x07064B50, 0, end, 1)
+        + struct.pack(
+            "<IHHHHIIH", 0x06054B50, 0, 0, min(count, 0xFFFF), min(count, 0xFFFF), min(end - start, _ZIP64), _ZIP64, 0
+        )
+    )
+
+
+def central_record(full: bytes, crc: int, size: int, offset: int) -> bytes:
     """The central directory record of the entry ``full`` whose local header is at ``offset``."""
     extra = struct.pack("<HHQQQ", 1, 24, size, size, offset)
     central = struct.pack(

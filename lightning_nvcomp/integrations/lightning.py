@@ -57,9 +57,11 @@ class NvcompCheckpointIO(CheckpointIO):
             storage options, upload part size, parallelism); default: the backend's own configuration and
             environment, as Lightning's ``get_filesystem`` uses.
         durable: when a checkpoint is on stable storage (:class:`~lightning_nvcomp.options.Durability`):
-            ``"background"`` (default: flushed behind training; top-k pruning deletes an older checkpoint only once
-            every newer save is durable), ``"sync"`` (before the save returns; for async saves, before the
-            background write is done) or ``"os"`` (never flushed, as ``TorchCheckpointIO``).
+            ``"background"`` (default: flushed behind training, a file that replaces one of the same name before
+            its rename; top-k pruning deletes an older checkpoint only once every newer save is durable), ``"sync"``
+            (before the save returns; for async saves, before the background write is done) or ``"os"`` (never
+            flushed, as ``TorchCheckpointIO``). With each, a sync save's file is in place, readable by any process
+            (a logger that uploads it, a copy), when ``save_checkpoint`` returns.
         host_buffer_mb: async saves: most MiB of compressed snapshots held in host memory while earlier ones are
             written (default: two checkpoints); a save past it waits, with a warning.
 

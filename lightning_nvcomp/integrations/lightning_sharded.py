@@ -120,10 +120,12 @@ class CompressedShardedSaves(abc.ABC):
         state_on_gpu: bool = True,
         **kwargs: Any,
     ) -> None:
-        super().__init__(*args, **kwargs)
-        #: The same options object as the checkpoint IO's (an unknown or unavailable codec fails here, at once).
+        # The same options object as the checkpoint IO's: an unknown codec, or one this machine cannot run, fails
+        # here, before the strategy is built and anything is written.
         with option_errors(type(self).__name__):
-            self.options = SaveOptions.of(codec, gpu_hour_usd=gpu_hour_usd)
+            options = SaveOptions.of(codec, gpu_hour_usd=gpu_hour_usd)
+        super().__init__(*args, **kwargs)
+        self.options = options
         self.state_on_gpu = state_on_gpu
         self.savings = telemetry.Savings(self.options.gpu_hour_usd)
         self.logger_attached = False

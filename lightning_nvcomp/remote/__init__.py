@@ -23,10 +23,31 @@ Durability, per backend (what a save guarantees once it returns, and what a fail
 * ``hdfs://`` and ``file://`` (file systems with an atomic rename): the file is streamed to a hidden temporary name
   beside the target, then renamed over it; a failure removes the temporary file.
 
+Errors: every failure of the storage raises a :class:`RemoteStorageError` (an ``OSError``, never damage) that names
+the URL and says what to do: :class:`RemoteAccessError` (no or bad credentials, no permission),
+:class:`RemoteNotFoundError`, :class:`RemoteUnreachableError` (no connection, no answer), and
+:class:`OutcomeUnknownError` for a save whose last request got no answer when what it did cannot be found out (see
+:mod:`lightning_nvcomp.remote.errors`). An S3 save whose ``CompleteMultipartUpload`` (or ``PutObject``) answer is lost
+looks at the object's ETag first: if it is the new checkpoint the save succeeded (a warning says so).
+
 A local path (no URL) never comes here: it keeps the durable local write of :mod:`lightning_nvcomp.storage`
 (temporary name, fsync, rename, directory fsync, the sweep of crashed saves' names).
 """
 
+from lightning_nvcomp.remote.errors import (
+    OutcomeUnknownError,
+    RemoteAccessError,
+    RemoteNotFoundError,
+    RemoteStorageError,
+    RemoteUnreachableError,
+)
 from lightning_nvcomp.remote.options import RemoteOptions
 
-__all__ = ["RemoteOptions"]
+__all__ = [
+    "OutcomeUnknownError",
+    "RemoteAccessError",
+    "RemoteNotFoundError",
+    "RemoteOptions",
+    "RemoteStorageError",
+    "RemoteUnreachableError",
+]

@@ -11,6 +11,7 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from lightning_nvcomp.integrations._require import MissingExtraError
+from lightning_nvcomp.remote.errors import naming
 from lightning_nvcomp.remote.options import RemoteOptions
 from lightning_nvcomp.remote.ranges import RangeReader
 from lightning_nvcomp.remote.upload import Upload, open_upload
@@ -39,7 +40,9 @@ class FsspecStorage:
     once complete and read with parallel ranged reads (see :mod:`lightning_nvcomp.remote` for each backend's
     durability).
 
-    Paths are URLs throughout (``s3://bucket/run``); errors name them.
+    Paths are URLs throughout (``s3://bucket/run``). Every error of the storage is a
+    :class:`~lightning_nvcomp.remote.errors.RemoteStorageError` (an ``OSError``: never damage) that names the URL
+    and says what to do (credentials, the address of the storage), never a bare fsspec or botocore error.
 
     Args:
         fs: the fsspec file system.
@@ -97,12 +100,14 @@ class FsspecStorage:
 
     def rename(self, path: str, new_path: str) -> None:
         """Move ``path`` to ``new_path`` (a copy, then a delete, on object stores)."""
-        self.fs.mv(self._key(path), self._key(new_path))
+        with naming(path, "move"):
+            self.fs.mv(self._key(path), self._key(new_path))
         self.fs.invalidate_cache(self._key(new_path))
 
     def remove(self, path: str) -> None:
         """Delete the file ``path``."""
-        self.fs.rm_file(self._key(path))
+        with naming(path, "remove"):
+            self.fs.rm_file(self._key(path))
         self.fs.invalidate_cache(self._key(path))
 
     def discard(self, path: str) -> None:
@@ -111,7 +116,8 @@ class FsspecStorage:
 
     def makedirs(self, directory: str) -> None:
         """Create ``directory`` where the backend has directories (for S3: the bucket, if missing)."""
-        self.fs.makedirs(self._key(directory), exist_ok=True)
+        with naming(directory, "create"):
+            self.fs.makedirs(self._key(directory), exist_ok=True)
 
     # -- reading ------------------------------------------------------------------------------------------------
 
@@ -119,25 +125,34 @@ class FsspecStorage:
         """``path`` as a seekable file read by parallel ranged requests (:class:`RangeReader`)."""
         key = self._key(path)
         nbytes = self.size(path)
-        fetch = lambda start, end: self.fs.cat_file(key, start=start, end=end)  # noqa: E731
+
+        def fetch(start: int, end: int) -> bytes:
+            with naming(path, "read"):
+                return cast(bytes, self.fs.cat_file(key, start=start, end=end))
+
         reader = RangeReader(fetch, nbytes, str(path), self.options.part_nbytes, self.options.max_parallel)
         return cast(BinaryIO, reader)
 
     def exists(self, path: str) -> bool:
         self.fs.invalidate_cache(self._key(path))
-        return bool(self.fs.exists(self._key(path)))
+        with naming(path, "look up"):
+            return bool(self.fs.exists(self._key(path)))
 
     def isdir(self, path: str) -> bool:
-        return bool(self.fs.isdir(self._key(path)))
+        with naming(path, "look up"):
+            return bool(self.fs.isdir(self._key(path)))
 
     def size(self, path: str) -> int:
-        return int(self.fs.size(self._key(path)))
+        with naming(path, "look up"):
+            return int(self.fs.size(self._key(path)))
 
     def listdir(self, directory: str) -> list[str]:
         """The names in ``directory`` (files and subdirectories), as the store lists them now."""
         key = self._key(directory).rstrip("/")
         self.fs.invalidate_cache(key)
-        return sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(key, detail=False) if p.rstrip("/") != key})
+        with naming(directory, "list"):
+            listed = self.fs.ls(key, detail=False)
+        return sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in listed if p.rstrip("/") != key})
 
     # -- names and measurements ---------------------------------------------------------------------------------
 

@@ -31,6 +31,13 @@ class RangeReader(SizedReader):
     memory); in a larger one, small reads (zip headers, the central directory) fetch small windows, the last
     :data:`SMALL_WINDOWS` of which are kept.
 
+    A read that fails raises the storage's error (a
+    :class:`~lightning_nvcomp.remote.errors.RemoteStorageError` naming the URL), and the reader remembers it: what
+    reads the file may turn it into another error (``zipfile`` calls a file it cannot read "not a zip file", torch
+    an object without ``read``), so leaving a ``with`` block of this reader after a failed read raises that storage
+    error, whatever the block raised: a load cut off by the network is never reported as damage. Reads after a
+    failed one raise its error at once.
+
     Args:
         fetch: ``fetch(start, end)`` -> the bytes from ``start`` (inclusive) to ``end`` (exclusive).
         nbytes: the object's size.
@@ -50,8 +57,18 @@ class RangeReader(SizedReader):
         self._windows: OrderedDict[int, bytes] = OrderedDict()  # small windows by start, least recent first
         self._nblocks = -(-nbytes // block_nbytes)
         self._whole = self._nblocks <= max_parallel  # small enough to fetch whole at once
+        self._failure: BaseException | None = None  # the error of the first read that failed
 
     def readinto(self, buffer: Any) -> int:
+        if self._failure is not None:  # what read the file went on: the bytes it needs cannot be had
+            raise self._failure
+        try:
+            return self._readinto(buffer)
+        except Exception as err:
+            self._failure = err
+            raise
+
+    def _readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
         start = self.position
         end = min(start + view.nbytes, self._nbytes)
@@ -115,11 +132,18 @@ class RangeReader(SizedReader):
             _, oldest = self._blocks.popitem(last=False)
             oldest.cancel()
 
+    def __exit__(self, *exc_info: Any) -> None:
+        """Close; then raise the error of a read that failed, if one did (see the class)."""
+        super().__exit__(*exc_info)
+        if self._failure is not None:
+            raise self._failure
+
     def close(self) -> None:
         if not self.closed:
             for future in self._blocks.values():
                 future.cancel()
             self._blocks.clear()
             self._windows.clear()
-            self._pool.shutdown(wait=True)
+            # after a failed read, fetches still retrying (the storage unreachable) are not waited for
+            self._pool.shutdown(wait=self._failure is None)
         super().close()

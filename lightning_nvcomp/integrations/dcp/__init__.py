@@ -24,7 +24,7 @@ Instead :class:`NvcompFileSystemWriter` subclasses ``FileSystemWriter`` and repl
   ``codec="none"`` CUDA shards are copied to pinned host memory (what ``"auto"`` predicts for it), not by DCP's
   default staging, which copies to pageable memory at a fraction of the speed.
 
-The file layout and metadata are DCP's own: one ``.metadata`` (written atomically), ``__<rank>_<n>.distcp`` data
+The file layout and metadata are DCP's own: one ``.metadata`` (written atomically), ``__<rank>_<n>.<id>.distcp`` data
 files in which each item is stored at ``(offset, length)`` as a self-contained ``torch.save`` zip. For compressed
 items that zip is the package's container format (:mod:`lightning_nvcomp.format`, docs/FORMAT.md): its blobs are the record's
 compressed segments and its pickle rebuilds the tensor through ``lightning_nvcomp.decode_tensor``, which validates
@@ -42,9 +42,16 @@ Each item's ``storage_data`` is a :class:`NvcompStorageInfo` (DCP's ``_StorageIn
 * :class:`NvcompFileSystemReader` adds GPU decoding (items decode on the target shard's GPU), a check of each
   item's pickle CRC, and error messages that name the file and the item.
 
-Overwriting a checkpoint directory in place (Lightning's ``last.ckpt``) is crash-safe: a data file name already in
-the directory is never reused (the new file gets a ``.<save id>`` infix), the new ``.metadata`` replaces the old one
-atomically once every rank has written, and only then are data files no longer referenced deleted. A save that
+A checkpoint id binds every data file to its ``.metadata``: drawn once per save by the coordinator
+(``prepare_global_plan``) and handed to every rank with its plan, it is in each data file's name, in the header line
+each data file starts with, and in every item's :class:`NvcompStorageInfo`. :class:`NvcompFileSystemReader` refuses a
+data file whose header is not that of the id and name its items record - another step's file, or another rank's, put
+in its place - naming the file, an item and both ids; and since no save reuses another's file names, no reader (DCP's
+too) of one checkpoint opens another's file copied beside it. Files written before checkpoint ids are not checked.
+
+Overwriting a checkpoint directory in place (Lightning's ``last.ckpt``) is crash-safe: a save never reuses a data file
+name (they carry its checkpoint id), the new ``.metadata`` replaces the old one atomically once every rank has
+written, and only then are data files no longer referenced deleted. A save that
 fails on any rank, or a rank killed mid-save, leaves the previous checkpoint loadable (its partial data files are
 referenced by nothing and are deleted by the next successful save).
 
@@ -55,7 +62,10 @@ therefore writes ``.metadata`` as a pickle of one small object that unpickles th
 the payload is unpickled (:class:`~lightning_nvcomp.errors.CorruptCheckpointError` naming ``.metadata`` when it
 fails). DCP's default ``FileSystemReader`` does a plain ``pickle.load`` of ``.metadata`` (``read_metadata`` in
 ``torch/distributed/checkpoint/filesystem.py``, torch 2.13), so it gets the verified ``Metadata`` transparently;
-``.metadata`` files of earlier versions (a plain pickled ``Metadata``) still load with either reader. (Rank-local
+``.metadata`` files of earlier versions (a plain pickled ``Metadata``) still load with either reader. A CRC anyone can
+compute stops no attacker: both pickles are read under ``weights_only`` rules (:mod:`.unpickle`), importing only DCP's
+metadata classes and ours - a ``.metadata`` that would run code is refused, naming the file, before any of it runs
+(the payload so by any reader, DCP's too; a plain pickled ``Metadata`` so by ours). (Rank-local
 metadata files, ``use_collectives=False``, stay DCP's own.) :class:`NvcompFileSystemReader` also checks, for every
 item it reads and before opening any file: its ``relative_path`` names a file inside the checkpoint directory (no
 absolute path, no ``..``), ``offset``/``length`` are non-negative ints within the data file's size, the codec is
@@ -81,8 +91,8 @@ with ``collective=True``), decides on rank 0 and broadcasts the choice, so all r
 
 The package (imported as :mod:`lightning_nvcomp.dcp`): ``writer`` (:class:`NvcompFileSystemWriter`), ``staging``
 (compression while ``dcp.async_save`` stages), ``reader`` (:class:`NvcompFileSystemReader`), ``metadata`` (the checked
-``.metadata``, :class:`NvcompStorageInfo` and the checks of an item's storage info), ``filesystem`` (checkpoints at
-URLs), ``stats``
+``.metadata``, :class:`NvcompStorageInfo`, checkpoint ids and the checks of an item's storage info), ``unpickle``
+(``.metadata`` read under ``weights_only`` rules), ``filesystem`` (checkpoints at URLs), ``stats``
 (:class:`DcpCheckpointStats`) and ``_compat``, the one module that names torch's private DCP, DTensor and
 ShardedTensor internals, each with its reason and a version gate.
 """

@@ -18,6 +18,7 @@ from typing import IO, Any, NoReturn
 
 import torch
 import torch.distributed.checkpoint.filesystem as _filesystem
+import torch.distributed.checkpoint.metadata as _metadata
 from torch.distributed.checkpoint.planner import ReadItem, WriteItem
 
 
@@ -109,6 +110,7 @@ __all__ = [
     "load_transformed",
     "metadata_path",
     "narrow_tensor_by_index",
+    "private_metadata_names",
     "reader_init_args",
     "set_placement_device",
     "sharded_like",
@@ -225,6 +227,26 @@ def load_transformed(reader: Any, req: ReadItem, descriptors: Sequence[str], vie
     if TORCH < (2, 7) or transforms is None:
         _missing("FileSystemReader.transforms", f"stream transforms {list(descriptors)!r}")
     return transforms.transform_load_stream(req, descriptors, view)
+
+
+def private_metadata_names() -> tuple[dict[str, type], dict[str, Callable[..., Any]]]:
+    """The private torch names a DCP ``.metadata`` pickles, each under the name it is pickled as, for the restricted
+    unpickler (:mod:`~lightning_nvcomp.integrations.dcp.unpickle`): ``(classes made empty and given their fields,
+    callables called for a value)``. ``filesystem._StorageInfo`` (2.0+): every item's storage record;
+    ``metadata._MEM_FORMAT_ENCODING`` (2.0+): the enum ``TensorProperties`` pickles a memory format as (called for
+    its member); ``serialization._get_layout`` (1.x+): how a ``torch.layout`` pickles (called with its name). A name
+    this torch lacks is left out: a file that names it is refused, naming it."""
+    classes: dict[str, type] = {_name(StorageInfo): StorageInfo}
+    callables: dict[str, Callable[..., Any]] = {}
+    if _has((2, 0), _metadata, "_MEM_FORMAT_ENCODING"):
+        callables[_name(_metadata._MEM_FORMAT_ENCODING)] = _metadata._MEM_FORMAT_ENCODING
+    if _has((1, 0), torch.serialization, "_get_layout"):
+        callables["torch.serialization._get_layout"] = torch.serialization._get_layout
+    return classes, callables
+
+
+def _name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def narrow_tensor_by_index(tensor: torch.Tensor, offsets: Sequence[int], sizes: Sequence[int]) -> torch.Tensor:

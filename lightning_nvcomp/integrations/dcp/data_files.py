@@ -12,7 +12,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO, cast
@@ -28,7 +28,7 @@ from lightning_nvcomp.format import items as tensor_items
 from lightning_nvcomp.format.item_batches import RAW_NBYTES, CodedTensor, code_tensors, storable
 from lightning_nvcomp.format.zip import ArchiveWriter
 from lightning_nvcomp.integrations.dcp import _compat
-from lightning_nvcomp.integrations.dcp.metadata import NvcompStorageInfo
+from lightning_nvcomp.integrations.dcp.metadata import NvcompStorageInfo, data_file_header
 from lightning_nvcomp.integrations.dcp.staging import ENCODE_LOCK, StagedShard, compact
 from lightning_nvcomp.resources import collector_paused
 
@@ -41,13 +41,16 @@ class DataFiles:
     """How one save's data files are written.
 
     Args:
-        fs: the writer's file system (``create_stream``, ``concat_path``, ``exists``).
+        fs: the writer's file system (``create_stream``, ``concat_path``).
         path: the checkpoint directory.
         codec: the codec of every tensor item (decided for this save).
         staged: shards ``dcp.async_save`` compressed while staging, by their placeholder's storage address.
         staging_nbytes: GPU scratch bound of an item stored through ``torch.save``'s pickling.
         fsync: flush each local file to the disk once written.
-        save_id: this save's id (the infix of a name a previous checkpoint still uses).
+        checkpoint_id: this save's checkpoint id: in every file's name (``__<rank>_<n>.<id>.distcp``: no save
+            reuses a name another one wrote, so an overwritten checkpoint keeps its files until the new ``.metadata``
+            replaces its own, and no reader of one checkpoint opens another's file), in the file's header
+            (:func:`~lightning_nvcomp.integrations.dcp.metadata.data_file_header`) and in every item's storage info.
         thread_count: files written at once.
         single_file_per_rank: one file per thread (else one per item), as ``FileSystemWriter``.
     """
@@ -58,22 +61,13 @@ class DataFiles:
     staged: dict[int, StagedShard]
     staging_nbytes: int | None
     fsync: bool
-    save_id: str
+    checkpoint_id: str
     thread_count: int = 1
     single_file_per_rank: bool = True
 
-    def _file_names(self, prefix: str) -> Iterator[str]:
-        """This rank's data file names, ``<prefix><n>.distcp``; a name already in the directory is never reused (a
-        previous checkpoint may still need that file): that file gets the save id as an infix."""
-        for n in itertools.count():
-            name = f"{prefix}{n}{DEFAULT_SUFFIX}"
-            if self.fs.exists(self.fs.concat_path(self.path, name)):
-                name = f"{prefix}{n}.{self.save_id.replace('-', '')[:12]}{DEFAULT_SUFFIX}"
-            yield name
-
     def write(self, plan: SavePlan, planner: SavePlanner) -> list[Outcome]:
         """Write the plan's items into data files, ``thread_count`` files at once; each file's outcome."""
-        names = self._file_names(plan.storage_data.prefix)
+        names = (f"{plan.storage_data.prefix}{n}.{self.checkpoint_id}{DEFAULT_SUFFIX}" for n in itertools.count())
         buckets = (
             _compat.split_by_size_and_type(self.thread_count, plan.items)
             if self.single_file_per_rank
@@ -134,15 +128,16 @@ class DataFiles:
         :data:`~lightning_nvcomp.format.item_batches.RAW_NBYTES`) last. Returns the write results and the seconds spent
         coding."""
         results: list[WriteResult] = []
+        header = data_file_header(self.checkpoint_id, name)
         # Offsets are counted here, not asked of the stream: a local file's tell() is a system call, one per item.
-        position = 0
+        position = len(header)
         with self.fs.create_stream(self.fs.concat_path(self.path, name), "wb") as stream:
+            stream.write(header)
             for item in (i for i in items if i.type == WriteItemType.BYTE_IO):
                 payload = cast(io.BytesIO, planner.resolve_data(item)).getbuffer()
                 stream.write(payload)
-                results.append(
-                    WriteResult(item.index, payload.nbytes, _compat.StorageInfo(name, position, payload.nbytes))
-                )
+                info = NvcompStorageInfo(name, position, payload.nbytes, checkpoint_id=self.checkpoint_id)
+                results.append(WriteResult(item.index, payload.nbytes, info))
                 position += payload.nbytes
 
             serialization_id = str(secrets.randbits(128)).zfill(40)  # the file's items share torch.save's records
@@ -152,7 +147,14 @@ class DataFiles:
                 nonlocal position
                 done = []
                 for item, length, raw_nbytes in written:
-                    info = NvcompStorageInfo(name, position, length, codec=self.codec, raw_nbytes=raw_nbytes)
+                    info = NvcompStorageInfo(
+                        name,
+                        position,
+                        length,
+                        codec=self.codec,
+                        raw_nbytes=raw_nbytes,
+                        checkpoint_id=self.checkpoint_id,
+                    )
                     done.append(WriteResult(item.index, length, info))
                     position += length
                 return done

@@ -1,6 +1,8 @@
 """What a DCP checkpoint of this package records: the checked ``.metadata`` (:class:`_CheckedMetadata`, read back
-through :func:`_checked_metadata` and :func:`_load_metadata`), each item's :class:`NvcompStorageInfo`, and the checks
-an item's storage info must pass before its file is opened (:func:`check_storage_info`).
+through :func:`_checked_metadata` and :func:`_load_metadata`, under ``weights_only`` rules: what each pickle may
+import is :func:`_metadata_names`), each item's :class:`NvcompStorageInfo`, the checkpoint id and data file header that
+bind the data files to their ``.metadata`` (:func:`data_file_header`), and the checks an item's storage info must
+pass before its file is opened (:func:`check_storage_info`).
 
 ``_checked_metadata`` and ``NvcompStorageInfo`` are pickled into every ``.metadata`` under the names
 ``lightning_nvcomp.dcp._checked_metadata`` and ``lightning_nvcomp.dcp.NvcompStorageInfo``: those names are part of the
@@ -11,18 +13,32 @@ must keep exposing both.
 from __future__ import annotations
 
 import contextvars
+import functools
 import os
+import pathlib
 import pickle
 import pickletools
 import re
+import secrets
 import zlib
 from dataclasses import dataclass
 from pathlib import PureWindowsPath
+from typing import Any
 
-from torch.distributed.checkpoint.metadata import Metadata
+import torch
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 
-from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
-from lightning_nvcomp.integrations.dcp._compat import StorageInfo, transform_descriptors
+from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, RefusedObjectsError
+from lightning_nvcomp.integrations.dcp._compat import StorageInfo, private_metadata_names, transform_descriptors
+from lightning_nvcomp.integrations.dcp.unpickle import CALLED, MADE, VALUE, Refused, restricted_loads
 from lightning_nvcomp.options import CONCRETE_CODECS
 
 #: The module whose names ``.metadata`` pickles (part of the file format: files of every version name it).
@@ -61,8 +77,10 @@ def _checked_metadata(payload: bytes, crc: int, version: int = METADATA_FORMAT) 
     Raises:
         CorruptCheckpointError: the CRC does not match (the checkpoint metadata is damaged), or the fields are not
             what the writer stores.
+        RefusedObjectsError: the payload (intact) imports or does what DCP's metadata never does (see
+            :mod:`~lightning_nvcomp.integrations.dcp.unpickle`); none of it was run.
         CheckpointError: a format version this code does not know, or an intact payload that cannot be unpickled
-            here (a module missing, say).
+            here.
     """
     where = _metadata_name.get()
     if type(version) is not int or version != METADATA_FORMAT:
@@ -79,7 +97,14 @@ def _checked_metadata(payload: bytes, crc: int, version: int = METADATA_FORMAT) 
             "checkpoint cannot be loaded safely"
         )
     try:
-        metadata = pickle.loads(payload)
+        metadata = restricted_loads(payload, _metadata_names())
+    except Refused as err:  # intact bytes (the CRC matched): written by a newer version, or crafted
+        raise RefusedObjectsError(
+            f"{where}: the checkpoint metadata is refused: {err}, which the metadata this version writes never "
+            "does; nothing of it was run (written by a newer lightning_nvcomp or torch, or crafted)",
+            where,
+            (err.name,) if err.name else (),
+        ) from None
     except (MemoryError, CheckpointError):
         raise
     except Exception as err:  # intact bytes (the CRC matched): not damage
@@ -93,7 +118,9 @@ def _checked_metadata(payload: bytes, crc: int, version: int = METADATA_FORMAT) 
 
 def _load_metadata(data: bytes, name: str) -> Metadata:
     """The ``Metadata`` of a ``.metadata`` file's bytes: the checked format (CRC verified) or a plain pickle (files
-    of earlier versions, DCP's own). Errors name ``name``; damage raises :class:`CorruptCheckpointError`."""
+    of earlier versions, DCP's own), read under ``weights_only`` rules (:func:`_file_names`). Errors name ``name``;
+    damage raises :class:`CorruptCheckpointError`, what the rules refuse :class:`RefusedObjectsError` (none of it
+    run)."""
     # The checked wrapper names lightning_nvcomp.dcp._checked_metadata in its first bytes (DCP's pickle names
     # torch.distributed.checkpoint.metadata.Metadata there); damage may have changed one of the two names.
     checked = b"_checked_metadata" in data[:64] or PICKLED_MODULE.encode() in data[:64]
@@ -109,18 +136,21 @@ def _load_metadata(data: bytes, name: str) -> Metadata:
             ) from err
     token = _metadata_name.set(name)
     try:
-        metadata = pickle.loads(data)
+        metadata = restricted_loads(data, _file_names())
+    except Refused as err:
+        if checked:  # the checked wrapper names nothing but _checked_metadata: anything else is damage (or crafted)
+            raise CorruptCheckpointError(
+                f"{name}: the checkpoint metadata is damaged: {err}; refused, nothing of it was run"
+            ) from None
+        raise RefusedObjectsError(
+            f"{name}: the checkpoint metadata is refused: {err}, which DCP's metadata never does; nothing of it was "
+            "run (damaged, crafted, or written by a custom planner with classes of its own). Only if you trust the "
+            "file: torch.distributed.checkpoint's own FileSystemReader unpickles it without restriction",
+            name,
+            (err.name,) if err.name else (),
+        ) from None
     except (MemoryError, CheckpointError):
         raise
-    except (ImportError, AttributeError) as err:
-        if checked:  # the checked wrapper names nothing but _checked_metadata: a different name is damage
-            raise CorruptCheckpointError(
-                f"{name}: the checkpoint metadata is damaged ({type(err).__name__}: {err})"
-            ) from err
-        raise CheckpointError(
-            f"{name}: the checkpoint metadata needs something this environment lacks ({type(err).__name__}: {err}); "
-            "a module is missing, or the file is damaged"
-        ) from err
     except Exception as err:  # a truncated or damaged pickle fails in many ways
         raise CorruptCheckpointError(
             f"{name}: the checkpoint metadata is damaged or truncated ({type(err).__name__}: {err})"
@@ -141,17 +171,80 @@ def _load_metadata(data: bytes, name: str) -> Metadata:
 
 @dataclass
 class NvcompStorageInfo(StorageInfo):
-    """DCP's per-item storage record plus how the item was stored: ``codec`` (``ans``, ``zstd`` or ``none``) and
-    the shard's raw size. The item's bytes are a ``torch.save`` zip (the container format when compressed)."""
+    """DCP's per-item storage record plus how the item was stored: ``codec`` (``ans``, ``zstd`` or ``none``; None: a
+    plain ``torch.save`` item, such as a byte item), the shard's raw size and ``checkpoint_id``, the id of the save
+    that wrote the item's data file, which starts with :func:`data_file_header` (None: written before checkpoint
+    ids existed, not checked). The item's bytes are a ``torch.save`` zip (the container format when compressed)."""
 
     codec: str | None = None
     raw_nbytes: int | None = None
+    checkpoint_id: str | None = None
 
 
 # The names every .metadata pickles (part of the file format, docs/FORMAT.md §7): pinned to lightning_nvcomp.dcp,
 # which re-exports both, so files written now load wherever files of earlier versions do, and vice versa.
 _checked_metadata.__module__ = PICKLED_MODULE
 NvcompStorageInfo.__module__ = PICKLED_MODULE
+
+
+# -- what a .metadata pickle may import -------------------------------------------------------------------------
+
+
+@functools.cache
+def _metadata_names() -> dict[str, tuple[Any, str]]:
+    """What a pickled DCP ``Metadata`` may import (torch 2.4-2.13's, and ours), by the name it is pickled as, with
+    its use (:mod:`~lightning_nvcomp.integrations.dcp.unpickle`): the metadata dataclasses, ``torch.Size``, dtypes,
+    the checkpoint id's path classes and what torch pickles enums and layouts through."""
+    classes, callables = private_metadata_names()
+    public = (Metadata, TensorStorageMetadata, BytesStorageMetadata, ChunkStorageMetadata, TensorProperties)
+    names: dict[str, tuple[Any, str]] = {
+        f"{c.__module__}.{c.__qualname__}": (c, MADE) for c in (*public, MetadataIndex, StorageMeta)
+    }
+    names.update({name: (c, MADE) for name, c in classes.items()})
+    names[f"{PICKLED_MODULE}.NvcompStorageInfo"] = (NvcompStorageInfo, MADE)
+    names.update({name: (f, CALLED) for name, f in callables.items()})
+    names["torch.Size"] = (torch.Size, CALLED)
+    for path in (pathlib.PosixPath, pathlib.WindowsPath):  # pathlib's classes live in pathlib._local from 3.13
+        names[f"pathlib.{path.__name__}"] = names[f"{path.__module__}.{path.__qualname__}"] = (path, CALLED)
+    names.update({f"torch.{n}": (v, VALUE) for n, v in vars(torch).items() if isinstance(v, torch.dtype)})
+    return names
+
+
+@functools.cache
+def _file_names() -> dict[str, tuple[Any, str]]:
+    """What a ``.metadata`` file's pickle may import: the checked wrapper, or (files of earlier versions, DCP's own)
+    a plain ``Metadata``."""
+    return {f"{PICKLED_MODULE}._checked_metadata": (_checked_metadata, CALLED), **_metadata_names()}
+
+
+# -- checkpoint ids ---------------------------------------------------------------------------------------------
+
+#: What every data file of a save with a checkpoint id starts with, before :func:`data_file_header`'s fields.
+DATA_FILE_MAGIC = b"lightning_nvcomp-dcp-data"
+#: Bytes of a data file's start read to report the header found there.
+DATA_FILE_HEADER_MAX = 512
+_CHECKPOINT_ID = re.compile(r"[0-9a-f]{16}")
+
+
+def new_checkpoint_id() -> str:
+    """A fresh checkpoint id: 16 hex digits (64 random bits), different for every save."""
+    return secrets.token_hex(8)
+
+
+def data_file_header(checkpoint_id: str, name: str) -> bytes:
+    """The line a data file of the save ``checkpoint_id`` starts with, ``name`` being its own file name: what binds
+    it to the ``.metadata`` whose items record that id and name (no item lies there: readers skip it)."""
+    return b"%s %s %s\n" % (DATA_FILE_MAGIC, checkpoint_id.encode(), name.encode())
+
+
+def header_fields(data: bytes) -> tuple[str, str] | None:
+    """``(checkpoint id, file name)`` of the header ``data`` (a data file's first bytes) starts with; None if it
+    starts with none."""
+    line, newline, _ = data.partition(b"\n")
+    fields = line.split(b" ", 2)
+    if not newline or len(fields) != 3 or fields[0] != DATA_FILE_MAGIC:
+        return None
+    return fields[1].decode("ascii", "replace"), fields[2].decode("utf-8", "replace")
 
 
 def check_storage_info(info: StorageInfo, where: str) -> None:
@@ -185,3 +278,8 @@ def _check_codec_fields(info: NvcompStorageInfo, rel: str, where: str) -> None:
     raw = info.raw_nbytes
     if raw is not None and (type(raw) is not int or not 0 <= raw < MAX_FILE_OFFSET):
         raise CorruptCheckpointError(f"{rel}: {where} has raw size {raw!r}; the checkpoint metadata is damaged")
+    checkpoint_id = info.checkpoint_id
+    if checkpoint_id is not None and (type(checkpoint_id) is not str or not _CHECKPOINT_ID.fullmatch(checkpoint_id)):
+        raise CorruptCheckpointError(
+            f"{rel}: {where} has checkpoint id {checkpoint_id!r}; the checkpoint metadata is damaged"
+        )

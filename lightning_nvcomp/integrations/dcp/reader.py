@@ -23,11 +23,14 @@ from lightning_nvcomp.integrations.dcp import _compat
 from lightning_nvcomp.integrations.dcp._compat import StorageInfo
 from lightning_nvcomp.integrations.dcp.filesystem import OnStorage
 from lightning_nvcomp.integrations.dcp.metadata import (
+    DATA_FILE_HEADER_MAX,
     ITEM_CODECS,
     METADATA,
     NvcompStorageInfo,
     _load_metadata,
     check_storage_info,
+    data_file_header,
+    header_fields,
 )
 from lightning_nvcomp.integrations.dcp.read_windows import Filler, to_host, windows
 from lightning_nvcomp.remote.options import RemoteOptions
@@ -40,12 +43,14 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
     DCP ones).
 
     Compressed items are decoded on the target shard's device (nvCOMP on a GPU, CPU zstd otherwise) after their
-    record fields, segment CRCs and pickle CRC are checked; ``.metadata``'s CRC is checked (files of earlier
-    versions, without one, still load); every item's storage info is validated before its file is opened (a file
-    inside the checkpoint directory, an ``(offset, length)`` within it, a known codec) and every decoded tensor's
-    dtype and shape against the metadata; plain ``torch.save`` items have their zip CRCs checked. Errors name the
-    file and the item; damage raises :class:`~lightning_nvcomp.errors.CorruptCheckpointError`. DCP's default
-    ``FileSystemReader`` reads these checkpoints too (on the CPU), see :mod:`lightning_nvcomp.integrations.dcp`.
+    record fields, segment CRCs and pickle CRC are checked; ``.metadata`` is read under ``weights_only`` rules and its
+    CRC checked (files of earlier versions, without one, still load); every item's storage info is validated before
+    its file is opened (a file inside the checkpoint directory, an ``(offset, length)`` within it, a known codec),
+    every data file's header against the checkpoint id its items record, and every decoded tensor's dtype and shape
+    against the metadata; plain ``torch.save`` items have their zip CRCs checked; one decode bound covers the load,
+    from the bytes its items occupy. Errors name the file and the item; damage raises
+    :class:`~lightning_nvcomp.errors.CorruptCheckpointError`. DCP's default ``FileSystemReader`` reads these
+    checkpoints too (on the CPU), see :mod:`lightning_nvcomp.integrations.dcp`.
 
     Args:
         path: the checkpoint directory: a local path or a URL (``s3://bucket/run/step-10``: data files read by
@@ -107,10 +112,9 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
                 )
             check_storage_info(info, f"item {req.storage_index.fqn!r}")
             per_file.setdefault(info.relative_path, []).append((req, info))
-        # One decode bound for the whole load, as for one file: 16 x the bytes read + 256 MiB (fileformat.LoadState).
-        budget = fileformat.LoadState(
-            str(self.path), file_nbytes=sum(i.length for rs in per_file.values() for _, i in rs)
-        )
+        # One decode bound for the whole load, as for one file (fileformat.LoadState: 16 x its bytes + 256 MiB), from
+        # the bytes stored: items that point into the same bytes do not raise it.
+        budget = fileformat.LoadState(str(self.path), file_nbytes=_stored_nbytes(per_file))
         with collector_paused():  # thousands of decoded items would set off full collections
             for relative_path, reqs in per_file.items():
                 self._read_file(relative_path, reqs, planner, budget)
@@ -126,6 +130,7 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
         batches per target device."""
         path = self.fs.concat_path(self.path, relative_path)
         with self.fs.create_stream(path, "rb") as stream:
+            _check_data_file(stream, relative_path, reqs)
             size = _stream_size(stream)
             coded: list[tuple[ReadItem, NvcompStorageInfo]] = []
             targets: dict[int, torch.Tensor] = {}  # id(req) -> where it goes
@@ -249,6 +254,51 @@ class _ItemView(SizedReader):
         got = self._stream.readinto(memoryview(buffer).cast("B")[:n]) or 0
         self.position += got
         return got
+
+
+def _stored_nbytes(per_file: dict[str, list[tuple[ReadItem, StorageInfo]]]) -> int:
+    """The bytes the items occupy in their data files, each byte counted once however many items point at it."""
+    total = 0
+    for reqs in per_file.values():
+        end = 0
+        for start, stop in sorted((i.offset, i.offset + i.length) for _, i in reqs):
+            total += max(0, stop - max(start, end))
+            end = max(end, stop)
+    return total
+
+
+def _check_data_file(stream: Any, relative_path: str, reqs: list[tuple[ReadItem, StorageInfo]]) -> None:
+    """The data file is the one the checkpoint metadata names for these items: it starts with the header of the
+    checkpoint id they record and of its own name (items written before checkpoint ids existed record none: their
+    file is not checked)."""
+    ids = {getattr(info, "checkpoint_id", None) for _, info in reqs}
+    if ids == {None}:
+        return
+    where = f"{relative_path}: item {reqs[0][0].storage_index.fqn!r}"
+    if len(ids) > 1:
+        raise CorruptCheckpointError(
+            f"{where}: the items of this data file record different checkpoint ids "
+            f"({', '.join(sorted(map(str, ids)))}); the checkpoint metadata is damaged"
+        )
+    expected = str(ids.pop())
+    header = data_file_header(expected, relative_path)
+    stream.seek(0)
+    first = stream.read(max(len(header), DATA_FILE_HEADER_MAX))
+    if first.startswith(header):
+        return
+    found = header_fields(first)
+    if found is None:
+        raise CorruptCheckpointError(
+            f"{where}: the checkpoint metadata records checkpoint id {expected}, but this data file carries none: it "
+            "is not the file this checkpoint's save wrote (replaced or damaged); the checkpoint cannot be loaded "
+            "safely"
+        )
+    found_id, found_name = found
+    raise CorruptCheckpointError(
+        f"{where}: this data file was written by the save of checkpoint {found_id} as {found_name!r}, but the "
+        f"checkpoint metadata is of checkpoint {expected}: another save's file (another step's, or another rank's) "
+        "replaced it; the checkpoint cannot be loaded safely"
+    )
 
 
 def _find_chunk(md: TensorStorageMetadata, index: Any) -> Any:

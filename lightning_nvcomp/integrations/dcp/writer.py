@@ -5,6 +5,7 @@ local directory or at a URL (:mod:`~lightning_nvcomp.integrations.dcp.filesystem
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import re
@@ -24,7 +25,7 @@ from torch.futures import Future
 from lightning_nvcomp.integrations.dcp import _compat
 from lightning_nvcomp.integrations.dcp.data_files import DataFiles
 from lightning_nvcomp.integrations.dcp.filesystem import OnStorage
-from lightning_nvcomp.integrations.dcp.metadata import METADATA, NvcompStorageInfo, _CheckedMetadata
+from lightning_nvcomp.integrations.dcp.metadata import METADATA, NvcompStorageInfo, _CheckedMetadata, new_checkpoint_id
 from lightning_nvcomp.integrations.dcp.staging import (
     STAGE_DEVICES,
     StagedShard,
@@ -61,9 +62,34 @@ def _existing_dir(path: Path) -> str:
     return "."
 
 
+@dataclasses.dataclass
+class DataFilePrefix:
+    """A plan's ``storage_data``: the prefix of the rank's data file names (DCP's) and the save's checkpoint id."""
+
+    prefix: str
+    checkpoint_id: str
+
+
+#: The checkpoint ids this process has written data files with (see :func:`_checkpoint_id`).
+_WRITTEN_IDS: set[str] = set()
+
+
+def _checkpoint_id(plan: SavePlan) -> str:
+    """The checkpoint id of the save whose final plan this is: the one the coordinator drew, unless this process
+    wrote with it already - DCP's plan caching (``DefaultSavePlanner(enable_plan_caching=True)``) hands every rank
+    the final plan of an earlier save - and then one of this rank's own (each item records its file's id, so that
+    binds as well)."""
+    checkpoint_id = getattr(plan.storage_data, "checkpoint_id", None)
+    if checkpoint_id is None or checkpoint_id in _WRITTEN_IDS:
+        checkpoint_id = new_checkpoint_id()
+    _WRITTEN_IDS.add(checkpoint_id)
+    return checkpoint_id
+
+
 def _tally(infos: Sequence[Any]) -> tuple[int, int, int]:
-    """``(items, raw bytes, stored bytes)`` of the items this writer stored (those with a :class:`NvcompStorageInfo`)."""
-    ours = [i for i in infos if isinstance(i, NvcompStorageInfo)]
+    """``(items, raw bytes, stored bytes)`` of the tensor items this writer stored (byte items are stored as they are,
+    with no codec)."""
+    ours = [i for i in infos if isinstance(i, NvcompStorageInfo) and i.codec is not None]
     return len(ours), sum(i.raw_nbytes or 0 for i in ours), sum(i.length for i in ours)
 
 
@@ -84,7 +110,8 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
             are copied and compressed in the background), ``"all"`` (every shard at staging: least host memory,
             training waits for CPU compression), ``"none"`` (DCP's staging copies everything; compression runs in
             the background on the CPU).
-        staging_nbytes: GPU scratch bound per shard coding (see :func:`lightning_nvcomp.format.snapshot`).
+        staging_nbytes: GPU scratch bound per shard coding (see :func:`lightning_nvcomp.format.snapshot`; default
+            256 MiB).
         options: a run's :class:`~lightning_nvcomp.options.SaveOptions` (what the Lightning sharded strategies pass):
             its ``codec``, ``staging_nbytes`` and ``remote`` are used, and ``codec`` / ``staging_nbytes`` /
             ``remote`` must then be left out.
@@ -93,6 +120,12 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
             (default: the default group; must be the group DCP saves with).
         Other arguments are ``FileSystemWriter``'s; ``_extensions`` is refused (stream transforms would
         re-encode compressed bytes).
+
+    Raises:
+        ValueError: an unknown codec or ``stage_compress``, a ``staging_nbytes`` or ``thread_count`` that is not
+            positive, stream extensions. CodecUnavailableError: the codec cannot run on this machine (``"ans"``
+            without a CUDA GPU and nvCOMP). Checked here, as :class:`~lightning_nvcomp.options.SaveOptions` checks
+            every integration's options, before anything is written.
     """
 
     def __init__(
@@ -117,10 +150,13 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         if options is not None:
             if codec != "auto" or staging_nbytes is not None or remote is not None:
                 raise ValueError("NvcompFileSystemWriter takes options= or codec=/staging_nbytes=/remote=, not both")
-            codec, staging_nbytes, remote = options.codec.value, options.staging_nbytes, options.remote
-        codec = Codec.parse(codec).value
+        else:  # checked as every integration checks its options: an unknown codec, one this machine cannot run
+            staging = SaveOptions.staging_nbytes if staging_nbytes is None else staging_nbytes  # (the default)
+            options = SaveOptions(Codec.parse(codec), staging_nbytes=staging, remote=remote)
         if stage_compress not in STAGE_COMPRESS:
             raise ValueError(f"stage_compress must be one of {STAGE_COMPRESS}, not {stage_compress!r}")
+        if type(thread_count) is not int or thread_count < 1:
+            raise ValueError(f"thread_count (files written at once) must be a positive int, not {thread_count!r}")
         if _extensions:
             raise ValueError("NvcompFileSystemWriter compresses shards itself; DCP stream extensions are not supported")
         super().__init__(
@@ -132,12 +168,12 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
             cache_staged_state_dict=cache_staged_state_dict,
             overwrite=overwrite,
         )
-        self.remote = remote
-        self._use_storage(path, remote)
-        self.codec = codec
+        self.remote = options.remote
+        self._use_storage(path, self.remote)
+        self.codec = options.codec.value
         self.policy = policy
         self.stage_compress = stage_compress
-        self.staging_nbytes = staging_nbytes
+        self.staging_nbytes = options.staging_nbytes
         self.process_group = process_group
         #: This rank's :class:`~lightning_nvcomp.stats.SaveStats` of the last save (None before the first).
         self.stats: SaveStats | None = None
@@ -239,6 +275,16 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         super().set_up_storage_writer(is_coordinator, *args, **kwargs)
         self._planning.begin()
 
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """DCP's file name prefixes, and this save's checkpoint id, drawn here on the coordinator (or on each rank
+        for rank-local metadata, ``use_collectives=False``) and handed to every rank with its plan, so that all the
+        data files of one ``.metadata`` carry the same id."""
+        checkpoint_id = new_checkpoint_id()
+        return [
+            dataclasses.replace(plan, storage_data=DataFilePrefix(plan.storage_data.prefix, checkpoint_id))
+            for plan in super().prepare_global_plan(plans)
+        ]
+
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         try:
             results = self._write_plan(plan, planner)
@@ -262,7 +308,7 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
             staged,
             self.staging_nbytes,
             fsync=self.sync_files and not self.remote_path,  # a remote file is durable once its upload completes
-            save_id=self.save_id,
+            checkpoint_id=_checkpoint_id(plan),
             thread_count=self.thread_count,
             single_file_per_rank=self.single_file_per_rank,
         )
