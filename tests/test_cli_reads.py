@@ -87,6 +87,12 @@ def storage_data(path: str) -> dict:
     return NvcompFileSystemReader(path).read_metadata().storage_data
 
 
+def data_file(path: str) -> str:
+    """The name of the one data file of a checkpoint saved on one process."""
+    (name,) = {info.relative_path for info in storage_data(path).values()}
+    return name
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # DCP checkpoint directories
 # ---------------------------------------------------------------------------------------------------------------
@@ -106,7 +112,7 @@ def test_verify_and_inspect_a_dcp_checkpoint_directory(capsys, tmp_path, monkeyp
     listed = {line.split()[0] for line in out.splitlines() if line and not line.startswith(("item", "rank"))}
     assert {index.fqn for index in items} <= listed
     weight = next(line for line in out.splitlines() if line.startswith("model.0.weight "))
-    assert weight.split()[1:6] == ["float32", "[256,", "64]", "0", "__0_0.distcp"] and "zstd" in weight
+    assert weight.split()[1:6] == ["float32", "[256,", "64]", "0", data_file("ck")] and "zstd" in weight
     info = items[next(i for i in items if i.fqn == "model.0.weight")]
     assert weight.split()[-1] == f"{info.raw_nbytes / info.length:.2f}"  # the item's ratio, from its record
     ranks = [line.split() for line in out.splitlines() if re.match(r"(\d+|total)\s", line)]
@@ -139,31 +145,32 @@ def test_a_two_rank_dcp_checkpoint_per_rank(capsys, tmp_path, monkeypatch):
 def test_a_dcp_data_file_given_alone_is_verified_against_its_metadata(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     dcp_save("ck")
-    items = storage_data("ck")
-    status, out, err = run(capsys, "verify", "ck/__0_0.distcp", "-q")
+    items, name = storage_data("ck"), data_file("ck")
+    status, out, err = run(capsys, "verify", f"ck/{name}", "-q")
     assert (status, err) == (0, ""), err
-    assert out.startswith("OK: ck/__0_0.distcp: data file of the DCP checkpoint") and f"{len(items)} items" in out
-    status, out, err = run(capsys, "inspect", "ck/__0_0.distcp")
+    assert out.startswith(f"OK: ck/{name}: data file of the DCP checkpoint") and f"{len(items)} items" in out
+    status, out, err = run(capsys, "inspect", f"ck/{name}")
     assert (status, err) == (0, ""), err
-    assert "data file __0_0.distcp of the DCP checkpoint" in out and "model.0.weight" in out
+    assert f"data file {name} of the DCP checkpoint" in out and "model.0.weight" in out
 
 
 def test_a_dcp_data_file_that_cannot_be_read_alone_is_never_called_damaged(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     dcp_save("ck")
+    name = data_file("ck")
     os.mkdir("copy")
-    Path("copy/__0_0.distcp").write_bytes(Path("ck/__0_0.distcp").read_bytes())  # without its .metadata
-    Path("ck/__5_0.distcp").write_bytes(Path("ck/__0_0.distcp").read_bytes())  # named by no .metadata
+    Path("copy", name).write_bytes(Path("ck", name).read_bytes())  # without its .metadata
+    Path("ck/__5_0.distcp").write_bytes(Path("ck", name).read_bytes())  # named by no .metadata
     for command in ("verify", "inspect"):
-        status, out, err = run(capsys, command, "copy/__0_0.distcp")
+        status, out, err = run(capsys, command, f"copy/{name}")
         assert (status, out) == (2, ""), err
-        assert "copy/__0_0.distcp" in err and "has none" in err and not_called_damaged(err)
+        assert f"copy/{name}" in err and "has none" in err and not_called_damaged(err)
         status, out, err = run(capsys, command, "ck/__5_0.distcp")
         assert (status, out) == (2, ""), err
         assert "__5_0.distcp is not one of the data files" in err and "Give the checkpoint instead" in err
         assert not_called_damaged(err)
     status, _, err = run(capsys, "verify", "copy", "-q")  # a directory holding only that data file: no checkpoint
-    assert status == 1 and "holds no checkpoint" in err and "__0_0.distcp: a DCP data file with no .metadata" in err
+    assert status == 1 and "holds no checkpoint" in err and f"{name}: a DCP data file with no .metadata" in err
 
 
 def test_a_damaged_dcp_item_exits_1_naming_the_file_and_the_item(capsys, tmp_path, monkeypatch):
@@ -336,7 +343,7 @@ def test_verify_under_a_thread_limit_exits_2_never_1(tmp_path):
     dcp_save(str(tmp_path / "dcp"))  # and a DCP checkpoint, whose reader starts threads of its own
     proc = cli_child(["verify", "dcp"], tmp_path, thread_limit(0))
     assert proc.returncode == 2 and not_called_damaged(proc.stderr), proc.stderr[-3000:]
-    assert "dcp/__0_0.distcp: this process cannot start another thread" in proc.stderr, proc.stderr[-3000:]
+    assert f"dcp/{data_file(str(tmp_path / 'dcp'))}: this process cannot start another thread" in proc.stderr
 
 
 def _vm_peak(proc: subprocess.CompletedProcess) -> int:
