@@ -4,7 +4,7 @@ progress."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,9 +90,15 @@ def _plain_entry(name: str, tensor: torch.Tensor) -> Entry:
 
 def survey(path: str) -> Survey:
     """Describe ``path``, decoding nothing."""
-    structure = fileformat.describe(path)  # records are validated: their fields can be trusted below
+    found: Iterable[tuple[str, TensorInfo | torch.Tensor]]
+    try:
+        found = _walk(fileformat.describe(path))  # records are validated: their fields can be trusted below
+    except (TypeError, AttributeError, NotImplementedError):  # a nested or quantized tensor: decode its parts
+        decoded: list[TensorInfo] = []
+        fileformat.describe(path, infos=decoded)
+        found = ((info.name, info) for info in decoded)
     entries, writers = [], set()
-    for name, item in _walk(structure):
+    for name, item in found:
         if isinstance(item, torch.Tensor):
             entries.append(_plain_entry(name, item))
             continue

@@ -13,9 +13,8 @@ from lightning_nvcomp.cli.checkpoint import Survey, load, survey
 from lightning_nvcomp.cli.common import EXIT_BAD_FILE, EXIT_UNAVAILABLE, add_command, fail
 from lightning_nvcomp.cli.table import size
 from lightning_nvcomp.codec.gpu import gpu_available
-from lightning_nvcomp.errors import CodecUnavailableError
 from lightning_nvcomp.locations import is_url, storage_for
-from lightning_nvcomp.options import CONCRETE_CODECS
+from lightning_nvcomp.options import CONCRETE_CODECS, Codec
 from lightning_nvcomp.stats import ratio
 
 #: What ``--codec`` accepts: every codec ``save`` writes by name, and ``torch`` for a plain torch.save file.
@@ -81,10 +80,8 @@ def run(args: argparse.Namespace) -> int:
     """Load a checkpoint (verified: damaged input is refused) and save it again with another codec."""
     if _same_file(args.input, args.output):
         return fail(f"{args.input} and {args.output} are the same file: convert to a new path", EXIT_BAD_FILE)
-    if args.codec == "ans" and not gpu_available():
-        raise CodecUnavailableError(
-            "--codec ans needs a CUDA GPU and nvCOMP (pip install nvidia-nvcomp-cu12, or -cu13 for CUDA 13)"
-        )
+    if args.codec == "ans":
+        Codec.ANS.require_available("--codec ans")
     if args.device == "cuda" and not torch.cuda.is_available():
         return fail("--device cuda: no CUDA GPU is available here", EXIT_UNAVAILABLE)
     begin = time.perf_counter()

@@ -9,6 +9,7 @@ import contextvars
 import copy
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -41,8 +42,18 @@ class TensorInfo(NamedTuple):
         pass
 
 
-#: While set, decode_tensor hands each tensor's description to this callable instead of decoding.
-_describe: contextvars.ContextVar[Callable[..., Any] | None] = contextvars.ContextVar("describe", default=None)
+@dataclass
+class Describing:
+    """What :func:`~lightning_nvcomp.format.reader.describe` asks of the decoders while it loads a file: decode
+    nothing (a :class:`TensorInfo` stands for each compressed tensor, an empty meta storage for each other storage), or
+    (``decode``) decode as a load does and note each compressed tensor's TensorInfo in ``infos``."""
+
+    decode: bool = False
+    infos: list[TensorInfo] = field(default_factory=list)
+
+
+#: While set, the decoders describe (see :class:`Describing`).
+_describe: contextvars.ContextVar[Describing | None] = contextvars.ContextVar("describe", default=None)
 
 
 #: While set, records saved from a GPU decode onto the current GPU (when there is one), whatever the blobs' device.
@@ -275,10 +286,13 @@ def decode_tensor(
         placed = _place(
             blobs, rec, Placement(index, offset, size, stride, requires_grad, parameter, name), check, newer, state
         )
-        describe = _describe.get()
-        if describe is not None:
+        describing = _describe.get()
+        if describing is not None:
             rec = placed.rec
-            return describe(TensorInfo(name, rec["dtype"], placed.at.size, rec, sum(b.numel() for b in blobs)))
+            info = TensorInfo(name, rec["dtype"], placed.at.size, rec, sum(b.numel() for b in blobs))
+            if not describing.decode:
+                return info  # type: ignore[return-value]  # what stands for the tensor: decoded nothing
+            describing.infos.append(info)
         return _tensor(placed, _record_storages(blobs, placed.rec, name, state, placed.keys)[placed.at.storage])
 
 
@@ -368,7 +382,8 @@ def _decode_storage(
         raise _fail(where, f"{len(newer)} arguments more than format {rec['format']} has")
     if rec["format"] < 2 or check != storage_check(rec, index, dtype):
         raise _fail(where, "its description is damaged: check mismatch")
-    if _describe.get() is not None:  # describe decodes nothing: a storage of the right size that holds no memory
+    describing = _describe.get()
+    if describing is not None and not describing.decode:  # a storage of the right size that holds no memory
         piece = torch.empty(storages[index][1], dtype=torch.uint8, device="meta")
     else:
         piece = _record_storages(blobs, rec, where, state, keys)[index]

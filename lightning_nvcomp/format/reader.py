@@ -18,7 +18,7 @@ import torch
 from lightning_nvcomp.codec import checksum
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, RefusedObjectsError
 from lightning_nvcomp.format.contents import find_contents
-from lightning_nvcomp.format.decode import _describe, _keep_on_gpu
+from lightning_nvcomp.format.decode import Describing, TensorInfo, _describe, _keep_on_gpu
 from lightning_nvcomp.format.load_state import LoadState, _load
 from lightning_nvcomp.format.zip import central_record, end_records, local_header
 from lightning_nvcomp.locations import StorageBackend, storage_for
@@ -429,11 +429,20 @@ def _foreign_storages(obj: object, produced: set[int]) -> bool:
     return any(key not in produced for key in keys)
 
 
-def describe(path: str | os.PathLike, storage: StorageBackend | None = None) -> Any:
+def describe(
+    path: str | os.PathLike, storage: StorageBackend | None = None, *, infos: list[TensorInfo] | None = None
+) -> Any:
     """Load ``path``'s structure with a :class:`TensorInfo` in place of each compressed tensor, decoding nothing
-    (``storage``: as for :func:`load`)."""
-    token = _describe.set(lambda info: info)
+    (``storage``: as for :func:`load`).
+
+    A tensor that torch rebuilds from other tensors (a nested tensor from its sizes, a quantized one from its scales)
+    cannot be rebuilt from descriptions: its rebuild raises TypeError, AttributeError or NotImplementedError. Describe such a file with
+    ``infos``: it is then loaded (decoded and checked) as :func:`load` does, and the TensorInfo of every compressed
+    tensor is appended to ``infos`` as it is decoded.
+    """
+    describing = Describing() if infos is None else Describing(decode=True, infos=infos)
+    token = _describe.set(describing)
     try:
-        return load(path, map_location="cpu", mmap=True, storage=storage)
+        return load(path, map_location="cpu", mmap=infos is None, storage=storage)
     finally:
         _describe.reset(token)

@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from lightning_nvcomp import format as fileformat
-from lightning_nvcomp.codec.gpu import gpu_available
+from lightning_nvcomp.codec.gpu import gpu_available, gpu_missing
 from lightning_nvcomp.errors import CodecUnavailableError, CorruptCheckpointError
 from lightning_nvcomp.format.items import read_tensors
 from lightning_nvcomp.integrations.dcp import _compat
@@ -346,8 +346,8 @@ def _check_codec(info: NvcompStorageInfo, where: str) -> None:
         raise CorruptCheckpointError(f"{where}: unknown codec {info.codec!r} in the checkpoint metadata")
     if info.codec == "ans" and not gpu_available():
         raise CodecUnavailableError(
-            f"{where} was compressed with gANS, which needs a CUDA GPU and nvCOMP to decode (no CPU decoder); load "
-            "it on a GPU machine, or save with codec='zstd' to load anywhere"
+            f"{where} was compressed with gANS, which needs a CUDA GPU and nvCOMP to decode (no CPU decoder); on this "
+            f"machine {gpu_missing()}. Load it on a GPU machine, or save with codec='zstd' to load anywhere"
         )
 
 
