@@ -76,6 +76,9 @@ def s3_endpoint():
         }.items():
             mp.setenv(key, value)
         mp.delenv("AWS_PROFILE", raising=False)
+        # fsspec keeps S3 file systems by their options, not the environment: one made against an earlier module's
+        # server (another port) would be reused
+        fsspec.get_filesystem_class("s3").clear_instance_cache()
         yield endpoint
     server.stop()
 
