@@ -19,7 +19,7 @@ from accelerate import Accelerator
 
 import lightning_nvcomp
 from lightning_nvcomp.codec.gpu import nvcomp_version
-from lightning_nvcomp.integrations.accelerate import attach
+from lightning_nvcomp.integrations.accelerate.attach import attach
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from common import publish, sync  # noqa: E402

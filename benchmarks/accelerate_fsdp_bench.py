@@ -27,7 +27,7 @@ from accelerate.utils import FullyShardedDataParallelPlugin
 
 import lightning_nvcomp
 from lightning_nvcomp.codec.gpu import nvcomp_version
-from lightning_nvcomp.integrations.accelerate import attach
+from lightning_nvcomp.integrations.accelerate.attach import attach
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from common import local_tensors, publish, same_bytes, sync  # noqa: E402

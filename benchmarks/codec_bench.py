@@ -21,7 +21,7 @@ import torch
 import zstandard
 
 import lightning_nvcomp
-from lightning_nvcomp import resources
+from lightning_nvcomp import _process as resources
 from lightning_nvcomp.codec import engines, planes, record
 from lightning_nvcomp.codec.gpu import gpu_available, nvcomp_version
 

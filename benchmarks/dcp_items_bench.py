@@ -32,8 +32,8 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 import lightning_nvcomp
+from lightning_nvcomp._compat.dcp import StorageInfo
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
-from lightning_nvcomp.integrations.dcp._compat import StorageInfo
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from common import local_tensors, publish, same_bytes, sync  # noqa: E402

@@ -23,9 +23,9 @@ import torch
 from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 
 import lightning_nvcomp
+from lightning_nvcomp.auto.probe import probe_bandwidth
 from lightning_nvcomp.codec.gpu import nvcomp_version
-from lightning_nvcomp.probe import probe_bandwidth
-from lightning_nvcomp.storage import fsync_path
+from lightning_nvcomp.storage.local import fsync_path
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from common import publish, sync  # noqa: E402

@@ -87,8 +87,8 @@ def main() -> None:
     from lightning.pytorch.plugins.io import TorchCheckpointIO
 
     import lightning_nvcomp
-    from lightning_nvcomp.policy import CodecPolicy
-    from lightning_nvcomp.remote import RemoteOptions
+    from lightning_nvcomp.auto.policy import CodecPolicy
+    from lightning_nvcomp.storage.remote import RemoteOptions
 
     fs = fsspec.filesystem("s3")
     bucket = "lnv-bench"

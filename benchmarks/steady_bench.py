@@ -56,7 +56,7 @@ def child(args: argparse.Namespace) -> None:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("lightning_nvcomp.policy").setLevel(logging.INFO)  # auto's retries and corrections
+    logging.getLogger("lightning_nvcomp.auto.policy").setLevel(logging.INFO)  # auto's retries and corrections
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint

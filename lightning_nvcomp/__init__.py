@@ -3,9 +3,10 @@
 ``import lightning_nvcomp`` registers the decoder with ``torch.load`` (also for ``weights_only=True``).
 
 The names here are ``__all__``, which ``dir(lightning_nvcomp)`` lists (with ``__version__``): ``save``, ``load``,
-their stats and errors, and the Lightning integration, which imports Lightning when first used. Modules with an
-API of their own are imported by name: ``lightning_nvcomp.dcp`` (torch.distributed.checkpoint),
-``lightning_nvcomp.accelerate`` (``attach``), ``lightning_nvcomp.remote`` (``RemoteOptions``).
+their options (:class:`SaveOptions`, :class:`Codec`, :class:`Durability`, :class:`RemoteOptions`), stats and
+errors, and the Lightning integration, which imports Lightning when first used. Modules with an API of their own are
+imported by name: ``lightning_nvcomp.dcp`` (torch.distributed.checkpoint), ``lightning_nvcomp.accelerate``
+(``attach``), ``lightning_nvcomp.storage`` (``storage_for``), ``lightning_nvcomp.auto`` (``CodecPolicy``).
 """
 
 # this module's own imports under private names: its public names are the API
@@ -17,17 +18,18 @@ from lightning_nvcomp.errors import (
     CodecUnavailableError,
     CorruptCheckpointError,
     DecodeLimitError,
+    MissingExtraError,
     RefusedObjectsError,
     UnsupportedFormatError,
 )
 from lightning_nvcomp.format import decode_storage, decode_tensor, load
-from lightning_nvcomp.integrations._require import MissingExtraError
-from lightning_nvcomp.saving import save
-from lightning_nvcomp.stats import SaveStats
+from lightning_nvcomp.options import Codec, Durability, RemoteOptions, SaveOptions
+from lightning_nvcomp.saving.single_file import save
+from lightning_nvcomp.telemetry.stats import SaveStats
 
 if _typing.TYPE_CHECKING:  # for type checkers; at run time these come from __getattr__ below
-    from lightning_nvcomp.integrations.lightning import NvcompCheckpointIO, NvcompSavings
-    from lightning_nvcomp.integrations.lightning_sharded import NvcompFSDPStrategy, NvcompModelParallelStrategy
+    from lightning_nvcomp.integrations.lightning.checkpoint_io import NvcompCheckpointIO, NvcompSavings
+    from lightning_nvcomp.integrations.lightning.sharded import NvcompFSDPStrategy, NvcompModelParallelStrategy
 
 __version__ = "0.1.0"
 
@@ -37,8 +39,8 @@ __version__ = "0.1.0"
 _INTEGRATIONS = {
     "NvcompCheckpointIO": "lightning",
     "NvcompSavings": "lightning",
-    "NvcompFSDPStrategy": "lightning_sharded",
-    "NvcompModelParallelStrategy": "lightning_sharded",
+    "NvcompFSDPStrategy": "lightning",
+    "NvcompModelParallelStrategy": "lightning",
 }
 
 
@@ -62,15 +64,19 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "CheckpointError",
+    "Codec",
     "CodecUnavailableError",
     "CorruptCheckpointError",
     "DecodeLimitError",
+    "Durability",
     "MissingExtraError",
     "NvcompCheckpointIO",
     "NvcompFSDPStrategy",
     "NvcompModelParallelStrategy",
     "NvcompSavings",
     "RefusedObjectsError",
+    "RemoteOptions",
+    "SaveOptions",
     "SaveStats",
     "UnsupportedFormatError",
     "decode_storage",

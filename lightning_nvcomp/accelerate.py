@@ -1,6 +1,6 @@
 """``from lightning_nvcomp.accelerate import attach``: compressed ``accelerator.save_state`` (needs the
-``[accelerate]`` extra; see :mod:`lightning_nvcomp.integrations.accelerate`)."""
+``[accelerate]`` extra; see :mod:`lightning_nvcomp.integrations.accelerate.attach`)."""
 
-from lightning_nvcomp.integrations.accelerate import Attachment, attach
+from lightning_nvcomp.integrations.accelerate.attach import Attachment, attach
 
 __all__ = ["Attachment", "attach"]

@@ -1,5 +1,7 @@
 """Exceptions raised by lightning_nvcomp. Every message names the file, record or tensor at fault."""
 
+from __future__ import annotations
+
 
 class CheckpointError(Exception):
     """Base class: something about a checkpoint file or a save/load request is wrong."""
@@ -34,3 +36,28 @@ class DecodeLimitError(CheckpointError):
 
 class UnsupportedFormatError(CheckpointError):
     """The file was written by a newer lightning_nvcomp, in a format this version does not read: upgrade."""
+
+
+#: The optional-dependency extra of each framework (pyproject.toml) and the name users know it by.
+FRAMEWORKS = {
+    "lightning": "Lightning",
+    "accelerate": "Accelerate",
+    "remote": "fsspec",
+    "s3": "s3fs",
+    "gcs": "gcsfs",
+    "azure": "adlfs",
+    "hdfs": "pyarrow",
+}
+
+
+class MissingExtraError(ImportError):
+    """An integration (or a remote storage backend) was imported without its framework; ``extra`` is the pip extra
+    that installs it. The core (save/load, dcp, the CLI) needs neither Lightning nor Accelerate nor fsspec: each
+    integration imports its framework inside ``try`` and turns a failure into this error."""
+
+    def __init__(self, extra: str, what: str, cause: BaseException | None = None) -> None:
+        self.extra, self.what = extra, what
+        message = f'{what} needs {FRAMEWORKS[extra]}: pip install "lightning-nvcomp[{extra}]"'
+        if cause is not None:
+            message += f" (importing it failed: {cause})"
+        super().__init__(message, name=getattr(cause, "name", None))

@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from lightning_nvcomp.codec.gpu import gpu_available, gpu_missing
 from lightning_nvcomp.errors import CodecUnavailableError
-from lightning_nvcomp.remote.options import RemoteOptions
+from lightning_nvcomp.storage.remote.options import RemoteOptions
 
 
 class _Choice(str, enum.Enum):
@@ -42,7 +42,7 @@ class Codec(_Choice, option="codec"):
 
     ``ANS``: nvCOMP gANS on the GPU (fastest; decodes on a GPU only). ``ZSTD``: nvCOMP Zstd on CUDA state, zstd on
     the CPU otherwise; the frames decode anywhere. ``NONE``: stored as is, checksummed. ``AUTO``: the codec with the
-    shortest predicted save (:mod:`lightning_nvcomp.policy`).
+    shortest predicted save (:mod:`lightning_nvcomp.auto.policy`).
     """
 
     AUTO = "auto"
@@ -108,11 +108,11 @@ class SaveOptions:
         async_save: write on a background thread; training waits only for the compressed snapshot.
         staging_nbytes: coding granularity; a GPU save borrows about three times this much GPU memory.
         probe_nbytes: largest size of the one-off write-bandwidth probe per file system (the savings baseline and
-            ``auto``; bounded by the checkpoint and the free space, see :mod:`lightning_nvcomp.probe`).
+            ``auto``; bounded by the checkpoint and the free space, see :mod:`lightning_nvcomp.auto.probe`).
         interval_s: seconds between saves, for ``auto`` in async mode.
         gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
         remote: how checkpoints at URLs (``s3://...``) are reached and uploaded (default
-            :class:`~lightning_nvcomp.remote.RemoteOptions`: the backend's own configuration and environment).
+            :class:`~lightning_nvcomp.storage.remote.RemoteOptions`: the backend's own configuration and environment).
         durable: when a checkpoint is on stable storage (:class:`Durability`; default ``background``).
         host_buffer_nbytes: most bytes of async snapshots held in host memory while earlier ones are written (the
             compressed bytes); a save that would exceed it waits for the oldest writes (and says so: storage slower

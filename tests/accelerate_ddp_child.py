@@ -17,7 +17,7 @@ import sys
 import torch
 from accelerate.utils import InitProcessGroupKwargs
 
-from lightning_nvcomp.integrations.accelerate import attach
+from lightning_nvcomp.integrations.accelerate.attach import attach
 
 import accelerate_runs as R
 

@@ -30,9 +30,9 @@ from accelerate import Accelerator
 from accelerate.utils import FullyShardedDataParallelPlugin, InitProcessGroupKwargs
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
+from lightning_nvcomp._compat.accelerate import checkpoint_io_as
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
-from lightning_nvcomp.integrations._accelerate_compat import checkpoint_io_as
-from lightning_nvcomp.integrations.accelerate import attach
+from lightning_nvcomp.integrations.accelerate.attach import attach
 from lightning_nvcomp.options import SaveOptions
 
 import accelerate_runs as R

@@ -250,8 +250,8 @@ def job_roundtrip(results: dict, root: str) -> None:
 
 def job_auto(results: dict, root: str) -> None:
     """codec='auto': all ranks probe the storage together, rank 0 decides, every rank uses its choice."""
-    from lightning_nvcomp.calibration import CodecProfile
-    from lightning_nvcomp.policy import CodecPolicy
+    from lightning_nvcomp.auto.calibration import CodecProfile
+    from lightning_nvcomp.auto.policy import CodecPolicy
 
     def auto() -> None:
         rank = dist.get_rank()

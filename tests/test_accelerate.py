@@ -22,7 +22,7 @@ import torch
 
 import lightning_nvcomp
 from lightning_nvcomp.format import TensorInfo, describe
-from lightning_nvcomp.integrations.accelerate import attach
+from lightning_nvcomp.integrations.accelerate.attach import attach
 from lightning_nvcomp.storage import ThrottledStorage
 
 import accelerate_runs as R
@@ -160,7 +160,7 @@ def test_files_are_compressed_torch_zips_that_plain_torch_load_reads(tmp_path):
 RESUME_IN_CHILD = """
     import json, sys, torch
     import accelerate_runs as R
-    from lightning_nvcomp.integrations.accelerate import attach
+    from lightning_nvcomp.integrations.accelerate.attach import attach
     torch.set_num_threads(int(sys.argv[5]))  # the parent's (one_intra_op_thread): float sums depend on the split
     run = R.build(seed=99)  # other initial weights and RNG: everything must come from the checkpoint
     attachment = attach(run.accelerator, codec=sys.argv[2], async_save=sys.argv[3] == "1", probe_mb=4)
@@ -353,7 +353,7 @@ def _tensorboard_scalars(logdir: Path) -> dict[str, list]:
 
 def _lightning_metric_names(tmp_path: Path) -> set[str]:
     """The metric names the Lightning plugin produces for one zstd save with a GPU-hour price."""
-    from lightning_nvcomp.integrations.lightning import NvcompCheckpointIO
+    from lightning_nvcomp.integrations.lightning.checkpoint_io import NvcompCheckpointIO
 
     io = NvcompCheckpointIO(codec="zstd", gpu_hour_usd=2.0, probe_mb=4)
     with warnings.catch_warnings():  # "no savings callback is attached": there is no Trainer here
@@ -375,7 +375,7 @@ def test_savings_metrics_reach_tensorboard(tmp_path, async_save):
     run.accelerator.end_training()
 
     scalars = _tensorboard_scalars(tmp_path / "project")
-    names = {t for t in scalars if t.startswith(lightning_nvcomp.telemetry.PREFIX)}
+    names = {t for t in scalars if t.startswith(lightning_nvcomp.telemetry.savings.PREFIX)}
     assert DOCUMENTED <= names
     assert names == _lightning_metric_names(tmp_path)  # the same metrics as the Lightning plugin
     assert all(len(scalars[name]) == 3 for name in names), {n: len(scalars[n]) for n in names}  # one per save
@@ -389,7 +389,7 @@ def test_savings_metrics_reach_tensorboard(tmp_path, async_save):
 
 
 def test_auto_codec_metrics_match_the_lightning_plugins(tmp_path):
-    from lightning_nvcomp.integrations.lightning import NvcompCheckpointIO
+    from lightning_nvcomp.integrations.lightning.checkpoint_io import NvcompCheckpointIO
 
     run = R.build(seed=15)
     attachment = attach(run.accelerator, codec="auto", gpu_hour_usd=2.0, probe_mb=4)
@@ -448,7 +448,7 @@ def test_detach_restores_accelerates_own_save_and_load(tmp_path):
 ATTACH_TWICE = """
     import faulthandler, os, sys
     import accelerate_runs as R
-    from lightning_nvcomp.integrations.accelerate import attach
+    from lightning_nvcomp.integrations.accelerate.attach import attach
     run = R.build(seed=16)
     attach(run.accelerator, codec="zstd", probe_mb=4)
     try:

@@ -21,9 +21,9 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from lightning_nvcomp._compat.dcp import TORCH
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompStorageInfo
-from lightning_nvcomp.integrations.dcp._compat import TORCH
 
 import accelerate_runs as R
 from conftest import torchrun

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_nvcomp.calibration import CodecProfile
+from lightning_nvcomp.auto.calibration import CodecProfile
+from lightning_nvcomp.auto.policy import RETRY_CLOSE, CodecPolicy
+from lightning_nvcomp.auto.prediction import TIE_FRACTION, TIE_S, format_seconds
 from lightning_nvcomp.options import SaveOptions
-from lightning_nvcomp.pipeline import CheckpointWriter
-from lightning_nvcomp.policy import RETRY_CLOSE, CodecPolicy
-from lightning_nvcomp.prediction import TIE_FRACTION, TIE_S, format_seconds
+from lightning_nvcomp.saving.writer import CheckpointWriter
 
 from conftest import trained_like
 
@@ -111,7 +111,7 @@ def test_accelerate_save_state_says_why_for_its_largest_file(
 ) -> None:
     """``save_state`` writes several files, each decided by itself: the line, of them all, names the codec of the
     largest and the rule that chose it there."""
-    from lightning_nvcomp.integrations.accelerate import attach
+    from lightning_nvcomp.integrations.accelerate.attach import attach
 
     import accelerate_runs as R
 
@@ -119,7 +119,7 @@ def test_accelerate_save_state_says_why_for_its_largest_file(
     run = R.build(seed=3)
     attachment = attach(run.accelerator, codec="auto", async_save=True)
     attachment.writer.policy = CodecPolicy("async", write_gbps=1.0, profiles=[CodecProfile("zstd", 1.2, 10.0), NONE])
-    with caplog.at_level(logging.INFO, logger="lightning_nvcomp.pipeline"):
+    with caplog.at_level(logging.INFO, logger="lightning_nvcomp.saving.writer"):
         try:
             run.accelerator.save_state("step-1")
         finally:

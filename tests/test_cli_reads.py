@@ -29,7 +29,7 @@ from lightning_nvcomp.cli import main
 from lightning_nvcomp.codec.gpu import GpuSupport, gpu_support, nvcomp_module
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
 from lightning_nvcomp.errors import CodecUnavailableError
-from lightning_nvcomp.integrations.accelerate import attach
+from lightning_nvcomp.integrations.accelerate.attach import attach
 from lightning_nvcomp.options import SaveOptions
 
 import accelerate_runs as R

@@ -20,14 +20,15 @@ from hypothesis import strategies as st
 
 import lightning_nvcomp
 from lightning_nvcomp import format as fileformat
-from lightning_nvcomp import storage, temp_names
 from lightning_nvcomp.codec import engines, record
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.format import DTYPES, TensorInfo, describe
 from lightning_nvcomp.format import writer as format_writer
 from lightning_nvcomp.format.sink import ArchiveSink
 from lightning_nvcomp.format.zip import ArchiveWriter
-from lightning_nvcomp.stats import SaveStats
+from lightning_nvcomp.storage import local as storage
+from lightning_nvcomp.storage import temp_names
+from lightning_nvcomp.telemetry.stats import SaveStats
 
 from conftest import (
     CHILD_DIGEST_SRC,
@@ -622,7 +623,7 @@ def test_auto_codec_without_gpu_measures_and_never_picks_ans(tmp_path):
 @pytest.mark.parametrize("codec", ["zstd", "none"])
 def test_isolated_snapshot_is_unaffected_by_later_training(tmp_path, codec):
     from lightning_nvcomp.format import snapshot
-    from lightning_nvcomp.saving import write_snapshot
+    from lightning_nvcomp.saving.single_file import write_snapshot
 
     w = torch.randn(1000)
     state = {"w": w, "view": w[10:20]}
@@ -657,7 +658,7 @@ def test_resumed_optimizer_state_does_not_hold_or_resave_the_whole_record(tmp_pa
 def test_shared_resources_are_made_once_and_reset_together(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from lightning_nvcomp import resources
+    from lightning_nvcomp import _process as resources
     from lightning_nvcomp.codec import checksum
 
     lightning_nvcomp.save({"w": trained_like(1000, torch.float32)}, tmp_path / "a.pt", codec="zstd")

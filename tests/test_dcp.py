@@ -570,7 +570,7 @@ def test_unknown_codec_in_metadata_is_refused(tmp_path):
 def test_compat_fallbacks_give_what_torchs_private_names_give(tmp_path, monkeypatch):
     """Where torch lacks one of the private names the storage uses (here: every gate closed, as on a torch older
     than all of them), _compat's fallbacks give the same results, and a save and a load still round-trip."""
-    from lightning_nvcomp.integrations.dcp import _compat
+    from lightning_nvcomp._compat import dcp as _compat
 
     assert _compat._release("2.13.0+cpu") == (2, 13) and _compat._release("2.5.0a0+git12ab") == (2, 5)
     state = _state(9)

@@ -114,7 +114,7 @@ def test_the_dcp_writer_refuses_at_construction_and_writes_nothing(tmp_path, mon
     [pytest.param("ans", CodecUnavailableError, marks=NO_GPU), pytest.param("lz4", ValueError)],
 )
 def test_the_sharded_strategies_refuse_at_construction_and_write_nothing(tmp_path, monkeypatch, strategy, codec, error):
-    from lightning_nvcomp.integrations import lightning_sharded
+    from lightning_nvcomp.integrations.lightning import sharded as lightning_sharded
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(error, match="codec"):
@@ -133,7 +133,7 @@ def test_the_sharded_strategies_refuse_at_construction_and_write_nothing(tmp_pat
     ],
 )
 def test_accelerate_attach_refuses_at_construction_and_writes_nothing(tmp_path, monkeypatch, kwargs, error):
-    from lightning_nvcomp.integrations.accelerate import attach
+    from lightning_nvcomp.integrations.accelerate.attach import attach
 
     import accelerate_runs as R
 

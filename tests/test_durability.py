@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from lightning_nvcomp.options import Durability, SaveOptions
-from lightning_nvcomp.pipeline import CheckpointWriter
+from lightning_nvcomp.saving.writer import CheckpointWriter
 from lightning_nvcomp.storage import ThrottledStorage
 
 from conftest import assert_tree_bit_exact
@@ -135,7 +135,7 @@ def test_async_saves_do_not_wait_while_the_host_buffer_holds_them(tmp_path, capl
     big = lambda seed: state(1 << 18, seed)  # noqa: E731
     save(w, big(0), tmp_path / "0.ckpt")
     w.wait()
-    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.saving.writer"):
         blocked = [save(w, big(i), tmp_path / f"{i}.ckpt") for i in (1, 2)]
         assert max(blocked) < 0.3, blocked  # save 2 did not wait for write 1: the buffer holds two checkpoints
         assert not caplog.records
@@ -153,7 +153,7 @@ def test_a_larger_host_buffer_waits_less(tmp_path, caplog):
     w = writer("background", async_save=True, host_buffer_nbytes=64 << 20)
     w.storage = ThrottledStorage(4e6)
     save(w, state(1 << 18, 0), tmp_path / "0.ckpt")
-    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.saving.writer"):
         blocked = [save(w, state(1 << 18, i), tmp_path / f"{i}.ckpt") for i in (1, 2, 3)]
     assert max(blocked) < 0.3 and not caplog.records, blocked
     w.close()

@@ -10,9 +10,9 @@ import math
 
 import pytest
 
-from lightning_nvcomp import estimate as costs
 from lightning_nvcomp.cli import main
 from lightning_nvcomp.cli.estimate import arg_ratio, parse_count
+from lightning_nvcomp.telemetry import estimate as costs
 
 GIB = 2**30
 MONTH_S = 30 * 24 * 3600

@@ -156,8 +156,8 @@ def test_console_line_has_human_units_and_a_line_of_its_own(tmp_path: Path) -> N
 
 
 def test_summary_units() -> None:
-    from lightning_nvcomp import telemetry
-    from lightning_nvcomp.stats import SaveStats
+    from lightning_nvcomp.telemetry import savings as telemetry
+    from lightning_nvcomp.telemetry.stats import SaveStats
 
     def line(raw: int, stored: int, blocked: float) -> str:
         stats = SaveStats("f.ckpt", "zstd", raw, stored, 0.0, 0.0)

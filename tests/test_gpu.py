@@ -216,7 +216,7 @@ def test_ans_checkpoint_converts_to_zstd_readable_on_cpu(tmp_path):
 
 
 def test_auto_calibrates_gpu_codecs_and_saves_bit_exactly(tmp_path):
-    from lightning_nvcomp.policy import CodecPolicy
+    from lightning_nvcomp.auto.policy import CodecPolicy
     from lightning_nvcomp.storage import ThrottledStorage
 
     state = {"w": _trained_like(4_000_000, torch.bfloat16), "m": _trained_like(2_000_000, torch.float32)}
@@ -231,7 +231,7 @@ def test_auto_calibrates_gpu_codecs_and_saves_bit_exactly(tmp_path):
 
 def test_auto_on_gpu_state_with_cpu_step_counters(tmp_path):
     """AdamW keeps its step counters on the CPU next to CUDA moments: auto calibrates on the CUDA bulk."""
-    from lightning_nvcomp.policy import CodecPolicy
+    from lightning_nvcomp.auto.policy import CodecPolicy
     from lightning_nvcomp.storage import ThrottledStorage
 
     state = {
@@ -369,7 +369,7 @@ def test_lightning_fit_resume_and_load_with_ans_on_gpu(tmp_path, async_save):
 def test_accelerate_save_state_with_ans_on_gpu(tmp_path, async_save):
     from accelerate import Accelerator
 
-    from lightning_nvcomp.integrations.accelerate import attach
+    from lightning_nvcomp.integrations.accelerate.attach import attach
 
     accelerator = Accelerator()
     model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))

@@ -1000,7 +1000,7 @@ def test_storage_options_refused(tmp_path: Path) -> None:
 def test_gpu_state_nbytes_counts_parameters_buffers_and_optimizer_state_once() -> None:
     """What the savings callback pins ahead for: every parameter, buffer and optimizer tensor on the device, a
     tensor reached twice (a tied weight) counted once."""
-    from lightning_nvcomp.integrations.lightning import gpu_state_nbytes
+    from lightning_nvcomp.integrations.lightning.checkpoint_io import gpu_state_nbytes
 
     module = model()
     module.tied = module.net[0].weight  # the same Parameter under a second name

@@ -19,9 +19,9 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from lightning_nvcomp._compat.dcp import TORCH
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.dcp import NvcompStorageInfo
-from lightning_nvcomp.integrations.dcp._compat import TORCH
 
 from conftest import REPO_ROOT, assert_tree_bit_exact
 
@@ -131,7 +131,7 @@ def test_dcp_file_system_reader_is_ours_only_within_the_block(tmp_path):
     import torch.distributed.checkpoint as dcp
 
     from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
-    from lightning_nvcomp.integrations.dcp_names import filesystem_classes_as
+    from lightning_nvcomp.integrations.dcp.names import filesystem_classes_as
 
     own = dcp.FileSystemReader
     state = {"w": torch.arange(1000, dtype=torch.float32)}

@@ -79,8 +79,8 @@ for statement in [
     "from lightning_nvcomp import NvcompCheckpointIO",
     "lightning_nvcomp.NvcompSavings",
     "lightning_nvcomp.NvcompFSDPStrategy",
-    "import lightning_nvcomp.integrations.lightning",
-    "import lightning_nvcomp.integrations.accelerate",
+    "import lightning_nvcomp.integrations.lightning.checkpoint_io",
+    "import lightning_nvcomp.integrations.accelerate.attach",
 ]:
     try:
         exec(statement)
@@ -108,8 +108,8 @@ print(json.dumps(result))
     assert errors["lightning_nvcomp.NvcompFSDPStrategy"][1].startswith(
         f"NvcompFSDPStrategy needs Lightning: {lightning_hint}"
     )
-    assert lightning_hint in errors["import lightning_nvcomp.integrations.lightning"][1]
-    assert f"needs Accelerate: {accelerate_hint}" in errors["import lightning_nvcomp.integrations.accelerate"][1]
+    assert lightning_hint in errors["import lightning_nvcomp.integrations.lightning.checkpoint_io"][1]
+    assert f"needs Accelerate: {accelerate_hint}" in errors["import lightning_nvcomp.integrations.accelerate.attach"][1]
     assert all(kind == "MissingExtraError" for kind, _ in errors.values())
     # a failed integration import leaves no framework module behind
     assert result["modules_after"] == []
@@ -117,8 +117,8 @@ print(json.dumps(result))
 
 def test_lazy_attributes_with_the_frameworks_installed() -> None:
     pytest.importorskip("lightning")
-    from lightning_nvcomp.integrations import lightning as integration
-    from lightning_nvcomp.integrations import lightning_sharded
+    from lightning_nvcomp.integrations.lightning import checkpoint_io as integration
+    from lightning_nvcomp.integrations.lightning import sharded as lightning_sharded
 
     assert lightning_nvcomp.NvcompCheckpointIO is integration.NvcompCheckpointIO
     assert lightning_nvcomp.NvcompSavings is integration.NvcompSavings

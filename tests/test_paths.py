@@ -31,7 +31,7 @@ import lightning_nvcomp
 from lightning_nvcomp import NvcompCheckpointIO, storage
 from lightning_nvcomp.cli import main
 from lightning_nvcomp.options import SaveOptions
-from lightning_nvcomp.pipeline import CheckpointWriter
+from lightning_nvcomp.saving.writer import CheckpointWriter
 
 from conftest import assert_tree_bit_exact
 from lightning_models import TinyData, TinyModule, quiet_trainer

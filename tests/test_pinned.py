@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_nvcomp import resources
+from lightning_nvcomp import _process as resources
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.codec.pinned import PinnedPool, pool
 
@@ -129,7 +129,7 @@ def test_live_blobs_are_never_overwritten_and_the_pool_stays_bounded(ops):
 def test_gpu_copies_land_in_pinned_reused_memory(tmp_path):
     import lightning_nvcomp
     from lightning_nvcomp.options import SaveOptions
-    from lightning_nvcomp.pipeline import CheckpointWriter
+    from lightning_nvcomp.saving.writer import CheckpointWriter
 
     resources.reset()
     torch.manual_seed(0)
@@ -207,7 +207,7 @@ def test_a_lightning_fit_pins_ahead_of_its_first_save(tmp_path):
 
     import lightning_nvcomp
     from lightning_nvcomp import NvcompCheckpointIO
-    from lightning_nvcomp.integrations.lightning import gpu_state_nbytes
+    from lightning_nvcomp.integrations.lightning.checkpoint_io import gpu_state_nbytes
 
     from lightning_models import TinyData, TinyModule
 

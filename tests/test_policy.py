@@ -10,10 +10,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import lightning_nvcomp
-from lightning_nvcomp.calibration import CodecProfile, bulk_device, calibrate, candidate_codecs, sample_state
-from lightning_nvcomp.policy import EMA_WEIGHT, CodecPolicy
-from lightning_nvcomp.prediction import choose, predict
-from lightning_nvcomp.probe import probe_bandwidth
+from lightning_nvcomp.auto.calibration import CodecProfile, bulk_device, calibrate, candidate_codecs, sample_state
+from lightning_nvcomp.auto.policy import EMA_WEIGHT, CodecPolicy
+from lightning_nvcomp.auto.prediction import choose, predict
+from lightning_nvcomp.auto.probe import probe_bandwidth
 from lightning_nvcomp.storage import Storage, ThrottledStorage
 
 ZSTD = CodecProfile("zstd", ratio=1.2, encode_gbps=0.5)
@@ -394,7 +394,7 @@ def test_decisions_do_not_flip_flop_and_the_close_runner_up_is_retried_bounded(c
 
     near = [CodecProfile("zstd", 1.05, math.inf), CodecProfile("none", 1.0, math.inf)]
     policy = CodecPolicy(write_gbps=1.0, profiles=near)  # none within 10%: tried now and then to be measured
-    with caplog.at_level(logging.INFO, logger="lightning_nvcomp.policy"):
+    with caplog.at_level(logging.INFO, logger="lightning_nvcomp.auto.policy"):
         chosen = [policy.decide(tensors, "/")[0].codec for _ in range(25)]
     assert [i + 1 for i, c in enumerate(chosen) if c == "none"] == [10, 20], chosen
     assert sum("trying none" in r.getMessage() for r in caplog.records) == 2
@@ -414,7 +414,7 @@ def test_a_tie_within_the_tolerances_goes_to_the_smaller_file():
 
 def test_async_saves_learn_the_interval_and_count_the_wait_it_causes(tmp_path):
     from lightning_nvcomp.options import SaveOptions
-    from lightning_nvcomp.pipeline import CheckpointWriter
+    from lightning_nvcomp.saving.writer import CheckpointWriter
 
     writer = CheckpointWriter(SaveOptions.of(codec="zstd", async_save=True))
     try:
@@ -460,7 +460,7 @@ def test_a_close_runner_up_no_save_has_measured_is_tried_at_the_next_decision(ca
     policy = CodecPolicy(write_gbps=1.0, profiles=[CodecProfile("zstd", 1.05, 5.0), NONE])
     tensors = [torch.empty(GB // 4, dtype=torch.float32, device="meta")]
     chosen = []
-    with caplog.at_level(logging.INFO, logger="lightning_nvcomp.policy"):
+    with caplog.at_level(logging.INFO, logger="lightning_nvcomp.auto.policy"):
         for _ in range(6):
             codec = policy.decide(tensors, "/")[0].codec
             chosen.append(codec)
@@ -474,7 +474,7 @@ def test_every_save_says_why_auto_chose_its_codec(tmp_path):
 
     from lightning_nvcomp.integrations.dcp.stats import _from_dict
     from lightning_nvcomp.options import SaveOptions
-    from lightning_nvcomp.pipeline import CheckpointWriter
+    from lightning_nvcomp.saving.writer import CheckpointWriter
 
     lines: list[str] = []
     writer = CheckpointWriter(SaveOptions.of(codec="auto", probe_mb=1), report=lines.append)
@@ -499,7 +499,7 @@ def test_every_save_says_why_auto_chose_its_codec(tmp_path):
 
 def test_the_first_auto_saves_calibration_is_reported_as_probe_time_not_as_blocked(tmp_path):
     from lightning_nvcomp.options import SaveOptions
-    from lightning_nvcomp.pipeline import CheckpointWriter
+    from lightning_nvcomp.saving.writer import CheckpointWriter
 
     from conftest import trained_like
 

@@ -29,7 +29,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from test_paths import hold_writer_thread_fsyncs
 
 from lightning_nvcomp import NvcompCheckpointIO
-from lightning_nvcomp.integrations.accelerate import attach
+from lightning_nvcomp.integrations.accelerate.attach import attach
 from lightning_nvcomp.storage import ThrottledStorage
 
 import accelerate_runs as R

@@ -33,12 +33,12 @@ from moto.server import ThreadedMotoServer  # noqa: E402
 
 import lightning_nvcomp  # noqa: E402
 from lightning_nvcomp import cli  # noqa: E402
+from lightning_nvcomp.auto.policy import CodecPolicy  # noqa: E402
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter  # noqa: E402
-from lightning_nvcomp.integrations._require import MissingExtraError  # noqa: E402
-from lightning_nvcomp.locations import storage_for  # noqa: E402
-from lightning_nvcomp.policy import CodecPolicy  # noqa: E402
-from lightning_nvcomp.remote import RemoteOptions  # noqa: E402
-from lightning_nvcomp.remote.upload import retry_failed_aborts  # noqa: E402
+from lightning_nvcomp.errors import MissingExtraError  # noqa: E402
+from lightning_nvcomp.storage import storage_for  # noqa: E402
+from lightning_nvcomp.storage.remote import RemoteOptions  # noqa: E402
+from lightning_nvcomp.storage.remote.upload import retry_failed_aborts  # noqa: E402
 
 from conftest import assert_tree_bit_exact, python_child, trained_like  # noqa: E402
 
@@ -184,7 +184,7 @@ def test_range_reader_reads_every_range_right_and_fetches_ahead_in_parallel():
     import threading
     import time
 
-    from lightning_nvcomp.remote.ranges import RangeReader
+    from lightning_nvcomp.storage.remote.ranges import RangeReader
 
     data = bytes(random.Random(0).randbytes(3 * MiB + 12345))
     fetched: list[tuple[int, int]] = []
@@ -233,7 +233,7 @@ def test_the_core_imports_without_fsspec():
                 if name == "fsspec" or name.startswith(("fsspec.", "s3fs")):
                     raise ImportError(f"blocked: {name}")
         sys.meta_path.insert(0, Block())
-        import torch, lightning_nvcomp, lightning_nvcomp.dcp, lightning_nvcomp.pipeline
+        import torch, lightning_nvcomp, lightning_nvcomp.dcp, lightning_nvcomp.saving.writer
         lightning_nvcomp.save({"w": torch.ones(3)}, sys.argv[1], codec="zstd")
         assert torch.equal(lightning_nvcomp.load(sys.argv[1])["w"], torch.ones(3))
         try:
@@ -519,7 +519,7 @@ def test_dcp_on_s3_two_gloo_ranks(bucket, tmp_path):
 def test_accelerate_save_state_to_s3_and_back(bucket, tmp_path, monkeypatch):
     import copy
 
-    from lightning_nvcomp.integrations.accelerate import attach
+    from lightning_nvcomp.integrations.accelerate.attach import attach
 
     import accelerate_runs as R
 

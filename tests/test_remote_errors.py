@@ -31,17 +31,17 @@ from test_remote import _free_port, object_bytes, objects, state, uploads  # noq
 
 import lightning_nvcomp  # noqa: E402
 from lightning_nvcomp import cli  # noqa: E402
+from lightning_nvcomp.auto.policy import CodecPolicy  # noqa: E402
 from lightning_nvcomp.errors import CorruptCheckpointError  # noqa: E402
-from lightning_nvcomp.locations import storage_for  # noqa: E402
-from lightning_nvcomp.policy import CodecPolicy  # noqa: E402
-from lightning_nvcomp.remote import RemoteOptions  # noqa: E402
-from lightning_nvcomp.remote.errors import (  # noqa: E402
+from lightning_nvcomp.storage import storage_for  # noqa: E402
+from lightning_nvcomp.storage.remote import RemoteOptions  # noqa: E402
+from lightning_nvcomp.storage.remote.errors import (  # noqa: E402
     OutcomeUnknownError,
     RemoteAccessError,
     RemoteStorageError,
     RemoteUnreachableError,
 )
-from lightning_nvcomp.remote.upload import retry_failed_aborts  # noqa: E402
+from lightning_nvcomp.storage.remote.upload import retry_failed_aborts  # noqa: E402
 
 from conftest import assert_tree_bit_exact, trained_like  # noqa: E402
 
@@ -229,11 +229,11 @@ def test_no_credentials_in_the_probe_warns_naming_the_directory_and_the_save_fai
     name, fs = without_credentials
     directory, url = f"s3://{name}/run", f"s3://{name}/run/auto.ckpt"
     policy = CodecPolicy(probe_nbytes=8 * MiB)
-    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.probe"):
+    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.auto.probe"):
         with pytest.raises(PermissionError) as raised:
             lightning_nvcomp.save({"w": torch.ones(8)}, url, codec="auto", policy=policy)
     assert_says_credentials(raised.value, url)
-    probe_warnings = [r.getMessage() for r in caplog.records if r.name == "lightning_nvcomp.probe"]
+    probe_warnings = [r.getMessage() for r in caplog.records if r.name == "lightning_nvcomp.auto.probe"]
     assert len(probe_warnings) == 1, probe_warnings
     assert directory in probe_warnings[0] and "AWS_ACCESS_KEY_ID" in probe_warnings[0], probe_warnings[0]
     assert list(objects(fs, name)) == ["run/last.ckpt"]
@@ -314,7 +314,7 @@ def test_a_lost_complete_answer_after_the_server_completed_is_a_successful_save(
     url = f"s3://{name}/run/last.ckpt"
     lightning_nvcomp.save(state(0), url, codec="zstd", storage=storage)
     faults.mode = "complete_answer"
-    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.remote.upload"):
+    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.storage.remote.upload"):
         stats = lightning_nvcomp.save(state(1), url, codec="zstd", storage=storage)
     assert ("POST", "drop_answer") in faults.dropped
     assert stats.file_nbytes > 2 * 5 * MiB  # a multipart upload of several parts
@@ -332,7 +332,7 @@ def test_a_lost_put_answer_after_the_server_stored_the_object_is_a_successful_sa
     lightning_nvcomp.save({"w": torch.zeros(100)}, url, codec="none", storage=storage)
     faults.mode = "put_answer"
     small = {"w": torch.arange(100.0)}
-    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.remote.upload"):
+    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.storage.remote.upload"):
         stats = lightning_nvcomp.save(small, url, codec="none", storage=storage)
     assert ("PUT", "drop_answer") in faults.dropped
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -368,7 +368,7 @@ def test_a_lost_complete_answer_that_cannot_be_checked_is_an_unknown_outcome(pro
     url = f"s3://{name}/run/last.ckpt"
     lightning_nvcomp.save(state(0), url, codec="zstd", storage=storage)
     faults.mode = "complete_then_all"
-    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.remote.upload"):
+    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.storage.remote.upload"):
         with pytest.raises(OutcomeUnknownError) as raised:
             lightning_nvcomp.save(state(1), url, codec="zstd", storage=storage)
     message = str(raised.value)

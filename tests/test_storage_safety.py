@@ -33,15 +33,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import lightning_nvcomp
-from lightning_nvcomp import storage, temp_names
-from lightning_nvcomp.calibration import CodecProfile
+from lightning_nvcomp.auto.calibration import CodecProfile
+from lightning_nvcomp.auto.policy import CodecPolicy
+from lightning_nvcomp.auto.probe import FALLBACK_GBPS, MIN_PROBE_NBYTES, measure_bandwidth
 from lightning_nvcomp.format import find_contents
 from lightning_nvcomp.options import SaveOptions
-from lightning_nvcomp.pipeline import CheckpointWriter
-from lightning_nvcomp.policy import CodecPolicy
-from lightning_nvcomp.probe import FALLBACK_GBPS, MIN_PROBE_NBYTES, measure_bandwidth
-from lightning_nvcomp.storage import Storage
-from lightning_nvcomp.temp_names import HOST_ID
+from lightning_nvcomp.saving.writer import CheckpointWriter
+from lightning_nvcomp.storage import local as storage
+from lightning_nvcomp.storage import temp_names
+from lightning_nvcomp.storage.local import Storage
+from lightning_nvcomp.storage.temp_names import HOST_ID
 
 from conftest import REPO_ROOT
 
@@ -138,7 +139,7 @@ def test_lightning_checkpoint_io_at_a_url_writes_nothing_locally(tmp_path, monke
 def test_accelerate_refuses_automatic_naming_into_a_url_project_dir(tmp_path, monkeypatch):
     from accelerate.utils import ProjectConfiguration
 
-    from lightning_nvcomp.integrations.accelerate import attach
+    from lightning_nvcomp.integrations.accelerate.attach import attach
 
     import accelerate_runs as R
 
@@ -483,11 +484,11 @@ def test_the_checkpoint_writer_probes_with_the_checkpoint_size(tmp_path):
 def test_a_probe_without_space_is_skipped_with_a_warning_and_the_first_write_replaces_it(tmp_path, monkeypatch, caplog):
     _small_free_space(monkeypatch, 8 * MiB)  # a quarter of it is less than the smallest probe
     policy = CodecPolicy(storage=CountingStorage())
-    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.probe"):
+    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.auto.probe"):
         gbps = policy.write_gbps(str(tmp_path), raw_nbytes=4096)
     assert gbps == FALLBACK_GBPS and policy.bandwidth_assumed(str(tmp_path))
     assert policy.storage.written == [] and os.listdir(tmp_path) == []  # nothing written at all
-    (record,) = [r for r in caplog.records if r.name == "lightning_nvcomp.probe"]
+    (record,) = [r for r in caplog.records if r.name == "lightning_nvcomp.auto.probe"]
     assert record.levelno == logging.WARNING
     assert str(tmp_path) in record.getMessage() and "8.0 MiB" in record.getMessage()
     assert str(FALLBACK_GBPS) in record.getMessage()
@@ -500,7 +501,7 @@ def test_a_probe_without_space_is_skipped_with_a_warning_and_the_first_write_rep
 
 def test_a_failing_probe_write_is_skipped_not_raised(tmp_path, caplog):
     policy = CodecPolicy(storage=CountingStorage(fail=True))
-    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.probe"):
+    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.auto.probe"):
         assert policy.write_gbps(str(tmp_path)) == FALLBACK_GBPS  # today: OSError naming the probe file
     assert policy.bandwidth_assumed(str(tmp_path))
     assert any("No space left" in r.getMessage() and str(tmp_path) in r.getMessage() for r in caplog.records)
@@ -564,10 +565,10 @@ def test_a_full_small_file_system_skips_the_probe_and_saves(small_fs, caplog):
     writer = CheckpointWriter(SaveOptions(codec="zstd"))
     state = {"w": torch.randn(MiB)}  # 4 MiB
     try:
-        with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.probe"):
+        with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.auto.probe"):
             writer.save(state, small_fs / "a.ckpt")
             writer.commit(1, str(small_fs / "a.ckpt"))
-        warnings = [r.getMessage() for r in caplog.records if r.name == "lightning_nvcomp.probe"]
+        warnings = [r.getMessage() for r in caplog.records if r.name == "lightning_nvcomp.auto.probe"]
         assert len(warnings) == 1 and str(small_fs) in warnings[0] and "MiB" in warnings[0], warnings
         assert not writer.baseline.measured  # too little space to time a torch.save of it: bandwidth instead
         writer.wait()  # durable: flushed behind the save, and then observed

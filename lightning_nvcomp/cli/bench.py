@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import torch
 
 from lightning_nvcomp import format as fileformat
-from lightning_nvcomp import saving
+from lightning_nvcomp.auto.policy import CodecPolicy
+from lightning_nvcomp.auto.prediction import Prediction, choose, predict
+from lightning_nvcomp.auto.probe import measure_bandwidth
 from lightning_nvcomp.cli.common import EXIT_UNAVAILABLE, add_command, fail, positive_float, positive_int
 from lightning_nvcomp.cli.table import table
-from lightning_nvcomp.policy import CodecPolicy
-from lightning_nvcomp.prediction import Prediction, choose, predict
-from lightning_nvcomp.probe import measure_bandwidth
+from lightning_nvcomp.saving import single_file as saving
 from lightning_nvcomp.storage import Storage, ThrottledStorage
 
 #: The command's line in the top-level help, and its own help's description.

@@ -13,8 +13,8 @@ from tqdm import tqdm
 
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.format import DTYPES, TensorInfo
-from lightning_nvcomp.stats import ratio
-from lightning_nvcomp.tree import leaves
+from lightning_nvcomp.format.tree import leaves
+from lightning_nvcomp.telemetry.stats import ratio
 
 
 @dataclass(frozen=True)

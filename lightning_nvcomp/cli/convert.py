@@ -8,14 +8,14 @@ import time
 
 import torch
 
-from lightning_nvcomp import saving
 from lightning_nvcomp.cli.checkpoint import Survey, load, survey
 from lightning_nvcomp.cli.common import EXIT_BAD_FILE, EXIT_UNAVAILABLE, add_command, fail
 from lightning_nvcomp.cli.table import size
 from lightning_nvcomp.codec.gpu import gpu_available
-from lightning_nvcomp.locations import is_url, storage_for
 from lightning_nvcomp.options import CONCRETE_CODECS, Codec
-from lightning_nvcomp.stats import ratio
+from lightning_nvcomp.saving import single_file as saving
+from lightning_nvcomp.storage import is_url, storage_for
+from lightning_nvcomp.telemetry.stats import ratio
 
 #: What ``--codec`` accepts: every codec ``save`` writes by name, and ``torch`` for a plain torch.save file.
 CODECS = [c.value for c in CONCRETE_CODECS] + ["torch"]

@@ -19,13 +19,13 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from tqdm import tqdm
 
 from lightning_nvcomp import format as fileformat
+from lightning_nvcomp._compat.dcp import StorageInfo
 from lightning_nvcomp.cli.common import EXIT_OK, explain
 from lightning_nvcomp.dcp import NvcompFileSystemReader
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, RefusedObjectsError
-from lightning_nvcomp.integrations.dcp._compat import StorageInfo
 from lightning_nvcomp.integrations.dcp.metadata import METADATA, check_storage_info
-from lightning_nvcomp.locations import storage_for
-from lightning_nvcomp.stats import ratio
+from lightning_nvcomp.storage import storage_for
+from lightning_nvcomp.telemetry.stats import ratio
 
 #: The rank in the name DCP gives a data file (``__<rank>_<n>.distcp``, ``__<rank>_<n>.<id>.distcp``).
 _RANK = re.compile(r"^__(\d+)_")

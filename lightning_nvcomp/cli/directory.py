@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 
 from lightning_nvcomp.errors import CheckpointError
-from lightning_nvcomp.locations import storage_for
+from lightning_nvcomp.storage import storage_for
 
 #: The names DCP gives a checkpoint's metadata and its data files (``torch.distributed.checkpoint``), spelled here so
 #: that a command on a single file does not import DCP (a second).

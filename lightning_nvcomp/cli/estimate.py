@@ -1,5 +1,5 @@
 """``lightning-nvcomp estimate``: what synchronous checkpoints cost in idle GPU time and dollars, uncompressed and
-with each codec. The numbers come from :mod:`lightning_nvcomp.estimate` (the cost model); this module reads the
+with each codec. The numbers come from :mod:`lightning_nvcomp.telemetry.estimate` (the cost model); this module reads the
 options and prints the tables."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import argparse
 import math
 import re
 
-from lightning_nvcomp import estimate as costs
 from lightning_nvcomp.cli.common import add_command, positive_float, positive_int
 from lightning_nvcomp.cli.table import table
-from lightning_nvcomp.estimate import CODEC_NAMES, CODECS, GIB, CodecRow, Estimate
+from lightning_nvcomp.telemetry import estimate as costs
+from lightning_nvcomp.telemetry.estimate import CODEC_NAMES, CODECS, GIB, CodecRow, Estimate
 
 # ---------------------------------------------------------------------------------------------------- arguments
 
@@ -326,7 +326,7 @@ def render(est: Estimate) -> str:
     """The text ``lightning-nvcomp estimate`` prints for ``est``.
 
     Args:
-        est: the result of :func:`lightning_nvcomp.estimate.estimate`.
+        est: the result of :func:`lightning_nvcomp.telemetry.estimate.estimate`.
     """
     lines = [*_heading(est), *_components(est), *_synchronous(est)]
     if est.mtbf_hours is not None:

@@ -21,8 +21,8 @@ from lightning_nvcomp.cli.directory import (
 )
 from lightning_nvcomp.cli.table import size, table
 from lightning_nvcomp.errors import RefusedObjectsError
-from lightning_nvcomp.locations import storage_for
-from lightning_nvcomp.stats import ratio
+from lightning_nvcomp.storage import storage_for
+from lightning_nvcomp.telemetry.stats import ratio
 
 #: Rows shown without ``--all``.
 DEFAULT_ROWS = 40

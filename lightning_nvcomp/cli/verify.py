@@ -20,7 +20,7 @@ from lightning_nvcomp.cli.directory import (
 )
 from lightning_nvcomp.cli.table import size
 from lightning_nvcomp.errors import RefusedObjectsError
-from lightning_nvcomp.locations import storage_for
+from lightning_nvcomp.storage import storage_for
 
 #: The command's line in the top-level help, and its own help's description.
 SUMMARY = "decode every tensor and check every checksum (a file, a DCP checkpoint, a directory of checkpoints)"

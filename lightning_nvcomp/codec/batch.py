@@ -11,6 +11,7 @@ import threading
 import numpy as np
 import torch
 
+from lightning_nvcomp._process import shared
 from lightning_nvcomp.codec import checksum as checksums
 from lightning_nvcomp.codec import planes as byte_planes
 from lightning_nvcomp.codec.checksum import Crc32, crc32_batch
@@ -28,7 +29,6 @@ from lightning_nvcomp.codec.record import (
 )
 from lightning_nvcomp.codec.schema import _CHUNK_ALIGN, Layout, _padded, _segments
 from lightning_nvcomp.errors import CorruptCheckpointError
-from lightning_nvcomp.resources import shared
 
 #: Every buffer's planes (encode) and every record's bytes (decode) start at a multiple of this many bytes.
 _BATCH_ALIGN = 64

@@ -14,8 +14,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
+from lightning_nvcomp._process import shared
 from lightning_nvcomp.codec.cpu import cpu_threads
-from lightning_nvcomp.resources import shared
 
 PIECE_NBYTES = 8 << 20
 #: :func:`crc32_batch` computes the CRC-32s of host blobs no larger than this in the calling thread.

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import torch
 
+from lightning_nvcomp._process import shared
 from lightning_nvcomp.codec.cpu import CpuZstdEngine
 from lightning_nvcomp.codec.engine import ChunkEngine
 from lightning_nvcomp.codec.gpu import NvcompEngine, gpu_available, gpu_missing
 from lightning_nvcomp.codec.schema import CODECS, Layout
 from lightning_nvcomp.errors import CodecUnavailableError
-from lightning_nvcomp.resources import shared
 
 #: Default segment size: the bytes coded by one engine call (nvCOMP calls have a fixed cost, up to ~20 ms for Zstd)
 #: and the GPU scratch a save borrows (planes + compressed output, about 2x this).

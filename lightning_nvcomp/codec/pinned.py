@@ -17,7 +17,7 @@ import weakref
 
 import torch
 
-from lightning_nvcomp.resources import shared
+from lightning_nvcomp._process import shared
 
 #: The default size of a slab (a GPU segment's blob fits in one).
 SLAB_NBYTES = 512 << 20

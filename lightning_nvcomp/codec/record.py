@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lightning_nvcomp._process import shared
 from lightning_nvcomp.codec import checksum as checksums
 from lightning_nvcomp.codec import pinned
 from lightning_nvcomp.codec import planes as byte_planes
@@ -30,7 +31,6 @@ from lightning_nvcomp.codec.schema import (
     validate,
 )
 from lightning_nvcomp.errors import CorruptCheckpointError
-from lightning_nvcomp.resources import shared
 
 #: Uncompressed chunk size per (codec, device type), measured best on an H200 (benchmarks/results), within nvCOMP's
 #: limits (gANS <= 16 MiB); typed gANS (``<f4``) runs fastest on larger chunks.

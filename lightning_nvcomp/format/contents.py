@@ -9,9 +9,9 @@ from typing import Any, TypeGuard
 
 import torch
 
-from lightning_nvcomp._torch_compat import tensor_state
+from lightning_nvcomp._compat.torch import tensor_state
 from lightning_nvcomp.errors import CheckpointError
-from lightning_nvcomp.tree import leaves
+from lightning_nvcomp.format.tree import leaves
 
 _DTYPE_NAMES = (
     "float64 float32 float16 bfloat16 float8_e4m3fn float8_e5m2 float8_e4m3fnuz float8_e5m2fnuz float8_e8m0fnu "

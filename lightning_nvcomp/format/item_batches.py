@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lightning_nvcomp._process import shared
 from lightning_nvcomp.codec import batch as batch_coding
 from lightning_nvcomp.codec import engines
 from lightning_nvcomp.codec import record as records
@@ -19,7 +20,6 @@ from lightning_nvcomp.codec.cpu import cpu_threads
 from lightning_nvcomp.codec.schema import Layout
 from lightning_nvcomp.format.contents import DTYPES
 from lightning_nvcomp.format.writer import _LayoutCache
-from lightning_nvcomp.resources import shared
 
 #: Raw bytes coded per batch, by the tensors' device type (and so the scratch and pinned host memory one batch
 #: borrows: on a GPU the peak measured 3.6-3.7x this). On a GPU what a batch

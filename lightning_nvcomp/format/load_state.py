@@ -1,6 +1,6 @@
 """What one load may decode and has decoded (:class:`LoadState`), and how a decoder finds the state of the load
 that calls it: set by our loaders (``_load``), one per plain ``torch.load`` call (found on the stack, see
-``_torch_compat``: its file named in errors, its size the base of the bound), or one per record where neither is
+``_compat.torch``: its file named in errors, its size the base of the bound), or one per record where neither is
 known."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import weakref
 
 import torch
 
-from lightning_nvcomp import _torch_compat
+from lightning_nvcomp._compat import torch as _torch_compat
 from lightning_nvcomp.errors import DecodeLimitError
 
 #: Default bound on what one load decodes: this multiple of the file's size plus :data:`DECODE_ALLOWANCE` bytes.

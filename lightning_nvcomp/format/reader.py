@@ -15,14 +15,14 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from lightning_nvcomp._process import collector_paused
 from lightning_nvcomp.codec import checksum
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, RefusedObjectsError
 from lightning_nvcomp.format.contents import find_contents
 from lightning_nvcomp.format.decode import Describing, TensorInfo, _describe, _keep_on_gpu
 from lightning_nvcomp.format.load_state import LoadState, _load
 from lightning_nvcomp.format.zip import central_record, end_records, local_header
-from lightning_nvcomp.locations import StorageBackend, storage_for
-from lightning_nvcomp.resources import collector_paused
+from lightning_nvcomp.storage import StorageBackend, storage_for
 
 
 def load(
@@ -54,7 +54,7 @@ def load(
         max_decoded_nbytes: the most bytes the load may decode (None: unlimited). Default: 16 x the file's size +
             256 MiB, or the environment variable ``LIGHTNING_NVCOMP_MAX_DECODED_BYTES``; a guard against
             decompression bombs (:class:`DecodeLimitError`).
-        storage: where ``path`` is read from (default: :func:`~lightning_nvcomp.locations.storage_for` the path).
+        storage: where ``path`` is read from (default: :func:`~lightning_nvcomp.storage.backend.storage_for` the path).
 
     Raises:
         CorruptCheckpointError: the file is damaged (the message names it and the tensor at fault).
@@ -63,7 +63,7 @@ def load(
             to decode). Errors of the machine (memory, devices, threads) pass through, the file named.
 
     On the main thread, Python's garbage collector is paused while the file is read (see
-    :func:`~lightning_nvcomp.resources.collector_paused`).
+    :func:`~lightning_nvcomp._process.collector_paused`).
     """
     storage = storage or storage_for(path)
     path = os.fspath(path)

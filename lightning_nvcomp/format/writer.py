@@ -14,7 +14,8 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from lightning_nvcomp._torch_compat import rebuild_with_state, tensor_state
+from lightning_nvcomp._compat.torch import rebuild_with_state, tensor_state
+from lightning_nvcomp._process import shared
 from lightning_nvcomp.codec import pinned, schema
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec.checksum import Checksum
@@ -23,7 +24,6 @@ from lightning_nvcomp.format.contents import DTYPES, Contents, _storage_of, _ten
 from lightning_nvcomp.format.decode import Placement, decode_storage, decode_tensor, storage_check, tensor_check
 from lightning_nvcomp.format.sink import MemorySink, SegmentSink
 from lightning_nvcomp.format.zip import ArchiveWriter
-from lightning_nvcomp.resources import shared
 
 #: Storages below this size share records of up to _GROUP_NBYTES: few large records keep nvCOMP calls few.
 _SMALL_NBYTES = 64 << 20

@@ -79,14 +79,14 @@ never torch's local ``FileSystem``, which would write them into a local director
 one upload that appears whole or not at all (an S3 multipart upload in parallel parts), ``.metadata`` is written last
 in one put, and reads are parallel ranged reads; torch's ``FsspecReader`` reads these checkpoints too.
 
-Telemetry: after a save, ``writer.stats`` (a :class:`~lightning_nvcomp.stats.SaveStats`, as for every save) holds
+Telemetry: after a save, ``writer.stats`` (a :class:`~lightning_nvcomp.telemetry.stats.SaveStats`, as for every save) holds
 this rank's raw and stored bytes (``file_nbytes``), the items it stored and its times: ``stage_s`` (staging),
 ``encode_s`` (coding, overlapped with the writes) and ``write_s`` (the rest of ``write_data``'s wall time), and for
 ``codec="auto"`` the ``prediction`` behind the choice (rank 0's, broadcast); ``writer.gather_stats()`` (a collective:
 every rank calls it) returns the whole checkpoint's :class:`DcpCheckpointStats`, whose ``ranks[r]`` is rank ``r``'s;
 the coordinator also has ``writer.totals`` (raw/stored bytes of all ranks, from the metadata, no collective).
 
-``codec="auto"`` measures the storage with every rank writing at once (:class:`~lightning_nvcomp.policy.CodecPolicy`
+``codec="auto"`` measures the storage with every rank writing at once (:class:`~lightning_nvcomp.auto.policy.CodecPolicy`
 with ``collective=True``), decides on rank 0 and broadcasts the choice, so all ranks store the same codec.
 
 The package (imported as :mod:`lightning_nvcomp.dcp`): ``writer`` (:class:`NvcompFileSystemWriter`), ``staging``

@@ -23,14 +23,14 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import WriteResult
 
 from lightning_nvcomp import format as fileformat
+from lightning_nvcomp._compat import dcp as _compat
+from lightning_nvcomp._process import collector_paused
 from lightning_nvcomp.errors import CheckpointError
 from lightning_nvcomp.format import items as tensor_items
 from lightning_nvcomp.format.item_batches import RAW_NBYTES, CodedTensor, code_tensors, storable
 from lightning_nvcomp.format.zip import ArchiveWriter
-from lightning_nvcomp.integrations.dcp import _compat
 from lightning_nvcomp.integrations.dcp.metadata import NvcompStorageInfo, data_file_header
 from lightning_nvcomp.integrations.dcp.staging import ENCODE_LOCK, StagedShard, compact
-from lightning_nvcomp.resources import collector_paused
 
 #: A file's write results, the seconds spent coding its items, and its tensor shards' device types.
 Outcome = tuple[list[WriteResult], float, frozenset[str]]

@@ -1,11 +1,11 @@
-"""DCP's ``FileSystemBase`` over a remote :class:`~lightning_nvcomp.remote.fsspec_storage.FsspecStorage`
+"""DCP's ``FileSystemBase`` over a remote :class:`~lightning_nvcomp.storage.remote.fsspec_storage.FsspecStorage`
 (:class:`StorageFileSystem`), and :class:`OnStorage`, which gives the writer and the reader the file system of their
 checkpoint path: torch's own local ``FileSystem`` for a local path (unchanged), ours for a URL.
 
 At a URL, every data file is one upload (an S3 multipart upload in parallel parts, streamed while the next items
 are coded), so a data file appears whole or not at all, and ``.metadata`` is written last, in one put: a checkpoint
 whose save failed on any rank has no new ``.metadata`` and the previous one stays loadable. Reads are parallel
-ranged reads (:class:`~lightning_nvcomp.remote.ranges.RangeReader`), so the reader's 64 MiB windows arrive in
+ranged reads (:class:`~lightning_nvcomp.storage.remote.ranges.RangeReader`), so the reader's 64 MiB windows arrive in
 parallel parts.
 """
 
@@ -18,15 +18,15 @@ from typing import Any, cast
 
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemBase
 
-from lightning_nvcomp.locations import StorageBackend, is_url, storage_for
-from lightning_nvcomp.remote.options import RemoteOptions
+from lightning_nvcomp.storage import StorageBackend, is_url, storage_for
+from lightning_nvcomp.storage.remote.options import RemoteOptions
 
 
 class StorageFileSystem(FileSystemBase):
     """DCP's file system interface over remote storage (paths are URL strings).
 
     Args:
-        storage: the remote storage (an :class:`~lightning_nvcomp.remote.fsspec_storage.FsspecStorage`).
+        storage: the remote storage (an :class:`~lightning_nvcomp.storage.remote.fsspec_storage.FsspecStorage`).
     """
 
     def __init__(self, storage: Any) -> None:

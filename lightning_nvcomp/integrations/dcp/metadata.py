@@ -36,8 +36,8 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from lightning_nvcomp._compat.dcp import StorageInfo, private_metadata_names, transform_descriptors
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, RefusedObjectsError
-from lightning_nvcomp.integrations.dcp._compat import StorageInfo, private_metadata_names, transform_descriptors
 from lightning_nvcomp.integrations.dcp.unpickle import CALLED, MADE, VALUE, Refused, restricted_loads
 from lightning_nvcomp.options import CONCRETE_CODECS
 

@@ -16,11 +16,12 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from lightning_nvcomp import format as fileformat
+from lightning_nvcomp._compat import dcp as _compat
+from lightning_nvcomp._compat.dcp import StorageInfo
+from lightning_nvcomp._process import PauseBetweenCalls, collector_paused
 from lightning_nvcomp.codec.gpu import gpu_available, gpu_missing
 from lightning_nvcomp.errors import CodecUnavailableError, CorruptCheckpointError
 from lightning_nvcomp.format.items import read_tensors
-from lightning_nvcomp.integrations.dcp import _compat
-from lightning_nvcomp.integrations.dcp._compat import StorageInfo
 from lightning_nvcomp.integrations.dcp.filesystem import OnStorage
 from lightning_nvcomp.integrations.dcp.metadata import (
     DATA_FILE_HEADER_MAX,
@@ -33,9 +34,8 @@ from lightning_nvcomp.integrations.dcp.metadata import (
     header_fields,
 )
 from lightning_nvcomp.integrations.dcp.read_windows import Filler, to_host, windows
-from lightning_nvcomp.remote.options import RemoteOptions
-from lightning_nvcomp.resources import PauseBetweenCalls, collector_paused
-from lightning_nvcomp.sized_reader import SizedReader
+from lightning_nvcomp.storage.remote.options import RemoteOptions
+from lightning_nvcomp.storage.sized_reader import SizedReader
 
 
 class NvcompFileSystemReader(OnStorage, FileSystemReader):
@@ -55,7 +55,7 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
     Args:
         path: the checkpoint directory: a local path or a URL (``s3://bucket/run/step-10``: data files read by
             parallel ranged requests; torch's ``FsspecReader`` reads such checkpoints too).
-        remote: how a URL ``path`` is reached (:class:`~lightning_nvcomp.remote.RemoteOptions`).
+        remote: how a URL ``path`` is reached (:class:`~lightning_nvcomp.storage.remote.RemoteOptions`).
     """
 
     def __init__(
@@ -86,7 +86,7 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """DCP calls this before it plans the load: the garbage collector is paused from here to the end of
-        :meth:`read_data` (see :class:`~lightning_nvcomp.resources.PauseBetweenCalls`)."""
+        :meth:`read_data` (see :class:`~lightning_nvcomp._process.PauseBetweenCalls`)."""
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
         self._metadata = metadata
         self._planning.begin()

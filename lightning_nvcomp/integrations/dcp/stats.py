@@ -1,4 +1,4 @@
-"""What one DCP save did: each rank's :class:`~lightning_nvcomp.stats.SaveStats` (the stats of every save of the
+"""What one DCP save did: each rank's :class:`~lightning_nvcomp.telemetry.stats.SaveStats` (the stats of every save of the
 package) and, over all ranks, :class:`DcpCheckpointStats`; :func:`gather` collects them from every rank."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from typing import Any
 
 import torch.distributed as dist
 
-from lightning_nvcomp.prediction import Prediction
-from lightning_nvcomp.stats import SaveStats, ratio
+from lightning_nvcomp.auto.prediction import Prediction
+from lightning_nvcomp.telemetry.stats import SaveStats, ratio
 
 
 @dataclass(frozen=True)
 class DcpCheckpointStats:
-    """One DCP save over all ranks: totals, and each rank's :class:`~lightning_nvcomp.stats.SaveStats` (index = rank;
+    """One DCP save over all ranks: totals, and each rank's :class:`~lightning_nvcomp.telemetry.stats.SaveStats` (index = rank;
     ``file_nbytes`` is the bytes that rank stored, ``seconds`` its ``stage_s + encode_s + write_s``)."""
 
     ranks: tuple[SaveStats, ...]

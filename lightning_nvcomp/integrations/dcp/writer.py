@@ -22,7 +22,10 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from lightning_nvcomp.integrations.dcp import _compat
+from lightning_nvcomp._compat import dcp as _compat
+from lightning_nvcomp._process import PauseBetweenCalls, collector_paused, shared
+from lightning_nvcomp.auto.policy import CodecPolicy
+from lightning_nvcomp.auto.prediction import Prediction
 from lightning_nvcomp.integrations.dcp.data_files import DataFiles
 from lightning_nvcomp.integrations.dcp.filesystem import OnStorage
 from lightning_nvcomp.integrations.dcp.metadata import METADATA, NvcompStorageInfo, _CheckedMetadata, new_checkpoint_id
@@ -34,11 +37,8 @@ from lightning_nvcomp.integrations.dcp.staging import (
 )
 from lightning_nvcomp.integrations.dcp.stats import DcpCheckpointStats, gather
 from lightning_nvcomp.options import Codec, SaveOptions
-from lightning_nvcomp.policy import CodecPolicy
-from lightning_nvcomp.prediction import Prediction
-from lightning_nvcomp.remote.options import RemoteOptions
-from lightning_nvcomp.resources import PauseBetweenCalls, collector_paused, shared
-from lightning_nvcomp.stats import SaveStats
+from lightning_nvcomp.storage.remote.options import RemoteOptions
+from lightning_nvcomp.telemetry.stats import SaveStats
 
 #: What ``stage_compress`` may be: which shards ``dcp.async_save``'s staging compresses (the rest are copied).
 STAGE_COMPRESS = tuple(STAGE_DEVICES)
@@ -115,7 +115,7 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         options: a run's :class:`~lightning_nvcomp.options.SaveOptions` (what the Lightning sharded strategies pass):
             its ``codec``, ``staging_nbytes`` and ``remote`` are used, and ``codec`` / ``staging_nbytes`` /
             ``remote`` must then be left out.
-        remote: how a URL ``path`` is reached (:class:`~lightning_nvcomp.remote.RemoteOptions`).
+        remote: how a URL ``path`` is reached (:class:`~lightning_nvcomp.storage.remote.RemoteOptions`).
         process_group: the group ``"auto"`` broadcasts its decision in and :meth:`gather_stats` gathers over
             (default: the default group; must be the group DCP saves with).
         Other arguments are ``FileSystemWriter``'s; ``_extensions`` is refused (stream transforms would
@@ -175,7 +175,7 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         self.stage_compress = stage_compress
         self.staging_nbytes = options.staging_nbytes
         self.process_group = process_group
-        #: This rank's :class:`~lightning_nvcomp.stats.SaveStats` of the last save (None before the first).
+        #: This rank's :class:`~lightning_nvcomp.telemetry.stats.SaveStats` of the last save (None before the first).
         self.stats: SaveStats | None = None
         #: On the coordinator after a save: ``{"raw_nbytes", "stored_nbytes", "items"}`` over all ranks.
         self.totals: dict[str, int] | None = None
@@ -245,7 +245,7 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
 
     def stage(self, state_dict: STATE_DICT_TYPE) -> STATE_DICT_TYPE:
         """``dcp.async_save``'s staging: compress CUDA shards on the GPU (``stage_compress``), copy the rest. Training
-        waits for it: the garbage collector is paused meanwhile (see :func:`~lightning_nvcomp.resources.collector_paused`)."""
+        waits for it: the garbage collector is paused meanwhile (see :func:`~lightning_nvcomp._process.collector_paused`)."""
         begin = time.perf_counter()
         self._staged = {}
         with collector_paused():
@@ -271,7 +271,7 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """DCP calls this before it plans the save: the garbage collector is paused from here to the end of
-        :meth:`write_data` (see :class:`~lightning_nvcomp.resources.PauseBetweenCalls`)."""
+        :meth:`write_data` (see :class:`~lightning_nvcomp._process.PauseBetweenCalls`)."""
         super().set_up_storage_writer(is_coordinator, *args, **kwargs)
         self._planning.begin()
 

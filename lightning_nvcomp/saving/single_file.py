@@ -10,16 +10,16 @@ from typing import BinaryIO, Callable
 
 import torch
 
+from lightning_nvcomp._process import collector_paused, shared
+from lightning_nvcomp.auto.policy import CodecPolicy
+from lightning_nvcomp.auto.prediction import Prediction
 from lightning_nvcomp.format.contents import Contents, find_contents
 from lightning_nvcomp.format.sink import ArchiveSink
 from lightning_nvcomp.format.writer import Snapshot, snapshot
 from lightning_nvcomp.format.zip import ArchiveWriter
-from lightning_nvcomp.locations import StorageBackend, storage_for
 from lightning_nvcomp.options import Codec
-from lightning_nvcomp.policy import CodecPolicy
-from lightning_nvcomp.prediction import Prediction
-from lightning_nvcomp.resources import collector_paused, shared
-from lightning_nvcomp.stats import SaveStats
+from lightning_nvcomp.storage import StorageBackend, storage_for
+from lightning_nvcomp.telemetry.stats import SaveStats
 
 
 def resolve_codec(
@@ -63,15 +63,15 @@ def save(
             storage is stored checksummed too.
         path: the file to write: a local path (a symlink is written through; a previous file keeps its
             permissions) or a URL (``s3://bucket/run/step-1000.ckpt``, ``gs://...``, ``memory://...``: see
-            :mod:`lightning_nvcomp.remote`). It appears complete or not at all; a previous file there survives
+            :mod:`lightning_nvcomp.storage.remote`). It appears complete or not at all; a previous file there survives
             failures.
         codec: ``"ans"`` (nvCOMP gANS on the GPU: fastest, needs a GPU to load), ``"zstd"`` (GPU or CPU, loads
             anywhere), ``"none"`` (stored as is, with checksums), or ``"auto"``: the codec with the shortest
             predicted save, from this directory's measured write bandwidth and the codecs measured on this state
-            (see :mod:`lightning_nvcomp.policy`; the first save to a file system probes it).
-        policy: the :class:`~lightning_nvcomp.policy.CodecPolicy` behind ``"auto"`` (default: one per process); it
+            (see :mod:`lightning_nvcomp.auto.policy`; the first save to a file system probes it).
+        policy: the :class:`~lightning_nvcomp.auto.policy.CodecPolicy` behind ``"auto"`` (default: one per process); it
             probes a URL's storage with its own ``remote`` options (``CodecPolicy(remote=RemoteOptions(...))``).
-        storage: how the file is written (default: :func:`~lightning_nvcomp.locations.storage_for` the path:
+        storage: how the file is written (default: :func:`~lightning_nvcomp.storage.backend.storage_for` the path:
             durably through the OS for a local path, through fsspec for a URL; pass
             ``storage_for(url, RemoteOptions(...))`` for other storage options).
         staging_nbytes: how much is coded at once (GPU scratch is about three times this; default 256 MiB).
@@ -100,7 +100,7 @@ def save_file(
 ) -> SaveStats:
     """:func:`save` through ``write(path, fill)`` (a storage's ``write``, or ``write_staged`` and its size), into
     ``directory``, with no write bandwidth learnt: what the save did. The garbage collector is paused meanwhile
-    (see :func:`~lightning_nvcomp.resources.collector_paused`)."""
+    (see :func:`~lightning_nvcomp._process.collector_paused`)."""
     contents = find_contents(obj)
     codec, prediction = resolve_codec(codec, contents.tensors, directory, policy)
     begin = time.perf_counter()

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from lightning_nvcomp.sized_reader import SizedReader
+from lightning_nvcomp.storage.sized_reader import SizedReader
 
 #: Reads smaller than this (zip headers, the central directory, the pickle) fetch a window of their own instead of
 #: whole blocks, and start no read-ahead.
@@ -32,7 +32,7 @@ class RangeReader(SizedReader):
     :data:`SMALL_WINDOWS` of which are kept.
 
     A read that fails raises the storage's error (a
-    :class:`~lightning_nvcomp.remote.errors.RemoteStorageError` naming the URL), and the reader remembers it: what
+    :class:`~lightning_nvcomp.storage.remote.errors.RemoteStorageError` naming the URL), and the reader remembers it: what
     reads the file may turn it into another error (``zipfile`` calls a file it cannot read "not a zip file", torch
     an object without ``read``), so leaving a ``with`` block of this reader after a failed read raises that storage
     error, whatever the block raised: a load cut off by the network is never reported as damage. Reads after a

@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from lightning_nvcomp.storage import atomic_write
-from lightning_nvcomp.temp_names import own_name
+from lightning_nvcomp.storage.local import atomic_write
+from lightning_nvcomp.storage.temp_names import own_name
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class Baseline:
         Never fails the save: a failed write (a full disk, say) leaves the baseline to the bandwidth, with a
         warning. The file, a copy of the checkpoint, is readable by its owner only, from its creation on, and has a
         name that the next save there removes if this process dies before it does (see
-        :mod:`lightning_nvcomp.storage`)."""
+        :mod:`lightning_nvcomp.storage.local`)."""
         fits = free_nbytes is None or raw_nbytes <= free_nbytes // 4
         if self.measured or not 0 < raw_nbytes <= self.max_nbytes or not fits:
             return

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MiB = 1 << 20
-#: What :attr:`RemoteOptions.upload` may be (see :mod:`lightning_nvcomp.remote.upload`).
+#: What :attr:`RemoteOptions.upload` may be (see :mod:`lightning_nvcomp.storage.remote.upload`).
 UPLOADS = ("auto", "multipart", "rename", "put")
 #: The smallest part S3 takes (all parts of a multipart upload but the last).
 MIN_PART_NBYTES = 5 * MiB

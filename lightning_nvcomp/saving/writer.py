@@ -15,16 +15,17 @@ from dataclasses import replace
 from typing import Any, BinaryIO, Callable
 
 from lightning_nvcomp import format as fileformat
-from lightning_nvcomp import saving, telemetry
-from lightning_nvcomp.baseline import Baseline
-from lightning_nvcomp.locations import StorageBackend, absolute_path, is_url, storage_for
+from lightning_nvcomp._process import collector_paused
+from lightning_nvcomp.auto.policy import CodecPolicy
+from lightning_nvcomp.auto.prediction import Prediction
+from lightning_nvcomp.auto.steps import StepTimer
 from lightning_nvcomp.options import Codec, Durability, SaveOptions
-from lightning_nvcomp.policy import CodecPolicy
-from lightning_nvcomp.prediction import Prediction
-from lightning_nvcomp.resources import collector_paused
-from lightning_nvcomp.stats import SaveStats, ratio
-from lightning_nvcomp.steps import StepTimer
-from lightning_nvcomp.storage import StagedWrite, Storage, wait_for_discards
+from lightning_nvcomp.saving import single_file as saving
+from lightning_nvcomp.storage import StorageBackend, absolute_path, is_url, storage_for
+from lightning_nvcomp.storage.local import StagedWrite, Storage, wait_for_discards
+from lightning_nvcomp.telemetry import savings as telemetry
+from lightning_nvcomp.telemetry.baseline import Baseline
+from lightning_nvcomp.telemetry.stats import SaveStats, ratio
 
 log = logging.getLogger(__name__)
 
@@ -110,14 +111,14 @@ class CheckpointWriter:
     to read (a logger that uploads it, a copy, ``torch.load``), whatever the durability. With ``background``
     durability a new file is flushed to the disk behind training; a file that replaces one of the same name
     (``last.ckpt``) is flushed before its rename, in the save, so that a power loss leaves the old file or the new
-    one, never neither (see :meth:`~lightning_nvcomp.storage.StagedWrite.publish`): one durable checkpoint always
+    one, never neither (see :meth:`~lightning_nvcomp.storage.local.StagedWrite.publish`): one durable checkpoint always
     exists. An async save's file appears when its background write is done (as with Lightning's
     ``AsyncCheckpointIO``); :meth:`wait` waits for it.
 
     Args:
         options: the codec, sync or async, durability, the staging, probe and host buffer sizes, the interval and
             the price (:class:`~lightning_nvcomp.options.SaveOptions`).
-        report: called with each console summary line (default: the ``lightning_nvcomp.pipeline`` logger).
+        report: called with each console summary line (default: the ``lightning_nvcomp.saving.writer`` logger).
     """
 
     def __init__(self, options: SaveOptions | None = None, report: Callable[[str], None] | None = None) -> None:
@@ -148,7 +149,7 @@ class CheckpointWriter:
 
     def storage_for(self, path: str | os.PathLike) -> StorageBackend:
         """The storage ``path`` is written to and read from: :attr:`storage` for a local path, the remote storage of
-        a URL (made with the options' :class:`~lightning_nvcomp.remote.RemoteOptions`)."""
+        a URL (made with the options' :class:`~lightning_nvcomp.storage.remote.RemoteOptions`)."""
         return storage_for(path, self.options.remote, self.storage)
 
     def save(self, obj: object, path: str | os.PathLike) -> None:
@@ -159,8 +160,8 @@ class CheckpointWriter:
         ``waited_s`` metric): the storage is slower than the saves.
 
         The first save to a file system (or bucket) probes its bandwidth, with a probe no larger than this
-        checkpoint and never failing the save (see :func:`lightning_nvcomp.probe.measure_bandwidth`), and on a local
-        file system times the savings baseline on this checkpoint (:class:`~lightning_nvcomp.baseline.Baseline`),
+        checkpoint and never failing the save (see :func:`lightning_nvcomp.auto.probe.measure_bandwidth`), and on a local
+        file system times the savings baseline on this checkpoint (:class:`~lightning_nvcomp.telemetry.baseline.Baseline`),
         and the first ``auto`` save calibrates the codecs on this state; their time is not the save's: it is
         reported once, as ``probe_s``."""
         storage = self.storage_for(path)
@@ -301,7 +302,7 @@ class CheckpointWriter:
 
     def _learn(self, stats: SaveStats) -> None:
         """``auto``: the codec's profile learns the save's real ratio and coding time (sync saves through
-        :func:`~lightning_nvcomp.saving.save` learn there)."""
+        :func:`~lightning_nvcomp.saving.single_file.save` learn there)."""
         if stats.prediction is not None:
             self.policy.observe_save(stats.codec, stats.raw_nbytes, stats.file_nbytes, stats.encode_s)
 

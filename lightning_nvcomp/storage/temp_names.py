@@ -18,7 +18,7 @@ import secrets
 import socket
 import stat
 
-from lightning_nvcomp.locations import parent_directory
+from lightning_nvcomp.storage.backend import parent_directory
 
 try:
     import fcntl

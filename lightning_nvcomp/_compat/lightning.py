@@ -10,7 +10,7 @@ compressed reader while ``load_checkpoint`` runs, so loads decode in bulk (DCP's
 item). FSDP1's optimizer state is read by a ``FileSystemReader(path=path)`` that ``FSDPStrategy.load_checkpoint``
 (Lightning 2.1-2.6) makes itself, importing the name from ``torch.distributed.checkpoint`` as it runs: the compressed
 strategy points that name at its reader while the load runs
-(:func:`lightning_nvcomp.integrations.dcp_names.filesystem_classes_as`).
+(:func:`lightning_nvcomp.integrations.dcp.names.filesystem_classes_as`).
 
 ``FSDPStrategy._state_dict_type`` (Lightning 2.1-2.6) and ``ModelParallelStrategy._save_distributed_checkpoint``
 (Lightning 2.4-2.6): the constructor arguments ``state_dict_type`` and ``save_distributed_checkpoint`` as the

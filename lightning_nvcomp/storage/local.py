@@ -1,9 +1,9 @@
 """Durable file writes: a checkpoint appears under its final name complete, or not at all.
 
 A write goes to a temporary name beside the file's final place, and a file being replaced or discarded keeps a
-second name until a background thread has freed it (:mod:`lightning_nvcomp.temp_names`: the names, and which of
+second name until a background thread has freed it (:mod:`lightning_nvcomp.storage.temp_names`: the names, and which of
 them a process that died left). The writer holds an exclusive ``flock`` on its temporary file while it writes.
-Every save sweeps its directory of the names a dead process left (:func:`lightning_nvcomp.temp_names.stale_files`).
+Every save sweeps its directory of the names a dead process left (:func:`lightning_nvcomp.storage.temp_names.stale_files`).
 A temporary file is created with permission bits never wider than those of the file it becomes, and a failed write
 removes it (also when closing it fails too, as after a full disk), so that the next save there starts clean.
 """
@@ -16,14 +16,13 @@ import logging
 import os
 import pathlib
 import stat
-import time
 from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
-from typing import BinaryIO, Callable, NoReturn, cast
+from typing import BinaryIO, Callable, NoReturn
 
-from lightning_nvcomp.locations import COLLAPSED_URL, URL, absolute_path, parent_directory
-from lightning_nvcomp.resources import shared
-from lightning_nvcomp.temp_names import TMP_SUFFIX, is_own, own_name, stale_files, trash_name
+from lightning_nvcomp._process import shared
+from lightning_nvcomp.storage.backend import COLLAPSED_URL, URL, absolute_path, parent_directory
+from lightning_nvcomp.storage.temp_names import TMP_SUFFIX, is_own, own_name, stale_files, trash_name
 
 try:
     import fcntl
@@ -39,20 +38,20 @@ def check_local(path: str | os.PathLike) -> str:
     The functions of this module write through the operating system, so a URL (``s3://bucket/run``, ``gs://...``,
     ``memory://...``, even ``file://...``) is refused at once: written through the OS it would silently create a
     local directory named ``s3:`` in the working directory (lost with an ephemeral node). URLs go through
-    :func:`lightning_nvcomp.locations.storage_for` instead, which every save and load uses. A ``pathlib`` path made
+    :func:`lightning_nvcomp.storage.backend.storage_for` instead, which every save and load uses. A ``pathlib`` path made
     from a URL (which reads ``s3:/bucket/run``) is refused too.
     """
     text = os.fsdecode(os.fspath(path))
     if URL.match(text) or (isinstance(path, pathlib.PurePath) and COLLAPSED_URL.match(text)):
         raise ValueError(
             f"lightning_nvcomp cannot write {text} as a local file: it is a remote URL, so nothing was written (not "
-            "even locally); URLs are written through their fsspec storage (lightning_nvcomp.locations.storage_for)"
+            "even locally); URLs are written through their fsspec storage (lightning_nvcomp.storage.backend.storage_for)"
         )
     return text
 
 
 class Storage:
-    """The local :class:`~lightning_nvcomp.locations.StorageBackend`: checkpoint files written durably through the
+    """The local :class:`~lightning_nvcomp.storage.backend.StorageBackend`: checkpoint files written durably through the
     operating system (local disks, network file systems): see :func:`atomic_write`.
 
     Subclasses change how bytes reach the file by overriding :meth:`wrap`.
@@ -129,42 +128,6 @@ class Storage:
         return os.stat(directory).st_dev
 
 
-class ThrottledStorage(Storage):
-    """Storage whose writes are held to ``bytes_per_s``: a stand-in for slow or shared storage, to test and
-    benchmark how the codec choice reacts to bandwidth. Real files, really slowed down.
-
-    Args:
-        bytes_per_s: the write rate to hold to (bytes per second: every size in this package is in bytes).
-        fsync: as for :class:`Storage`.
-    """
-
-    def __init__(self, bytes_per_s: float, fsync: bool = True) -> None:
-        if bytes_per_s <= 0:
-            raise ValueError(f"bytes_per_s must be positive, not {bytes_per_s}")
-        super().__init__(fsync)
-        self.bytes_per_s = bytes_per_s
-
-    def wrap(self, f: BinaryIO) -> BinaryIO:
-        return cast(BinaryIO, _ThrottledFile(f, self.bytes_per_s))
-
-
-class _ThrottledFile:
-    def __init__(self, f: BinaryIO, bytes_per_s: float) -> None:
-        self._f, self._rate = f, bytes_per_s
-        self._begin, self._written = time.perf_counter(), 0
-
-    def write(self, data) -> int:
-        written = self._f.write(data)
-        self._written += memoryview(data).nbytes
-        ahead = self._written / self._rate - (time.perf_counter() - self._begin)
-        if ahead > 0:
-            time.sleep(ahead)
-        return written
-
-    def __getattr__(self, name: str):
-        return getattr(self._f, name)
-
-
 def target_directory(path: str | os.PathLike) -> str:
     """The directory a file at ``path`` goes in; ValueError for a URL (:func:`check_local`), FileNotFoundError
     naming both if the directory does not exist."""
@@ -209,7 +172,7 @@ def stage_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> S
     The temporary file is never readable by more users than the file it becomes, not even for a moment: it is
     created with a new file's bits (``0o666`` less the umask), or with the owner's bits of the file it replaces
     until it has that file's owner, group and bits; a scratch file of ours (a name of
-    :func:`~lightning_nvcomp.temp_names.own_name`'s pattern: the storage probe, the savings baseline's copy of a
+    :func:`~lightning_nvcomp.storage.temp_names.own_name`'s pattern: the storage probe, the savings baseline's copy of a
     checkpoint) is owner-only (``0o600``)."""
     path = check_local(path)
     final = _link_target(absolute_path(path))

@@ -12,11 +12,11 @@ picked by :func:`open_upload` from :attr:`RemoteOptions.upload` (``auto``: by th
 * :class:`SpooledPut` (``gs://``, ``abfs://``, ``memory://``...): spooled to a local temporary file, then one
   ``put_file``, which those stores make visible only once the whole upload is done.
 
-Every error names the URL (:mod:`lightning_nvcomp.remote.errors`) and says what the failure left. A failure before
+Every error names the URL (:mod:`lightning_nvcomp.storage.remote.errors`) and says what the failure left. A failure before
 the last request leaves no new file. When the last request (``CompleteMultipartUpload``, ``PutObject``, the rename,
 the ``put_file``) gets no answer, the server may have carried it out: an S3 upload then finds out from the object's
 ETag before it reports (:meth:`MultipartUpload.commit`); where that cannot be found out, the save raises
-:class:`~lightning_nvcomp.remote.errors.OutcomeUnknownError` and never claims that the previous file is intact.
+:class:`~lightning_nvcomp.storage.remote.errors.OutcomeUnknownError` and never claims that the previous file is intact.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
-from lightning_nvcomp.remote.errors import OutcomeUnknownError, maybe_applied, naming, storage_error
-from lightning_nvcomp.remote.options import RemoteOptions
-from lightning_nvcomp.temp_names import own_name
+from lightning_nvcomp.storage.remote.errors import OutcomeUnknownError, maybe_applied, naming, storage_error
+from lightning_nvcomp.storage.remote.options import RemoteOptions
+from lightning_nvcomp.storage.temp_names import own_name
 
 log = logging.getLogger(__name__)
 

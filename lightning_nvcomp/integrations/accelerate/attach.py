@@ -4,7 +4,7 @@ registered objects compressed; ``load_state`` reads them back (the files are ``t
 Why it hooks where it does: Accelerate's save-state pre-hooks see only the model weights, and the optimizer - the
 largest part - never passes through a hook. Every file ``save_state`` writes with ``torch.save``, though, goes
 through one function, ``accelerate.checkpointing.save`` (see ``_accelerate_compat``). While an attached Accelerator
-runs ``save_state``, that name points to the shared :class:`~lightning_nvcomp.pipeline.CheckpointWriter`; everything else (file names that
+runs ``save_state``, that name points to the shared :class:`~lightning_nvcomp.saving.writer.CheckpointWriter`; everything else (file names that
 ``load_state`` parses, automatic checkpoint naming, ``total_limit`` pruning, RNG states) stays Accelerate's own.
 ``load_state`` reads through ``accelerate.checkpointing.load`` likewise, with ``mmap=True``.
 The model is written as ``pytorch_model.bin`` (``safe_serialization=False``), the name ``load_state`` falls back to.
@@ -12,7 +12,7 @@ The model is written as ``pytorch_model.bin`` (``safe_serialization=False``), th
 Remote storage: ``save_state("s3://bucket/run/step-10")`` and ``load_state`` of a URL. Accelerate works on local
 paths (``os.makedirs``, ``torch.save`` of its RNG states), so the attachment gives it a local scratch directory
 standing for the URL: every file written through ``checkpointing.save`` (and every FSDP DCP directory) goes straight
-to the URL, compressed (:class:`~lightning_nvcomp.pipeline.CheckpointWriter`, an S3 multipart upload per file), and
+to the URL, compressed (:class:`~lightning_nvcomp.saving.writer.CheckpointWriter`, an S3 multipart upload per file), and
 what Accelerate writes itself (``random_states_N.pkl``, a scaler's, a stateful dataloader's) is uploaded from the
 scratch directory after ``save_state`` returns, each file in one put; the scratch directory is then removed.
 ``load_state`` of a URL reads every file through ``checkpointing.load`` from the URL (parallel ranged reads), with
@@ -47,22 +47,22 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from lightning_nvcomp.integrations._require import MissingExtraError
+from lightning_nvcomp.errors import MissingExtraError
 
 try:
     from accelerate import Accelerator
     from accelerate.state import PartialState
     from accelerate.utils import DistributedType
 
-    from lightning_nvcomp.integrations._accelerate_compat import checkpoint_io_as
+    from lightning_nvcomp._compat.accelerate import checkpoint_io_as
 except ImportError as err:
-    raise MissingExtraError("accelerate", "lightning_nvcomp.integrations.accelerate (attach)", err) from err
+    raise MissingExtraError("accelerate", "lightning_nvcomp.integrations.accelerate.attach (attach)", err) from err
 
 from lightning_nvcomp.dcp import DcpCheckpointStats, NvcompFileSystemReader, NvcompFileSystemWriter
-from lightning_nvcomp.locations import is_url
 from lightning_nvcomp.options import SaveOptions
-from lightning_nvcomp.pipeline import CheckpointWriter
-from lightning_nvcomp.remote.options import RemoteOptions
+from lightning_nvcomp.saving.writer import CheckpointWriter
+from lightning_nvcomp.storage import is_url
+from lightning_nvcomp.storage.remote.options import RemoteOptions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,7 +330,7 @@ def attach(
         interval_s: seconds between saves, for ``auto`` in async mode.
         state_on_gpu: FSDP sharded state dicts only: collect them without CPU offload for the save, so shards are
             coded on the GPU (see the module docstring); False: as the plugin says.
-        remote: how checkpoints at URLs are reached (:class:`~lightning_nvcomp.remote.RemoteOptions`).
+        remote: how checkpoints at URLs are reached (:class:`~lightning_nvcomp.storage.remote.RemoteOptions`).
         durable: when a checkpoint is on stable storage: ``"background"`` (default), ``"sync"`` or ``"os"`` (see
             :class:`~lightning_nvcomp.options.Durability`). Accelerate prunes old checkpoints itself (automatic
             naming with ``total_limit``): then each ``save_state`` first waits until the earlier ones are durable.

@@ -39,16 +39,16 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-from lightning_nvcomp.integrations._config import option_errors
-from lightning_nvcomp.integrations._lightning_compat import (
+from lightning_nvcomp._compat.lightning import (
     DISTRIBUTED_LOAD,
     DISTRIBUTED_SAVE,
     distributed_checkpoint_helper_as,
     fsdp_saves_sharded,
     model_parallel_saves_distributed,
 )
-from lightning_nvcomp.integrations._require import MissingExtraError
-from lightning_nvcomp.integrations.dcp_names import filesystem_classes_as
+from lightning_nvcomp.errors import MissingExtraError
+from lightning_nvcomp.integrations.dcp.names import filesystem_classes_as
+from lightning_nvcomp.integrations.lightning.config import option_errors
 from lightning_nvcomp.options import SaveOptions
 
 try:
@@ -61,9 +61,9 @@ try:
 except ImportError as err:
     raise MissingExtraError("lightning", "NvcompFSDPStrategy and NvcompModelParallelStrategy", err) from err
 
-from lightning_nvcomp import telemetry
 from lightning_nvcomp.dcp import DcpCheckpointStats, NvcompFileSystemReader, NvcompFileSystemWriter
-from lightning_nvcomp.stats import SaveStats
+from lightning_nvcomp.telemetry import savings as telemetry
+from lightning_nvcomp.telemetry.stats import SaveStats
 
 _SWAP = threading.Lock()
 

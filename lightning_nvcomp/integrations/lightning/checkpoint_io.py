@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from lightning_nvcomp.integrations._require import MissingExtraError
+from lightning_nvcomp.errors import MissingExtraError
 
 try:
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
@@ -24,14 +24,14 @@ except ImportError as err:
 import torch
 
 from lightning_nvcomp import format as fileformat
-from lightning_nvcomp import telemetry
 from lightning_nvcomp.codec import pinned
-from lightning_nvcomp.integrations._config import option_errors
 from lightning_nvcomp.integrations.dcp.staging import local_tensors_named
-from lightning_nvcomp.locations import storage_for
+from lightning_nvcomp.integrations.lightning.config import option_errors
 from lightning_nvcomp.options import SaveOptions
-from lightning_nvcomp.pipeline import CheckpointWriter
-from lightning_nvcomp.remote.options import RemoteOptions
+from lightning_nvcomp.saving.writer import CheckpointWriter
+from lightning_nvcomp.storage import storage_for
+from lightning_nvcomp.storage.remote.options import RemoteOptions
+from lightning_nvcomp.telemetry import savings as telemetry
 
 
 class NvcompCheckpointIO(CheckpointIO):
@@ -41,7 +41,7 @@ class NvcompCheckpointIO(CheckpointIO):
     ``--ckpt_path`` and plain ``torch.load`` all read them once ``lightning_nvcomp`` is imported.
 
     Args:
-        codec: ``"auto"`` (measured fastest save, see :mod:`lightning_nvcomp.policy`), ``"ans"``, ``"zstd"`` or
+        codec: ``"auto"`` (measured fastest save, see :mod:`lightning_nvcomp.auto.policy`), ``"ans"``, ``"zstd"`` or
             ``"none"``.
         async_save: if True, training waits only until the compressed snapshot is in host memory; the file is
             written on a background thread. A later save, ``remove_checkpoint`` and ``teardown`` wait for it, and a
@@ -53,7 +53,7 @@ class NvcompCheckpointIO(CheckpointIO):
             savings are measured against, and feeds ``auto``); never more than the first checkpoint or a quarter of
             the free space, skipped (a bandwidth assumed until the first real write) where that is too little.
         interval_s: seconds between saves, used by ``auto`` in async mode.
-        remote: how checkpoints at URLs are reached (:class:`~lightning_nvcomp.remote.RemoteOptions`: fsspec
+        remote: how checkpoints at URLs are reached (:class:`~lightning_nvcomp.storage.remote.RemoteOptions`: fsspec
             storage options, upload part size, parallelism); default: the backend's own configuration and
             environment, as Lightning's ``get_filesystem`` uses.
         durable: when a checkpoint is on stable storage (:class:`~lightning_nvcomp.options.Durability`):
@@ -75,7 +75,7 @@ class NvcompCheckpointIO(CheckpointIO):
 
     Remote storage: a URL path (``Trainer(default_root_dir="s3://bucket/run")``, a
     ``ModelCheckpoint(dirpath="gs://...")``, ``ckpt_path="s3://..."``) is written, read and removed through fsspec
-    (see :mod:`lightning_nvcomp.remote` for each backend's durability: on S3 a checkpoint is a multipart upload
+    (see :mod:`lightning_nvcomp.storage.remote` for each backend's durability: on S3 a checkpoint is a multipart upload
     that becomes the object only once complete). A URL whose fsspec implementation is missing is refused naming the
     extra to install, when ``fit`` sets up (the savings callback checks the Trainer's checkpoint directories),
     before anything is written.
@@ -185,16 +185,16 @@ class SavingsLogging:
     as that state's bytes, for streamed sync saves two slabs; within
     :class:`~lightning_nvcomp.codec.pinned.PinnedPool`'s limit), so the first save does not wait for it. At the fit's
     last step (``max_steps``) or the last batch of its last epoch (``max_epochs``), before the checkpoints of that
-    point are saved, it tells ``auto`` that the run ends after them (:attr:`~lightning_nvcomp.policy.CodecPolicy.run_ending`):
+    point are saved, it tells ``auto`` that the run ends after them (:attr:`~lightning_nvcomp.auto.policy.CodecPolicy.run_ending`):
     the fit waits for their writes. And at the fit's start it tells ``auto`` to count the interval to the first save
-    from there (:meth:`~lightning_nvcomp.policy.CodecPolicy.run_started`)."""
+    from there (:meth:`~lightning_nvcomp.auto.policy.CodecPolicy.run_started`)."""
 
     def __init__(self) -> None:
         self.sources: list[Any] = []
         self._pinned_ahead = False
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        from lightning_nvcomp.integrations.lightning_sharded import CompressedShardedSaves
+        from lightning_nvcomp.integrations.lightning.sharded import CompressedShardedSaves
 
         io = trainer.strategy.checkpoint_io
         while not isinstance(io, NvcompCheckpointIO) and getattr(io, "checkpoint_io", None) is not None:

@@ -1,6 +1,6 @@
 """The codecs measured on the state they will code: a sample of it (:func:`sample_state`), each candidate codec
 (:func:`candidate_codecs`) timed on it where the state lives (:func:`calibrate`), as :class:`CodecProfile` s, the
-codec figures :mod:`lightning_nvcomp.policy` predicts saves from."""
+codec figures :mod:`lightning_nvcomp.auto.policy` predicts saves from."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ import time
 
 import torch
 
-from lightning_nvcomp.locations import StorageBackend, storage_for
-from lightning_nvcomp.temp_names import own_name
+from lightning_nvcomp.storage import StorageBackend, storage_for
+from lightning_nvcomp.storage.temp_names import own_name
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +69,15 @@ def measure_bandwidth(
     raw_nbytes: int | None = None,
 ) -> float | None:
     """Write a probe file in ``directory`` through ``storage`` (default: the directory's own, see
-    :func:`~lightning_nvcomp.locations.storage_for`), durably (fsynced locally, a complete object remotely), and
+    :func:`~lightning_nvcomp.storage.backend.storage_for`), durably (fsynced locally, a complete object remotely), and
     delete it; return the GB/s achieved, or None when it was skipped.
 
     The probe writes ``nbytes`` bounded by the checkpoint's size ``raw_nbytes`` and by the free space (see
     :func:`probe_nbytes_for`). It never makes a save fail: where too little space is free, or the probe's write
-    fails (OSError), it is skipped with one warning on the ``lightning_nvcomp.probe`` logger naming the directory
+    fails (OSError), it is skipped with one warning on the ``lightning_nvcomp.auto.probe`` logger naming the directory
     and the free space, and None is returned (the caller assumes :data:`FALLBACK_GBPS`). The probe file has a name
     of the storage module's sweepable pattern and is removed when done, also after a failed write (at a URL, a
-    failed upload leaves no object: see :mod:`lightning_nvcomp.remote`).
+    failed upload leaves no object: see :mod:`lightning_nvcomp.storage.remote`).
 
     With ``collective`` (under an initialised torch.distributed, when every rank writes its own checkpoint shard),
     every rank must call this together: all agree on the probe size first (the smallest any rank can write; all

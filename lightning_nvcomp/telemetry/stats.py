@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lightning_nvcomp.prediction import Prediction
+from lightning_nvcomp.auto.prediction import Prediction
 
 
 def ratio(raw_nbytes: float, stored_nbytes: float) -> float:

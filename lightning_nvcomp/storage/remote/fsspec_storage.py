@@ -1,4 +1,4 @@
-"""The remote :class:`~lightning_nvcomp.locations.StorageBackend`: checkpoints at URLs, through fsspec
+"""The remote :class:`~lightning_nvcomp.storage.backend.StorageBackend`: checkpoints at URLs, through fsspec
 (:class:`FsspecStorage`). Importing this module imports fsspec (the ``remote`` extra)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from typing import Any, BinaryIO, cast
 import fsspec
 from fsspec.core import url_to_fs
 
-from lightning_nvcomp.integrations._require import MissingExtraError
-from lightning_nvcomp.remote.errors import naming
-from lightning_nvcomp.remote.options import RemoteOptions
-from lightning_nvcomp.remote.ranges import RangeReader
-from lightning_nvcomp.remote.upload import Upload, open_upload
+from lightning_nvcomp.errors import MissingExtraError
+from lightning_nvcomp.storage.remote.errors import naming
+from lightning_nvcomp.storage.remote.options import RemoteOptions
+from lightning_nvcomp.storage.remote.ranges import RangeReader
+from lightning_nvcomp.storage.remote.upload import Upload, open_upload
 
 #: The extra that installs the fsspec implementation of each protocol (pyproject.toml); others need ``remote``.
 EXTRAS = {
@@ -37,11 +37,11 @@ def protocol_of(url: str) -> str:
 
 class FsspecStorage:
     """Checkpoint files at URLs (``s3://bucket/run/last.ckpt``), written so that a file appears under its name only
-    once complete and read with parallel ranged reads (see :mod:`lightning_nvcomp.remote` for each backend's
+    once complete and read with parallel ranged reads (see :mod:`lightning_nvcomp.storage.remote` for each backend's
     durability).
 
     Paths are URLs throughout (``s3://bucket/run``). Every error of the storage is a
-    :class:`~lightning_nvcomp.remote.errors.RemoteStorageError` (an ``OSError``: never damage) that names the URL
+    :class:`~lightning_nvcomp.storage.remote.errors.RemoteStorageError` (an ``OSError``: never damage) that names the URL
     and says what to do (credentials, the address of the storage), never a bare fsspec or botocore error.
 
     Args:

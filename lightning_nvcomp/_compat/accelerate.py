@@ -13,7 +13,7 @@ look them up (``accelerate.utils.fsdp_utils``: ``save_fsdp_model``, ``save_fsdp_
 body and call ``dist_cp.save(..., storage_writer=dist_cp.FileSystemWriter(ckpt_dir))`` /
 ``dist_cp.load(..., storage_reader=dist_cp.FileSystemReader(ckpt_dir))``, with no way to pass a writer or reader in:
 while the attached ``save_state`` / ``load_state`` runs, those names are the compressed DCP writer's and reader's
-factories (:func:`lightning_nvcomp.integrations.dcp_names.filesystem_classes_as`).
+factories (:func:`lightning_nvcomp.integrations.dcp.names.filesystem_classes_as`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import accelerate.checkpointing as checkpointing
 
-from lightning_nvcomp.integrations.dcp_names import filesystem_classes_as
+from lightning_nvcomp.integrations.dcp.names import filesystem_classes_as
 
 _SWAP = threading.Lock()  # one swap at a time: two attached Accelerators must not restore each other's functions
 

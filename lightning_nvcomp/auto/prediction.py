@@ -1,5 +1,5 @@
 """The model behind ``codec="auto"`` (see README "Choosing the codec"): what a save with each codec costs, and which
-one wins (:class:`~lightning_nvcomp.policy.CodecPolicy` measures the inputs and learns them from real saves). A save
+one wins (:class:`~lightning_nvcomp.auto.policy.CodecPolicy` measures the inputs and learns them from real saves). A save
 of ``R`` raw bytes with a codec of ratio ``r`` and encode throughput ``E`` to storage that takes ``W`` bytes/s per
 writer costs
 
@@ -11,7 +11,7 @@ writer costs
   still running when the next save starts: ``max(0, write - interval)``, the interval given or observed, plus what
   training loses running slower while the write runs behind it: ``min(write, interval) * s / (1 + s)`` where its
   steps take ``1 + s`` times as long meanwhile (measured; 0 until then). The run's last checkpoint
-  (:attr:`~lightning_nvcomp.policy.CodecPolicy.run_ending`) is decided as if the next save came at once: the run
+  (:attr:`~lightning_nvcomp.auto.policy.CodecPolicy.run_ending`) is decided as if the next save came at once: the run
   waits for its write before it ends.
 
 The codec that loses the least training time wins; a tie (see :func:`choose`) goes to the smaller file, then to the
@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from lightning_nvcomp.calibration import CodecProfile
-from lightning_nvcomp.steps import slowed_seconds
+from lightning_nvcomp.auto.calibration import CodecProfile
+from lightning_nvcomp.auto.steps import slowed_seconds
 
 #: Predicted losses within TIE_FRACTION of the least, or within TIE_S when that is at most TIE_INTERVAL_FRACTION of
 #: the interval between saves, are a tie (the model is not more precise than that): won by the smaller file, then
