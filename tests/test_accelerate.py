@@ -29,7 +29,11 @@ import accelerate_runs as R
 from conftest import REPO_ROOT, assert_tree_bit_exact, child_json, python_child, torchrun
 
 TESTS_DIR = Path(__file__).resolve().parent
-CHILD_ENV = {"PYTHONPATH": str(TESTS_DIR), "OMP_NUM_THREADS": "1"}
+#: The children import this checkout's package (the PYTHONPATH this run has, if any) and the test helpers.
+CHILD_ENV = {
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])),
+    "OMP_NUM_THREADS": "1",
+}
 #: What ``save_state`` writes for one model, optimizer, scheduler and registered object on one process.
 FILES = {"pytorch_model.bin", "optimizer.bin", "scheduler.bin", "random_states_0.pkl", "custom_checkpoint_0.pkl"}
 #: The files that go through the attachment's writer and hold tensors (the scheduler's state has none; the RNG

@@ -259,7 +259,7 @@ def _inside_our_code(frame) -> bool:
     pause's entry and exit)."""
     path = Path(frame.f_code.co_filename)
     package = Path(NvcompFileSystemWriter.__module__.replace(".", "/")).parts[0]
-    return package in path.parts and path.name not in {"writer.py", "resources.py", "contextlib.py"}
+    return package in path.parts and path.name not in {"writer.py", "_process.py", "contextlib.py"}
 
 
 def test_async_staging_pauses_the_collector_and_restores_it(tmp_path):

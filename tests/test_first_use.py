@@ -129,7 +129,8 @@ def terminal_lines(output: str) -> list[str]:
 
 @pytest.mark.slow
 def test_console_line_has_human_units_and_a_line_of_its_own(tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(TESTS_DIR), PYTHONUNBUFFERED="1")
+    path = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
     # one stream, as a terminal shows both: the progress bar (stdout) and Lightning's log (stderr)
     proc = subprocess.run(
         [sys.executable, "-c", PROGRESS_RUN, str(tmp_path)],

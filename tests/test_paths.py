@@ -28,10 +28,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from test_storage_safety import small_fs  # noqa: F401  (the real 16 MiB tmpfs fixture)
 
 import lightning_nvcomp
-from lightning_nvcomp import NvcompCheckpointIO, storage
+from lightning_nvcomp import NvcompCheckpointIO
 from lightning_nvcomp.cli import main
 from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.saving.writer import CheckpointWriter
+from lightning_nvcomp.storage import local as storage
 
 from conftest import assert_tree_bit_exact
 from lightning_models import TinyData, TinyModule, quiet_trainer
