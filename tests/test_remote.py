@@ -38,7 +38,7 @@ from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter 
 from lightning_nvcomp.errors import MissingExtraError  # noqa: E402
 from lightning_nvcomp.storage import storage_for  # noqa: E402
 from lightning_nvcomp.storage.remote import RemoteOptions  # noqa: E402
-from lightning_nvcomp.storage.remote.upload import retry_failed_aborts  # noqa: E402
+from lightning_nvcomp.storage.remote.multipart import retry_failed_aborts  # noqa: E402
 
 from conftest import assert_tree_bit_exact, python_child, trained_like  # noqa: E402
 

@@ -41,7 +41,7 @@ from lightning_nvcomp.storage.remote.errors import (  # noqa: E402
     RemoteStorageError,
     RemoteUnreachableError,
 )
-from lightning_nvcomp.storage.remote.upload import retry_failed_aborts  # noqa: E402
+from lightning_nvcomp.storage.remote.multipart import retry_failed_aborts  # noqa: E402
 
 from conftest import assert_tree_bit_exact, trained_like  # noqa: E402
 
@@ -314,7 +314,7 @@ def test_a_lost_complete_answer_after_the_server_completed_is_a_successful_save(
     url = f"s3://{name}/run/last.ckpt"
     lightning_nvcomp.save(state(0), url, codec="zstd", storage=storage)
     faults.mode = "complete_answer"
-    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.storage.remote.upload"):
+    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.storage.remote.multipart"):
         stats = lightning_nvcomp.save(state(1), url, codec="zstd", storage=storage)
     assert ("POST", "drop_answer") in faults.dropped
     assert stats.file_nbytes > 2 * 5 * MiB  # a multipart upload of several parts
@@ -332,7 +332,7 @@ def test_a_lost_put_answer_after_the_server_stored_the_object_is_a_successful_sa
     lightning_nvcomp.save({"w": torch.zeros(100)}, url, codec="none", storage=storage)
     faults.mode = "put_answer"
     small = {"w": torch.arange(100.0)}
-    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.storage.remote.upload"):
+    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.storage.remote.multipart"):
         stats = lightning_nvcomp.save(small, url, codec="none", storage=storage)
     assert ("PUT", "drop_answer") in faults.dropped
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -368,7 +368,7 @@ def test_a_lost_complete_answer_that_cannot_be_checked_is_an_unknown_outcome(pro
     url = f"s3://{name}/run/last.ckpt"
     lightning_nvcomp.save(state(0), url, codec="zstd", storage=storage)
     faults.mode = "complete_then_all"
-    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.storage.remote.upload"):
+    with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.storage.remote.multipart"):
         with pytest.raises(OutcomeUnknownError) as raised:
             lightning_nvcomp.save(state(1), url, codec="zstd", storage=storage)
     message = str(raised.value)

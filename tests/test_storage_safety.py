@@ -39,8 +39,8 @@ from lightning_nvcomp.auto.probe import FALLBACK_GBPS, MIN_PROBE_NBYTES, measure
 from lightning_nvcomp.format import find_contents
 from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.saving.writer import CheckpointWriter
+from lightning_nvcomp.storage import discards, temp_names
 from lightning_nvcomp.storage import local as storage
-from lightning_nvcomp.storage import temp_names
 from lightning_nvcomp.storage.local import Storage
 from lightning_nvcomp.storage.temp_names import HOST_ID
 
@@ -246,7 +246,7 @@ def test_temp_and_trash_names_are_ours_and_the_temp_is_locked_while_written(tmp_
         f.write(b"new")
 
     hold, release = threading.Event(), threading.Event()
-    storage._deleter().submit(lambda: (hold.set(), release.wait(10)))  # keep the trash name around to look at it
+    discards._deleter().submit(lambda: (hold.set(), release.wait(10)))  # keep the trash name around to look at it
     hold.wait(10)
     try:
         storage.atomic_write(path, write)

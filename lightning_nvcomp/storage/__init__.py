@@ -1,6 +1,7 @@
 """Where checkpoints are written and read: the :class:`~.backend.StorageBackend` protocol (:mod:`.backend`), local
-files written durably (:mod:`.local`: a temporary name, fsync, rename; :mod:`.temp_names`; :mod:`.throttled`), URLs
-through fsspec (:mod:`.remote`), and :func:`storage_for`, which gives the backend of a path.
+files written durably (:mod:`.local`: a temporary name, fsync, rename; :mod:`.temp_names`; :mod:`.discards`: old
+files freed in the background; :mod:`.throttled`), URLs through fsspec (:mod:`.remote`), and :func:`storage_for`,
+which gives the backend of a path.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ rename, directory fsync; see :mod:`lightning_nvcomp.storage.local`), and
 from __future__ import annotations
 
 import os
+import pathlib
 import re
 from collections.abc import Callable, Hashable
 from typing import BinaryIO, Protocol
@@ -99,3 +100,22 @@ def parent_directory(path: str | os.PathLike) -> str:
 def is_url(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a URL (``scheme://...``) rather than a local path."""
     return isinstance(path, (str, os.PathLike)) and bool(URL.match(os.fsdecode(os.fspath(path))))
+
+
+def check_local(path: str | os.PathLike) -> str:
+    """``path`` as a string, if it is a local path (or one of a mounted file system); else ValueError naming it.
+
+    The local storage (:mod:`lightning_nvcomp.storage.local`, :mod:`lightning_nvcomp.storage.discards`) writes
+    through the operating system, so a URL (``s3://bucket/run``, ``gs://...``, ``memory://...``, even ``file://...``)
+    is refused at once: written through the OS it would silently create a local directory named ``s3:`` in the
+    working directory (lost with an ephemeral node). URLs go through :func:`lightning_nvcomp.storage.storage_for`
+    instead, which every save and load uses. A ``pathlib`` path made from a URL (which reads ``s3:/bucket/run``) is
+    refused too.
+    """
+    text = os.fsdecode(os.fspath(path))
+    if URL.match(text) or (isinstance(path, pathlib.PurePath) and COLLAPSED_URL.match(text)):
+        raise ValueError(
+            f"lightning_nvcomp cannot write {text} as a local file: it is a remote URL, so nothing was written (not "
+            "even locally); URLs are written through their fsspec storage (lightning_nvcomp.storage.storage_for)"
+        )
+    return text

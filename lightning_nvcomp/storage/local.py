@@ -1,9 +1,10 @@
 """Durable file writes: a checkpoint appears under its final name complete, or not at all.
 
-A write goes to a temporary name beside the file's final place, and a file being replaced or discarded keeps a
-second name until a background thread has freed it (:mod:`lightning_nvcomp.storage.temp_names`: the names, and which of
-them a process that died left). The writer holds an exclusive ``flock`` on its temporary file while it writes.
-Every save sweeps its directory of the names a dead process left (:func:`lightning_nvcomp.storage.temp_names.stale_files`).
+A write goes to a temporary name beside the file's final place (:mod:`lightning_nvcomp.storage.temp_names`), is
+fsynced, renamed over that place and its directory fsynced; :func:`stage_write` and :class:`StagedWrite` split that
+into the write and its commit (or its publish, then its flush). The writer holds an exclusive ``flock`` on its
+temporary file while it writes. A file being replaced keeps a second name until the background deleter has freed it,
+and every save sweeps its directory of the names a dead process left (:mod:`lightning_nvcomp.storage.discards`).
 A temporary file is created with permission bits never wider than those of the file it becomes, and a failed write
 removes it (also when closing it fails too, as after a full disk), so that the next save there starts clean.
 """
@@ -14,40 +15,33 @@ import contextlib
 import errno
 import logging
 import os
-import pathlib
 import stat
 from collections.abc import Hashable
-from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, Callable, NoReturn
 
-from lightning_nvcomp._process import shared
-from lightning_nvcomp.storage.backend import COLLAPSED_URL, URL, absolute_path, parent_directory
-from lightning_nvcomp.storage.temp_names import TMP_SUFFIX, is_own, own_name, stale_files, trash_name
+from lightning_nvcomp.storage.backend import absolute_path, check_local, parent_directory
+from lightning_nvcomp.storage.discards import discard, discard_later, keep_for_discard, sweep, wait_for_discards
+from lightning_nvcomp.storage.temp_names import TMP_SUFFIX, is_own, own_name
 
 try:
     import fcntl
-except ImportError:  # Windows: no flock, and os.kill(pid, 0) is no liveness test there: nothing is swept
+except ImportError:  # Windows: no flock, so the temporary file is not locked (nor is anything swept there)
     fcntl = None  # type: ignore[assignment]
 
+#: The durable write, with the path check and the background deleter's functions that its callers use beside it.
+__all__ = [
+    "StagedWrite",
+    "Storage",
+    "atomic_write",
+    "check_local",
+    "discard",
+    "fsync_path",
+    "stage_write",
+    "target_directory",
+    "wait_for_discards",
+]
+
 log = logging.getLogger(__name__)
-
-
-def check_local(path: str | os.PathLike) -> str:
-    """``path`` as a string, if it is a local path (or one of a mounted file system); else ValueError naming it.
-
-    The functions of this module write through the operating system, so a URL (``s3://bucket/run``, ``gs://...``,
-    ``memory://...``, even ``file://...``) is refused at once: written through the OS it would silently create a
-    local directory named ``s3:`` in the working directory (lost with an ephemeral node). URLs go through
-    :func:`lightning_nvcomp.storage.backend.storage_for` instead, which every save and load uses. A ``pathlib`` path made
-    from a URL (which reads ``s3:/bucket/run``) is refused too.
-    """
-    text = os.fsdecode(os.fspath(path))
-    if URL.match(text) or (isinstance(path, pathlib.PurePath) and COLLAPSED_URL.match(text)):
-        raise ValueError(
-            f"lightning_nvcomp cannot write {text} as a local file: it is a remote URL, so nothing was written (not "
-            "even locally); URLs are written through their fsspec storage (lightning_nvcomp.storage.backend.storage_for)"
-        )
-    return text
 
 
 class Storage:
@@ -177,7 +171,7 @@ def stage_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> S
     path = check_local(path)
     final = _link_target(absolute_path(path))
     directory = target_directory(final)
-    _sweep(directory)
+    sweep(directory)
     tmp = os.path.join(directory, own_name(os.path.basename(final), TMP_SUFFIX))
     previous = _regular_file(final)
     try:
@@ -277,7 +271,7 @@ class StagedWrite:
                 os.fsync(self._f.fileno())
             if not keep_open:
                 self._f.close()  # a write error reported only now (a network file system's) fails the save here
-            self._old = _keep_for_discard(self._final)
+            self._old = keep_for_discard(self._final)
             os.replace(self._tmp, self._final)
         except BaseException as err:
             _close_after_failure(self._f)
@@ -285,7 +279,7 @@ class StagedWrite:
 
     def _free_old(self) -> None:
         if self._old is not None:
-            _discard_later(self._old)
+            discard_later(self._old)
             self._old = None
 
 
@@ -321,20 +315,6 @@ def _failed(path: str, err: BaseException, *leftovers: str | None) -> NoReturn:
         f"cannot save {path}: {cause.strerror}; nothing was saved ({left}) and any previous file there is "
         f"intact.{advice}",
     ) from err
-
-
-def discard(path: str | os.PathLike) -> None:
-    """Remove the file ``path``: its name is gone when this returns, its data is freed on a background thread.
-    ValueError for a URL (:func:`check_local`)."""
-    path = check_local(path)
-    trash = trash_name(path)
-    os.rename(path, trash)
-    _discard_later(trash)
-
-
-def wait_for_discards() -> None:
-    """Wait until the files :func:`discard` and :func:`atomic_write` handed to the background are removed."""
-    _deleter().submit(lambda: None).result()
 
 
 def _link_target(path: str) -> str:
@@ -374,43 +354,6 @@ def _keep_owner_and_mode(fd: int, previous: os.stat_result) -> None:
         with contextlib.suppress(OSError):  # only root may give a file away; a group we are in may be kept
             os.fchown(fd, previous.st_uid, previous.st_gid)
     os.fchmod(fd, stat.S_IMODE(previous.st_mode))
-
-
-# Freeing a multi-GB file (its blocks, its pages in the page cache) takes the kernel ~0.3 s per GB on a local disk.
-# A save that replaces a checkpoint, or a pruned checkpoint, need not wait for it: the old file gets a second, hidden
-# name and is unlinked on a background thread. Names left behind by a process that died first are removed by the
-# next save into the same directory (:func:`_sweep`).
-def _keep_for_discard(path: str) -> str | None:
-    """Give the file at ``path`` (if any) a second name to free it by after ``path`` is replaced."""
-    if not os.path.isfile(path):
-        return None
-    trash = trash_name(path)
-    try:
-        os.link(path, trash)
-    except OSError:  # no hard links on this file system: the replace frees the old file itself
-        return None
-    return trash
-
-
-def _sweep(directory: str) -> None:
-    """Hand the stale files of ``directory`` (:func:`stale_files`) to the background deleter."""
-    for stale in stale_files(directory):
-        _discard_later(stale)
-
-
-def _discard_later(path: str) -> None:
-    _deleter().submit(_unlink, path)
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:  # a stale name another save removed first
-        pass
-
-
-def _deleter() -> ThreadPoolExecutor:
-    return shared("deleter", lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-nvcomp-discard"))
 
 
 def _os_error(err: BaseException | None) -> OSError | None:

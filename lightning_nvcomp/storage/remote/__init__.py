@@ -2,8 +2,9 @@
 other fsspec protocol), behind the same :class:`~lightning_nvcomp.storage.backend.StorageBackend` as local files.
 
 Modules, one concern each: ``options`` (:class:`RemoteOptions`, importable without fsspec), ``upload`` (how a file
-becomes an object under its final name only once complete: S3 multipart uploads in parallel parts, a rename, or a
-single put), ``ranges`` (a seekable file that reads byte ranges in parallel, ahead of the decoder) and
+becomes an object under its final name only once complete, and which upload does it: ``multipart``, S3 multipart
+uploads in parallel parts, or ``file_uploads``, a rename or a single put), ``errors`` (what a failed request raises),
+``ranges`` (a seekable file that reads byte ranges in parallel, ahead of the decoder) and
 ``fsspec_storage`` (:class:`~lightning_nvcomp.storage.remote.fsspec_storage.FsspecStorage`, which imports fsspec: install the
 ``remote`` extra, and ``s3`` / ``gcs`` / ``azure`` / ``hdfs`` for a backend's fsspec implementation).
 
@@ -31,7 +32,8 @@ the URL and says what to do: :class:`RemoteAccessError` (no or bad credentials, 
 looks at the object's ETag first: if it is the new checkpoint the save succeeded (a warning says so).
 
 A local path (no URL) never comes here: it keeps the durable local write of :mod:`lightning_nvcomp.storage.local`
-(temporary name, fsync, rename, directory fsync, the sweep of crashed saves' names).
+(temporary name, fsync, rename, directory fsync) and the sweep of crashed saves' names
+(:mod:`lightning_nvcomp.storage.discards`).
 """
 
 from lightning_nvcomp.storage.remote.errors import (

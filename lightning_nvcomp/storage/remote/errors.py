@@ -1,6 +1,8 @@
 """What a failed request to remote storage raises: a :class:`RemoteStorageError` (an ``OSError``) that names the URL,
 says what failed and what to do; never a bare botocore or fsspec error, and never a claim that a checkpoint is
-damaged (the network, the server, credentials and permissions are not the file). Importable without fsspec."""
+damaged (the network, the server, credentials and permissions are not the file). A failed save's error also says
+what the failure left (:data:`INTACT`, :func:`last_request_failed`, :func:`outcome_unknown`). Importable without
+fsspec."""
 
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ class OutcomeUnknownError(RemoteStorageError):
     not be found out: the file there is either the previous one or the new one, whole."""
 
 
+#: What a save that failed before its last request left.
+INTACT = "Nothing was written under that name: any previous checkpoint there is intact."
 #: How to give credentials, per protocol (the fsspec implementation's environment and arguments).
 CREDENTIALS = {
     "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (plus AWS_SESSION_TOKEN for temporary ones), or "
@@ -186,3 +190,23 @@ def naming(url: str, doing: str, outcome: str = "") -> Iterator[None]:
         if named is err:
             raise
         raise named from err
+
+
+def last_request_failed(err: Exception, name: str, request: str) -> BaseException:
+    """The error of a save of ``name`` whose last request (``request``: the one that makes the file appear) failed
+    with ``err``, where the storage cannot be asked whether it was carried out: a failure leaving the previous file
+    if the request never reached the server or was refused, else :class:`OutcomeUnknownError`."""
+    if not maybe_applied(err):
+        return storage_error(err, name, "save", INTACT)
+    return outcome_unknown(err, name, request, "")
+
+
+def outcome_unknown(err: Exception, name: str, request: str, why: str) -> OutcomeUnknownError:
+    """:class:`OutcomeUnknownError` for a save of ``name`` whose last request (``request``) failed with ``err``;
+    ``why``: why the file could not be checked."""
+    return OutcomeUnknownError(
+        f"the save of {name} has an unknown outcome: its last request ({request}) got no answer "
+        f"({type(err).__name__}: {err}){why}. The file there is either the previous checkpoint or the new one, whole, "
+        f"never a mix: once the storage answers, check it (lightning-nvcomp verify {name}), or save again.",
+        name,
+    )
