@@ -12,6 +12,7 @@ import pytest
 
 from lightning_nvcomp.cli import main
 from lightning_nvcomp.cli.estimate import arg_ratio, parse_count
+from lightning_nvcomp.telemetry import components
 from lightning_nvcomp.telemetry import estimate as costs
 
 GIB = 2**30
@@ -71,13 +72,13 @@ def test_small_fp32_sgd_case_by_hand():
     ],
 )
 def test_components_per_precision_and_optimizer(precision, optimizer, master, grads, layout):
-    parts = costs.checkpoint_components(1000, precision, optimizer, master_weights=master, gradients=grads)
+    parts = components.checkpoint_components(1000, precision, optimizer, master_weights=master, gradients=grads)
     assert [(c.dtype, c.bytes_per_param) for c in parts] == layout
     assert all(c.nbytes == 1000 * c.bytes_per_param for c in parts)
 
 
 def test_default_ratios_are_the_measured_ones():
-    parts = {c.name: c for c in costs.checkpoint_components(1, "bf16-mixed", "adamw", master_weights=True)}
+    parts = {c.name: c for c in components.checkpoint_components(1, "bf16-mixed", "adamw", master_weights=True)}
     assert parts["weights"].ratios == {"gans": 1.518, "zstd": 1.454}
     assert parts["master weights"].ratios == {"gans": 1.213, "zstd": 1.185}
     assert parts["Adam m (exp_avg)"].ratios == {"gans": 1.195, "zstd": 1.178}
@@ -188,11 +189,11 @@ def test_parse_count(text):
 
 def test_pure_functions_reject_bad_values():
     with pytest.raises(ValueError, match="precision"):
-        costs.checkpoint_components(1, "fp16")
+        components.checkpoint_components(1, "fp16")
     with pytest.raises(ValueError, match="optimizer"):
-        costs.checkpoint_components(1, "fp32", "adam")
+        components.checkpoint_components(1, "fp32", "adam")
     with pytest.raises(ValueError, match="params"):
-        costs.checkpoint_components(0)
+        components.checkpoint_components(0)
     with pytest.raises(ValueError, match="storage_gibps"):
         costs.estimate(1, 1, -1, 1, 1)
     with pytest.raises(ValueError, match="ratio for gans"):

@@ -11,7 +11,8 @@ import re
 from lightning_nvcomp.cli.common import add_command, positive_float, positive_int
 from lightning_nvcomp.cli.table import table
 from lightning_nvcomp.telemetry import estimate as costs
-from lightning_nvcomp.telemetry.estimate import CODEC_NAMES, CODECS, GIB, CodecRow, Estimate
+from lightning_nvcomp.telemetry.components import CODEC_NAMES, CODECS, OPTIMIZERS, PRECISIONS
+from lightning_nvcomp.telemetry.estimate import GIB, CodecRow, Estimate
 
 # ---------------------------------------------------------------------------------------------------- arguments
 
@@ -90,6 +91,13 @@ DESCRIPTION = (
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``estimate`` command to the top-level parser's ``subparsers``."""
     parser = add_command(subparsers, "estimate", run, SUMMARY, DESCRIPTION)
+    _add_job_options(parser)
+    _add_state_options(parser)
+    _add_model_options(parser)
+
+
+def _add_job_options(parser: argparse.ArgumentParser) -> None:
+    """The job's options: its model's size, its GPUs, its storage, how often it saves and what a GPU-hour costs."""
     add = parser.add_argument
     add("--params", type=arg_params, default=70e9, help="model parameters, e.g. 70e9 or 70B (default: 70e9)")
     add("--gpus", type=positive_int, default=128, help="GPUs in the job, all idle during a save (default: 128)")
@@ -115,15 +123,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="USD",
         help="price of one GPU-hour in dollars (default: 4.40)",
     )
+
+
+def _add_state_options(parser: argparse.ArgumentParser) -> None:
+    """What each parameter stores in the checkpoint: the optimizer's state, the precision, master weights, gradients."""
+    add = parser.add_argument
     add(
         "--optimizer",
-        choices=costs.OPTIMIZERS,
+        choices=OPTIMIZERS,
         default="adamw",
         help="adamw: fp32 m and v (8 bytes/param); sgd: fp32 momentum (4); none (default: adamw)",
     )
     add(
         "--precision",
-        choices=costs.PRECISIONS,
+        choices=PRECISIONS,
         default="bf16-mixed",
         help="bf16-mixed: bf16 weights and gradients; fp32: fp32 weights and gradients; fp8: fp8 weights, bf16 "
         "gradients (default: bf16-mixed)",
@@ -140,6 +153,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_false",
         help="leave gradients out (the published case includes them; Lightning checkpoints don't)",
     )
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    """What the cost model is given beyond its defaults: the job's failure rate, and compression ratios of its own."""
+    add = parser.add_argument
     add(
         "--mtbf-hours",
         type=positive_float,
@@ -244,7 +262,10 @@ def _components(est: Estimate) -> list[str]:
     rows.append(["total", "", f"{raw / est.params:g}", _num(raw / GIB, 1), *(f"{totals[c]:.3f} " for c in shown)])
     lines = [table(header, rows, right=range(2, len(header)))]
     if any(c.assumed for c in est.components):
-        lines.append("* not measured: borrowed from a similar measured class (see estimate.py); --ratio overrides")
+        lines.append(
+            "* not measured: borrowed from a similar measured class (see lightning_nvcomp/telemetry/components.py); "
+            "--ratio overrides"
+        )
     return [*lines, "Default ratios: measured on an H200, benchmarks/results/codec.md (2026-11-29).", ""]
 
 
