@@ -69,7 +69,7 @@ def measure_bandwidth(
     raw_nbytes: int | None = None,
 ) -> float | None:
     """Write a probe file in ``directory`` through ``storage`` (default: the directory's own, see
-    :func:`~lightning_nvcomp.storage.backend.storage_for`), durably (fsynced locally, a complete object remotely), and
+    :func:`~lightning_nvcomp.storage.storage_for`), durably (fsynced locally, a complete object remotely), and
     delete it; return the GB/s achieved, or None when it was skipped.
 
     The probe writes ``nbytes`` bounded by the checkpoint's size ``raw_nbytes`` and by the free space (see
@@ -97,8 +97,23 @@ def measure_bandwidth(
             directory, free, f"too little free space{where} for a probe of {_mib(min(nbytes, MIN_PROBE_NBYTES))}"
         )
         return None
-    block = os.urandom(min(size, 16 << 20))  # incompressible, and no RNG of the training run is touched
     path = storage.join(directory, own_name(f"lightning-nvcomp-probe-{rank}", ".tmp"))
+    seconds, failure = _timed_write(storage, path, size)
+    failed = failure is not None
+    if distributed:
+        seconds, worst_failed = _all_reduce([seconds, float(failed)], torch.distributed.ReduceOp.MAX)
+        failed = worst_failed > 0
+    if failed:
+        reason = f"the probe failed: {failure}" if failure is not None else "the probe failed on another rank"
+        _warn_skipped(directory, free, reason)
+        return None
+    return size / seconds / 1e9
+
+
+def _timed_write(storage: StorageBackend, path: str, size: int) -> tuple[float, OSError | None]:
+    """Write ``size`` random bytes to the file ``path`` through ``storage``, then remove it: the seconds that took,
+    and the write's error (None where it succeeded)."""
+    block = os.urandom(min(size, 16 << 20))  # incompressible, and no RNG of the training run is touched
 
     def write(f) -> None:
         left = size
@@ -115,16 +130,7 @@ def measure_bandwidth(
     finally:
         with contextlib.suppress(OSError):  # FileNotFoundError: the write failed before the file existed
             storage.remove(path)
-    seconds = time.perf_counter() - begin
-    failed = failure is not None
-    if distributed:
-        seconds, worst_failed = _all_reduce([seconds, float(failed)], torch.distributed.ReduceOp.MAX)
-        failed = worst_failed > 0
-    if failed:
-        reason = f"the probe failed: {failure}" if failure is not None else "the probe failed on another rank"
-        _warn_skipped(directory, free, reason)
-        return None
-    return size / seconds / 1e9
+    return time.perf_counter() - begin, failure
 
 
 def _all_reduce(values: list[float], op) -> list[float]:

@@ -195,15 +195,7 @@ def decode_batch(records: list[tuple[list[torch.Tensor], dict, Layout]], work: t
     if not records:
         return []
     layout = records[0][2]
-    segments = [(r, s, b.cpu()) for r, (blobs, _, _) in enumerate(records) for s, b in enumerate(blobs)]
-    # Small blobs' CRC-32s in one task, each large one in pieces on all the CRC threads.
-    large = {i: Crc32(b) for i, (_, _, b) in enumerate(segments) if b.numel() > checksums.PIECE_NBYTES}
-    small = iter(crc32_batch([b for i, (_, _, b) in enumerate(segments) if i not in large]))
-    for i, (r, s, _) in enumerate(segments):
-        got = large[i] if i in large else next(small)
-        if checksums.value(got) != records[r][1]["crc32"][s]:
-            raise CorruptCheckpointError(f"record {r}: checksum mismatch in segment {s}: the file is damaged")
-    stored, starts = _one_buffer([b for _, _, b in segments], work)
+    stored, starts = _one_buffer(_checked_blobs(records), work)
     # The records' bytes side by side in one buffer (each from a 64-byte offset); with byte planes, every segment's
     # planes side by side in a second one, each from a 64-byte column, joined into the first after decoding.
     sizes = [_aligned(meta["nbytes"]) for _, meta, _ in records]
@@ -251,6 +243,20 @@ def decode_batch(records: list[tuple[list[torch.Tensor], dict, Layout]], work: t
         for r, start, length, col in placed:
             byte_planes.join(plane_out[:, col : col + length // layout.planes], outs[r][start : start + length])
     return outs
+
+
+def _checked_blobs(records: list[tuple[list[torch.Tensor], dict, Layout]]) -> list[torch.Tensor]:
+    """Every segment's blob of ``records`` in host memory, in order, once its CRC-32 matches its record's (small
+    blobs' CRC-32s in one task, each large one in pieces on all the CRC threads). CorruptCheckpointError names the
+    record's index and the segment."""
+    segments = [(r, s, b.cpu()) for r, (blobs, _, _) in enumerate(records) for s, b in enumerate(blobs)]
+    large = {i: Crc32(b) for i, (_, _, b) in enumerate(segments) if b.numel() > checksums.PIECE_NBYTES}
+    small = iter(crc32_batch([b for i, (_, _, b) in enumerate(segments) if i not in large]))
+    for i, (r, s, _) in enumerate(segments):
+        got = large[i] if i in large else next(small)
+        if checksums.value(got) != records[r][1]["crc32"][s]:
+            raise CorruptCheckpointError(f"record {r}: checksum mismatch in segment {s}: the file is damaged")
+    return [b for _, _, b in segments]
 
 
 def _aligned(n: int) -> int:

@@ -342,11 +342,7 @@ def decode(
     coded = set(layout.codecs) - {"raw"}
     engine = engine_on(work) if coded else None
 
-    hosts = [b.cpu() for b in blobs]
-    pending = [Crc32(h) if h.numel() > checksums.PIECE_NBYTES else crc32(h) for h in hosts]  # large: in parallel
-    for s, (got, want) in enumerate(zip(pending, meta["crc32"])):
-        if checksums.value(got) != want:
-            raise CorruptCheckpointError(f"checksum mismatch in segment {s} of the record: the file is damaged")
+    hosts = _checked_hosts(blobs, meta["crc32"])
     out = torch.empty(meta["nbytes"], dtype=torch.uint8, device=work)
     jobs, pos = [], 0
     for s, (start, length) in enumerate(_segments(meta["nbytes"], meta["segment"])):
@@ -374,11 +370,27 @@ def decode(
     else:
         for _ in _segment_pool().map(run, jobs):
             pass
-    if work.type == "cuda" and device.type == "cpu":
+    return _delivered(out, device, move)
+
+
+def _checked_hosts(blobs: list[torch.Tensor], crcs: list[int]) -> list[torch.Tensor]:
+    """The record's ``blobs`` in host memory, once each one's CRC-32 is its ``crcs`` entry (a large blob's computed
+    in pieces on all the CRC threads). CorruptCheckpointError names the segment."""
+    hosts = [b.cpu() for b in blobs]
+    pending = [Crc32(h) if h.numel() > checksums.PIECE_NBYTES else crc32(h) for h in hosts]
+    for s, (got, want) in enumerate(zip(pending, crcs)):
+        if checksums.value(got) != want:
+            raise CorruptCheckpointError(f"checksum mismatch in segment {s} of the record: the file is damaged")
+    return hosts
+
+
+def _delivered(out: torch.Tensor, device: torch.device, move: bool) -> torch.Tensor:
+    """The decoded bytes ``out`` on ``device``; bytes decoded on a GPU for the CPU stay there without ``move``."""
+    if out.device.type == "cuda" and device.type == "cpu":
         if not move:
             return out
         # Pinned (torch's allocator: the caller keeps it): no first-touch page faults, and a copy back to a GPU is fast.
         host = torch.empty(out.numel(), dtype=out.dtype, pin_memory=True).copy_(out, non_blocking=True)
-        torch.cuda.current_stream(work).synchronize()
+        torch.cuda.current_stream(out.device).synchronize()
         return host
     return out.to(device)
