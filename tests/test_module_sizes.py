@@ -1,7 +1,8 @@
 """Modules and functions a reader holds in their head (issue 33): at most 400 lines a module, 60 a function.
 
 The modules and functions that were over those sizes were split by concern; each is measured here on its imported
-source, with the modules split off it. The names callers import from the old modules stay importable there.
+source, with the modules split off it. The names callers import from the old modules stay importable there, and
+the local write's refusal of a URL (its check moved to ``storage.backend``) names a function that exists.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import os
+import re
 
 import pytest
 
@@ -81,3 +84,16 @@ def test_the_names_callers_import_from_the_split_modules_are_the_moved_ones():
     assert multipart.outcome_unknown is errors.outcome_unknown
     assert estimate.checkpoint_components is components.checkpoint_components
     assert (estimate.CODECS, estimate.CODEC_NAMES) == (components.CODECS, components.CODEC_NAMES)
+
+
+def test_a_url_refused_by_the_local_write_is_sent_to_a_function_that_exists(tmp_path, monkeypatch):
+    """The refusal names where URLs go; that name was left pointing at a module without it by the move."""
+    from lightning_nvcomp.storage.local import atomic_write
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"s3://bucket/run/last\.ckpt") as refused:
+        atomic_write("s3://bucket/run/last.ckpt", lambda f: f.write(b"x"))
+    (named,) = re.findall(r"\((lightning_nvcomp(?:\.\w+)+)\)", str(refused.value))
+    module, _, function = named.rpartition(".")
+    assert callable(getattr(importlib.import_module(module), function, None)), named
+    assert os.listdir(tmp_path) == []
