@@ -61,7 +61,7 @@ try:
 except ImportError as err:
     raise MissingExtraError("lightning", "NvcompFSDPStrategy and NvcompModelParallelStrategy", err) from err
 
-from lightning_nvcomp.dcp import DcpCheckpointStats, NvcompFileSystemReader, NvcompFileSystemWriter
+from lightning_nvcomp.integrations.dcp import DcpCheckpointStats, NvcompFileSystemReader, NvcompFileSystemWriter
 from lightning_nvcomp.telemetry import savings as telemetry
 from lightning_nvcomp.telemetry.stats import SaveStats
 
