@@ -1,9 +1,13 @@
-"""The process-wide resources: thread pools, codec engines, caches and the default codec policies.
+"""What the package does to the process it runs in, each through one mechanism (docs/ARCHITECTURE.md, "Effects on
+the user's process"):
 
-Each is made on first use, one per process, by the module that uses it (``shared(name, make)``); :func:`reset`
-drops them all, shutting the thread pools down after their queued work: what tests and benchmarks call to start
-from a fresh process state, instead of reaching into each module. And :func:`collector_paused`, the one use of the
-process's garbage collector (and :class:`PauseBetweenCalls`, its pause across a DCP plan).
+- :func:`shared`: the process-wide resources (thread pools, codec engines, the pinned pool, caches, the default codec
+  policies of calls that have no run object), each made on first use by the module that uses it; :func:`reset`
+  drops them all, shutting the thread pools down after their queued work (tests and benchmarks start from a fresh
+  process state with it, instead of reaching into each module).
+- :func:`swapped`: a framework's attribute pointed at ours for a block, under one lock, the original put back after;
+  the one way the package changes a framework's module or class (the seams in ``_compat``).
+- :func:`collector_paused` and :class:`PauseBetweenCalls`: the one use of the process's garbage collector.
 """
 
 from __future__ import annotations
@@ -12,9 +16,9 @@ import contextlib
 import gc
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Executor
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 
@@ -41,6 +45,41 @@ def reset() -> None:
     for resource in made:
         if isinstance(resource, Executor):
             resource.shutdown(wait=True)
+
+
+_SWAP = threading.RLock()  # one swap at a time across threads; a seam may nest another in its own thread
+
+
+@contextlib.contextmanager
+def swapped(
+    owner: object,
+    values: Mapping[str, object] | None = None,
+    wrapped: Mapping[str, Callable[[Any], object]] | None = None,
+) -> Iterator[None]:
+    """Within the block, each attribute of ``owner`` (a framework's module or class) named in ``values`` is the value
+    given, and each named in ``wrapped`` is ``wrap(original)``; the originals are put back after, also when the block fails. One
+    block at a time in the process (another thread's swap waits for it; a swap may nest another in its own thread):
+    two swaps of one name must not put back, or wrap, each other's values.
+
+    Args:
+        owner: the module or object whose attributes are swapped.
+        values: name -> the value within the block.
+        wrapped: name -> a function of the original giving the value within the block.
+
+    Raises:
+        AttributeError: ``owner`` has no such attribute (nothing is swapped).
+    """
+    with _SWAP:
+        values, wrapped = values or {}, wrapped or {}
+        originals = {name: getattr(owner, name) for name in [*values, *wrapped]}
+        within = {**values, **{name: wrap(originals[name]) for name, wrap in wrapped.items()}}
+        try:
+            for name, value in within.items():
+                setattr(owner, name, value)
+            yield
+        finally:
+            for name, original in originals.items():
+                setattr(owner, name, original)
 
 
 _pause_lock = threading.Lock()

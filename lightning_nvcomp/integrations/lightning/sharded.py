@@ -27,7 +27,6 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
+from lightning_nvcomp._compat.dcp import filesystem_classes_as
 from lightning_nvcomp._compat.lightning import (
     DISTRIBUTED_LOAD,
     DISTRIBUTED_SAVE,
@@ -47,7 +47,6 @@ from lightning_nvcomp._compat.lightning import (
     model_parallel_saves_distributed,
 )
 from lightning_nvcomp.errors import MissingExtraError
-from lightning_nvcomp.integrations.dcp.names import filesystem_classes_as
 from lightning_nvcomp.integrations.lightning.config import option_errors
 from lightning_nvcomp.options import SaveOptions
 
@@ -64,8 +63,6 @@ except ImportError as err:
 from lightning_nvcomp.dcp import DcpCheckpointStats, NvcompFileSystemReader, NvcompFileSystemWriter
 from lightning_nvcomp.telemetry import savings as telemetry
 from lightning_nvcomp.telemetry.stats import SaveStats
-
-_SWAP = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -189,7 +186,7 @@ class CompressedShardedSaves(abc.ABC):
 
         step = int(checkpoint.get("global_step", 0))
         begin = time.perf_counter()
-        with _SWAP, distributed_checkpoint_helper_as(self._saver_module, DISTRIBUTED_SAVE, compressed_save):
+        with distributed_checkpoint_helper_as(self._saver_module, DISTRIBUTED_SAVE, compressed_save):
             super().save_checkpoint(checkpoint, filepath, storage_options)  # type: ignore[misc]
         if writers:  # a sharded save (a "full" one went through the CheckpointIO)
             self._record(writers[0], time.perf_counter() - begin, step, os.fspath(filepath))
@@ -209,7 +206,6 @@ class CompressedShardedSaves(abc.ABC):
             dcp.load(state, storage_reader=reader(path))
 
         with (
-            _SWAP,
             distributed_checkpoint_helper_as(self._loader_module, DISTRIBUTED_LOAD, compressed_load),
             filesystem_classes_as(reader=reader),  # FSDP1's optimizer state: FSDPStrategy makes this reader itself
         ):
