@@ -14,6 +14,11 @@ body and call ``dist_cp.save(..., storage_writer=dist_cp.FileSystemWriter(ckpt_d
 ``dist_cp.load(..., storage_reader=dist_cp.FileSystemReader(ckpt_dir))``, with no way to pass a writer or reader in:
 while the attached ``save_state`` / ``load_state`` runs, those names are the compressed DCP writer's and reader's
 factories (:func:`lightning_nvcomp._compat.dcp.filesystem_classes_as`).
+
+``Accelerator._optimizers`` (read in Accelerate 1.16; a list since 0.x): the optimizers ``prepare`` returned, each an
+``AcceleratedOptimizer`` around the user's (its ``optimizer``). No public attribute lists them, and the attachment
+times their steps while a checkpoint is written behind training (:class:`~lightning_nvcomp.auto.steps.StepTimer`);
+where the name is gone, no step is timed (the slowdown is not measured).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import accelerate.checkpointing as checkpointing
+import torch
 
 from lightning_nvcomp._compat.dcp import filesystem_classes_as
 from lightning_nvcomp._process import swapped
@@ -50,3 +56,11 @@ def checkpoint_io_as(
     wrapped = {"load": load} if load is not None else {}
     with swapped(checkpointing, functions, wrapped), filesystem_classes_as(dcp_writer, dcp_reader):
         yield
+
+
+def optimizers_of(accelerator: Any) -> list[torch.optim.Optimizer]:
+    """The torch optimizers ``accelerator.prepare`` wrapped (none where Accelerate has no ``_optimizers``)."""
+    prepared = getattr(accelerator, "_optimizers", None) or []
+    return [
+        getattr(o, "optimizer", o) for o in prepared if isinstance(getattr(o, "optimizer", o), torch.optim.Optimizer)
+    ]

@@ -54,7 +54,7 @@ try:
     from accelerate.state import PartialState
     from accelerate.utils import DistributedType
 
-    from lightning_nvcomp._compat.accelerate import checkpoint_io_as
+    from lightning_nvcomp._compat.accelerate import checkpoint_io_as, optimizers_of
 except ImportError as err:
     raise MissingExtraError("accelerate", "lightning_nvcomp.integrations.accelerate.attach (attach)", err) from err
 
@@ -107,6 +107,7 @@ class Attachment:
         docstring); automatic naming into a URL project directory is refused (ValueError naming it) before anything
         is created."""
         self._check_naming(output_dir)
+        self.writer.steps.watch(optimizers_of(self.accelerator))  # their steps timed until detach
         if self._prunes():  # Accelerate deletes older checkpoints now: they stay until the newer are durable
             self.wait()
         else:

@@ -187,7 +187,9 @@ class SavingsLogging:
     last step (``max_steps``) or the last batch of its last epoch (``max_epochs``), before the checkpoints of that
     point are saved, it tells ``auto`` that the run ends after them (:attr:`~lightning_nvcomp.auto.policy.CodecPolicy.run_ending`):
     the fit waits for their writes. And at the fit's start it tells ``auto`` to count the interval to the first save
-    from there (:meth:`~lightning_nvcomp.auto.policy.CodecPolicy.run_started`)."""
+    from there (:meth:`~lightning_nvcomp.auto.policy.CodecPolicy.run_started`), and gives the checkpoint IO the
+    Trainer's optimizers, whose steps it times while writes run behind training
+    (:class:`~lightning_nvcomp.auto.steps.StepTimer`: a hook on each, removed by the IO's ``teardown``)."""
 
     def __init__(self) -> None:
         self.sources: list[Any] = []
@@ -221,6 +223,7 @@ class SavingsLogging:
         for source in self.sources:
             if isinstance(source, NvcompCheckpointIO):
                 source.writer.policy.run_started()
+                source.writer.steps.watch(trainer.optimizers)  # hooks until the IO's teardown
 
     def _flush(self, trainer: Any) -> None:
         for source in self.sources:
