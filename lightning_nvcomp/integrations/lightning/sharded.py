@@ -47,7 +47,7 @@ from lightning_nvcomp._compat.lightning import (
     model_parallel_saves_distributed,
 )
 from lightning_nvcomp.errors import MissingExtraError
-from lightning_nvcomp.integrations.lightning.config import option_errors
+from lightning_nvcomp.integrations.lightning.config import one_line_errors
 from lightning_nvcomp.options import SaveOptions
 
 try:
@@ -119,8 +119,7 @@ class CompressedShardedSaves(abc.ABC):
     ) -> None:
         # The same options object as the checkpoint IO's: an unknown codec, or one this machine cannot run, fails
         # here, before the strategy is built and anything is written.
-        with option_errors(type(self).__name__):
-            options = SaveOptions.of(codec, gpu_hour_usd=gpu_hour_usd)
+        options = SaveOptions.of(codec, gpu_hour_usd=gpu_hour_usd)
         super().__init__(*args, **kwargs)
         self.options = options
         self.state_on_gpu = state_on_gpu
@@ -239,6 +238,9 @@ class CompressedShardedSaves(abc.ABC):
     def wait(self) -> None:
         """Saves are synchronous: nothing to wait for (the savings callback calls this before it reads metrics)."""
         return None
+
+
+one_line_errors(CompressedShardedSaves)  # for both strategies below: made by a LightningCLI config
 
 
 class NvcompFSDPStrategy(CompressedShardedSaves, FSDPStrategy):
