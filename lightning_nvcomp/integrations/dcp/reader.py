@@ -199,7 +199,7 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
             return
         # As DCP's reader, torch.load reads the item from the file itself (one copy); every CRC-32 is checked, the
         # tensor's over the bytes loaded (format.read). The caller has checked that the file holds the whole item.
-        tensor = fileformat.read(source, where, map_location="cpu", state=budget)
+        tensor = fileformat.read(source, where, map_location="cpu", context=fileformat.new_load(state=budget))
         if not isinstance(tensor, torch.Tensor):
             raise CorruptCheckpointError(f"{where}: holds a {type(tensor).__name__}, not a tensor")
         self._commit(req, tensor, planner.resolve_tensor(req).detach(), planner, where)
