@@ -87,10 +87,17 @@ def active() -> LoadContext | None:
     return _set.get()
 
 
-def new_load(**fields: object) -> LoadContext:
-    """The context of a load that begins now: the settings of the block it runs in (a progress callback), ``fields``
-    given, and no state but the one given (its loader makes one)."""
-    return dataclasses.replace(active() or LoadContext(), state=None, **fields)  # type: ignore[arg-type]
+def new_load(
+    state: LoadState | None = None,
+    *,
+    keep_on_gpu: bool = False,
+    progress: Callable[[int], None] | None = None,
+    describing: Describing | None = None,
+) -> LoadContext:
+    """The context of a load that begins now (see :class:`LoadContext`), reporting its progress to ``progress``, else
+    to the callback of the :func:`decode_progress` block it runs in."""
+    block = active()
+    return LoadContext(state, keep_on_gpu, progress or (block.progress if block else None), describing)
 
 
 @contextlib.contextmanager

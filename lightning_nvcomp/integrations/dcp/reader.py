@@ -92,10 +92,8 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
         self._planning.begin()
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        try:
+        with self._planning.through():  # thousands of decoded items would set off full collections too
             self._read_plan(plan, planner)
-        finally:
-            self._planning.end()
         fut: Future = Future()
         fut.set_result(None)
         return fut
@@ -115,9 +113,8 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
         # One decode bound for the whole load, as for one file (fileformat.LoadState: 16 x its bytes + 256 MiB), from
         # the bytes stored: items that point into the same bytes do not raise it.
         budget = fileformat.LoadState(str(self.path), file_nbytes=_stored_nbytes(per_file))
-        with collector_paused():  # thousands of decoded items would set off full collections
-            for relative_path, reqs in per_file.items():
-                self._read_file(relative_path, reqs, planner, budget)
+        for relative_path, reqs in per_file.items():
+            self._read_file(relative_path, reqs, planner, budget)
 
     def _read_file(
         self,

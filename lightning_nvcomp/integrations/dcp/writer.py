@@ -286,10 +286,8 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         ]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        try:
+        with self._planning.through():  # the items of thousands would set off full collections too
             results = self._write_plan(plan, planner)
-        finally:
-            self._planning.end()
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
