@@ -59,6 +59,7 @@ except ImportError as err:
     raise MissingExtraError("accelerate", "lightning_nvcomp.integrations.accelerate.attach (attach)", err) from err
 
 from lightning_nvcomp.dcp import DcpCheckpointStats, NvcompFileSystemReader, NvcompFileSystemWriter
+from lightning_nvcomp.integrations.dcp.writer import new_policy
 from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.saving.writer import CheckpointWriter
 from lightning_nvcomp.storage import is_url
@@ -86,6 +87,7 @@ class Attachment:
         if isinstance(getattr(accelerator.save_state, "__self__", None), Attachment):
             raise ValueError("this Accelerator already has lightning_nvcomp attached: detach() it first")
         self.accelerator, self.writer, self.state_on_gpu = accelerator, writer, state_on_gpu
+        self.dcp_policy = new_policy()  # FSDP sharded parts: the storage probed, the codecs calibrated once
         #: The DCP parts of the last FSDP sharded ``save_state``, by directory name (``pytorch_model_fsdp_0``,
         #: ``optimizer_0``); empty for other saves.
         self.last_sharded: dict[str, ShardedPart] = {}
@@ -119,7 +121,8 @@ class Attachment:
         with self._standing_in(output_dir, upload=True) as (local_dir, at):
 
             def shard_writer(path: str | os.PathLike, **writer_kwargs: Any) -> NvcompFileSystemWriter:
-                parts.append(NvcompFileSystemWriter(at(path), options=self.writer.options, **writer_kwargs))
+                options = self.writer.options
+                parts.append(NvcompFileSystemWriter(at(path), options=options, policy=self.dcp_policy, **writer_kwargs))
                 return parts[-1]
 
             def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:

@@ -61,6 +61,7 @@ except ImportError as err:
     raise MissingExtraError("lightning", "NvcompFSDPStrategy and NvcompModelParallelStrategy", err) from err
 
 from lightning_nvcomp.dcp import DcpCheckpointStats, NvcompFileSystemReader, NvcompFileSystemWriter
+from lightning_nvcomp.integrations.dcp.writer import new_policy
 from lightning_nvcomp.telemetry import savings as telemetry
 from lightning_nvcomp.telemetry.stats import SaveStats
 
@@ -122,6 +123,7 @@ class CompressedShardedSaves(abc.ABC):
         options = SaveOptions.of(codec, gpu_hour_usd=gpu_hour_usd)
         super().__init__(*args, **kwargs)
         self.options = options
+        self.policy = new_policy()  # this strategy's saves: the storage probed, the codecs calibrated once
         self.state_on_gpu = state_on_gpu
         self.savings = telemetry.Savings(self.options.gpu_hour_usd)
         self.logger_attached = False
@@ -179,7 +181,7 @@ class CompressedShardedSaves(abc.ABC):
         offloaded, self._offloaded = self._offloaded, []
 
         def compressed_save(converted_state: dict[str, Any], path: Path) -> None:
-            writers.append(NvcompFileSystemWriter(path, options=self.options))
+            writers.append(NvcompFileSystemWriter(path, options=self.options, policy=self.policy))
             dcp.save(converted_state, storage_writer=writers[-1])
             self.last_state = CollectedState(any(offloaded) if offloaded else None, writers[-1].shard_devices)
 
