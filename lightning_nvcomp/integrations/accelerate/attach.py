@@ -58,6 +58,7 @@ try:
 except ImportError as err:
     raise MissingExtraError("accelerate", "lightning_nvcomp.integrations.accelerate.attach (attach)", err) from err
 
+from lightning_nvcomp._process import swapped
 from lightning_nvcomp.dcp import DcpCheckpointStats, NvcompFileSystemReader, NvcompFileSystemWriter
 from lightning_nvcomp.integrations.dcp.writer import new_policy
 from lightning_nvcomp.options import SaveOptions
@@ -211,19 +212,15 @@ class Attachment:
     @contextlib.contextmanager
     def _sharded_state_on_gpu(self) -> Iterator[None]:
         """Within the block, an FSDP sharded plugin's state-dict configs do not offload to the CPU (see the module
-        docstring); the plugin's own objects are put back after."""
+        docstring); the plugin's own objects are put back after (:func:`~lightning_nvcomp._process.swapped`)."""
         plugin = self._sharded_plugin() if self.state_on_gpu else None
         if plugin is None or _params_offloaded(plugin):
             yield
             return
-        configs = plugin.state_dict_config, plugin.optim_state_dict_config
-        plugin.state_dict_config, plugin.optim_state_dict_config = (
-            None if c is None else dataclasses.replace(c, offload_to_cpu=False) for c in configs
-        )
-        try:
+        names = ("state_dict_config", "optim_state_dict_config")
+        on_gpu = {name: _on_gpu for name in names if getattr(plugin, name) is not None}
+        with swapped(plugin, wrapped=on_gpu):
             yield
-        finally:
-            plugin.state_dict_config, plugin.optim_state_dict_config = configs
 
     def _sharded_plugin(self) -> Any:
         """The Accelerator's FSDP plugin if it saves sharded state dicts, else None."""
@@ -291,6 +288,11 @@ class Attachment:
 
 def _same(path: Any) -> Any:
     return path
+
+
+def _on_gpu(config: Any) -> Any:
+    """A copy of an FSDP state-dict config that does not offload to the CPU."""
+    return dataclasses.replace(config, offload_to_cpu=False)
 
 
 def _params_offloaded(plugin: Any) -> bool:
