@@ -57,9 +57,9 @@ def swapped(
     wrapped: Mapping[str, Callable[[Any], object]] | None = None,
 ) -> Iterator[None]:
     """Within the block, each attribute of ``owner`` (a framework's module or class) named in ``values`` is the value
-    given, and each named in ``wrapped`` is ``wrap(original)``; the originals are put back after, also when the block fails. One
-    block at a time in the process (another thread's swap waits for it; a swap may nest another in its own thread):
-    two swaps of one name must not put back, or wrap, each other's values.
+    given, and each named in ``wrapped`` is ``wrap(original)``; the originals are put back after, also when the block
+    fails. One block at a time in the process (another thread's swap waits for it; a swap may nest another in its
+    own thread): two swaps of one name must not put back, or wrap, each other's values.
 
     Args:
         owner: the module or object whose attributes are swapped.

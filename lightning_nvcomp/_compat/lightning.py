@@ -36,7 +36,8 @@ def distributed_checkpoint_helper_as(
     module: ModuleType, name: str, helper: Callable[..., Any]
 ) -> contextlib.AbstractContextManager[None]:
     """Within the block, ``module``'s sharded-checkpoint helper ``name`` (:data:`DISTRIBUTED_SAVE` or
-    :data:`DISTRIBUTED_LOAD`) is ``helper``; the original is put back after (:func:`~lightning_nvcomp._process.swapped`)."""
+    :data:`DISTRIBUTED_LOAD`) is ``helper``; the original is put back after
+    (:func:`~lightning_nvcomp._process.swapped`)."""
     if getattr(module, name, None) is None:
         raise RuntimeError(
             f"{module.__name__} has no {name} (a Lightning newer than 2.6?): the compressed sharded strategies "

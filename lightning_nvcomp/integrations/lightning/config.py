@@ -31,8 +31,8 @@ EXIT_CONFIG = 2
 
 def _made_from_config(cls: type, *args: Any, **kwargs: Any) -> Any:
     """jsonargparse's instantiator for ``cls`` and its subclasses: ``cls(*args, **kwargs)``, an option error (the
-    ValueError of an unknown codec or a size that is not positive, :class:`~lightning_nvcomp.errors.CodecUnavailableError`)
-    ending the command in one line."""
+    ValueError of an unknown codec or a size that is not positive,
+    :class:`~lightning_nvcomp.errors.CodecUnavailableError`) ending the command in one line."""
     try:
         return cls(*args, **kwargs)
     except (CodecUnavailableError, ValueError) as err:
