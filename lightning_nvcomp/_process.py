@@ -1,9 +1,13 @@
-"""The process-wide resources: thread pools, codec engines, caches and the default codec policies.
+"""What the package does to the process it runs in, each through one mechanism (docs/ARCHITECTURE.md, "Effects on
+the user's process"):
 
-Each is made on first use, one per process, by the module that uses it (``shared(name, make)``); :func:`reset`
-drops them all, shutting the thread pools down after their queued work: what tests and benchmarks call to start
-from a fresh process state, instead of reaching into each module. And :func:`collector_paused`, the one use of the
-process's garbage collector (and :class:`PauseBetweenCalls`, its pause across a DCP plan).
+- :func:`shared`: the process-wide resources (thread pools, codec engines, the pinned pool, caches, the default codec
+  policies of calls that have no run object), each made on first use by the module that uses it; :func:`reset`
+  drops them all, shutting the thread pools down after their queued work (tests and benchmarks start from a fresh
+  process state with it, instead of reaching into each module).
+- :func:`swapped`: a framework's attribute pointed at ours for a block, under one lock, the original put back after;
+  the one way the package changes a framework's module or class (the seams in ``_compat``).
+- :func:`collector_paused` and :class:`PauseBetweenCalls`: the one use of the process's garbage collector.
 """
 
 from __future__ import annotations
@@ -12,9 +16,9 @@ import contextlib
 import gc
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Executor
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 
@@ -41,6 +45,41 @@ def reset() -> None:
     for resource in made:
         if isinstance(resource, Executor):
             resource.shutdown(wait=True)
+
+
+_SWAP = threading.RLock()  # one swap at a time across threads; a seam may nest another in its own thread
+
+
+@contextlib.contextmanager
+def swapped(
+    owner: object,
+    values: Mapping[str, object] | None = None,
+    wrapped: Mapping[str, Callable[[Any], object]] | None = None,
+) -> Iterator[None]:
+    """Within the block, each attribute of ``owner`` (a framework's module or class) named in ``values`` is the value
+    given, and each named in ``wrapped`` is ``wrap(original)``; the originals are put back after, also when the block
+    fails. One block at a time in the process (another thread's swap waits for it; a swap may nest another in its
+    own thread): two swaps of one name must not put back, or wrap, each other's values.
+
+    Args:
+        owner: the module or object whose attributes are swapped.
+        values: name -> the value within the block.
+        wrapped: name -> a function of the original giving the value within the block.
+
+    Raises:
+        AttributeError: ``owner`` has no such attribute (nothing is swapped).
+    """
+    with _SWAP:
+        values, wrapped = values or {}, wrapped or {}
+        originals = {name: getattr(owner, name) for name in [*values, *wrapped]}
+        within = {**values, **{name: wrap(originals[name]) for name, wrap in wrapped.items()}}
+        try:
+            for name, value in within.items():
+                setattr(owner, name, value)
+            yield
+        finally:
+            for name, original in originals.items():
+                setattr(owner, name, original)
 
 
 _pause_lock = threading.Lock()
@@ -91,9 +130,10 @@ class PauseBetweenCalls:
     """A pause of the collector (as :func:`collector_paused`, on the main thread only) that one call begins and a
     later one ends: DCP plans a save between its storage writer's ``set_up_storage_writer`` and ``write_data`` (a load
     between ``set_up_storage_reader`` and ``read_data``), and the plan of thousands of items sets off full
-    collections too (``benchmarks/results/round10``). A plan that fails never reaches ``write_data``, and its error
-    holds the writer in a reference cycle: the pause then ends at the owner's next :meth:`begin`, when the owner is
-    collected, or ``longest_s`` after it began, whichever comes first.
+    collections too (``benchmarks/results/round10``), as do the items written or read then. The later call runs in
+    :meth:`through`: the pause lasts to its end, however long. A plan that fails never reaches ``write_data``, and
+    its error holds the writer in a reference cycle: the pause then ends at the owner's next :meth:`begin`, when the
+    owner is collected, or ``longest_s`` after it began, whichever comes first.
 
     Args:
         owner: the object whose calls begin and end the pause (a writer or reader).
@@ -116,6 +156,17 @@ class PauseBetweenCalls:
         with self._lock:
             self._deadline = deadline
         deadline.start()
+
+    @contextlib.contextmanager
+    def through(self) -> Iterator[None]:
+        """The call that ends the pause: it lasts to the end of the block (its deadline no longer applies)."""
+        with self._lock:
+            if self._deadline is not None:
+                self._deadline.cancel()
+        try:
+            yield
+        finally:
+            self.end()
 
     def end(self) -> None:
         with self._lock:

@@ -110,7 +110,7 @@ def test_verify_ok(capsys, zstd_ckpt):
     status, out, err = run(capsys, "verify", zstd_ckpt)
     assert status == 0 and err == ""  # no progress bar when stderr is not a terminal
     assert out.startswith(f"OK: {STATE_TENSORS} tensors,") and "checksums and decode verified" in out
-    assert fileformat.decode._progress.get() is None
+    assert fileformat.load_context.active() is None  # the progress bar's setting ended with the command
 
 
 def test_verify_damaged_blob_exits_1_naming_file_and_tensor(capsys, big_ckpt):

@@ -130,8 +130,8 @@ def test_dcp_file_system_reader_is_ours_only_within_the_block(tmp_path):
     the block fails."""
     import torch.distributed.checkpoint as dcp
 
+    from lightning_nvcomp._compat.dcp import filesystem_classes_as
     from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
-    from lightning_nvcomp.integrations.dcp.names import filesystem_classes_as
 
     own = dcp.FileSystemReader
     state = {"w": torch.arange(1000, dtype=torch.float32)}

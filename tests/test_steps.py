@@ -1,5 +1,5 @@
-"""Training's slowdown while writes run behind it: real optimizer steps timed by the global step hook, the
-policy's objective counting it, and a real Trainer reporting it."""
+"""Training's slowdown while writes run behind it: real optimizer steps timed by their step hooks, the policy's
+objective counting it, and a real Trainer reporting it."""
 
 from __future__ import annotations
 
@@ -36,9 +36,10 @@ def test_steps_with_a_write_behind_them_are_timed_apart_from_the_others():
     more step time each); steps in which the write began or ended count as neither kind."""
     writing = [False]
     timer = StepTimer(lambda: writing[0])
+    opt = _optimizer()
+    timer.watch([opt])
     timer.start()
     try:
-        opt = _optimizer()
         _steps(opt, MIN_STEPS + 1, 0.01)
         assert timer.slowdown() is None  # no step with a write behind it yet
         for _ in range(3):
@@ -55,8 +56,9 @@ def test_steps_with_a_write_behind_them_are_timed_apart_from_the_others():
 def test_a_step_a_save_started_in_is_not_timed_and_stop_removes_the_hook():
     writing = [False]
     timer = StepTimer(lambda: writing[0])
-    timer.start()
     opt = _optimizer()
+    timer.watch([opt])
+    timer.start()
     _steps(opt, MIN_STEPS + 1, 0.005)
     writing[0] = True
     _steps(opt, MIN_STEPS + 1, 0.05, between=timer.save_started)  # each of these steps holds a save

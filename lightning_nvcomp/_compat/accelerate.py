@@ -13,22 +13,25 @@ look them up (``accelerate.utils.fsdp_utils``: ``save_fsdp_model``, ``save_fsdp_
 body and call ``dist_cp.save(..., storage_writer=dist_cp.FileSystemWriter(ckpt_dir))`` /
 ``dist_cp.load(..., storage_reader=dist_cp.FileSystemReader(ckpt_dir))``, with no way to pass a writer or reader in:
 while the attached ``save_state`` / ``load_state`` runs, those names are the compressed DCP writer's and reader's
-factories (:func:`lightning_nvcomp.integrations.dcp.names.filesystem_classes_as`).
+factories (:func:`lightning_nvcomp._compat.dcp.filesystem_classes_as`).
+
+``Accelerator._optimizers`` (read in Accelerate 1.16; a list since 0.x): the optimizers ``prepare`` returned, each an
+``AcceleratedOptimizer`` around the user's (its ``optimizer``). No public attribute lists them, and the attachment
+times their steps while a checkpoint is written behind training (:class:`~lightning_nvcomp.auto.steps.StepTimer`);
+where the name is gone, no step is timed (the slowdown is not measured).
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Iterator
-from types import ModuleType
 from typing import Any
 
 import accelerate.checkpointing as checkpointing
+import torch
 
-from lightning_nvcomp.integrations.dcp.names import filesystem_classes_as
-
-_SWAP = threading.Lock()  # one swap at a time: two attached Accelerators must not restore each other's functions
+from lightning_nvcomp._compat.dcp import filesystem_classes_as
+from lightning_nvcomp._process import swapped
 
 
 @contextlib.contextmanager
@@ -40,22 +43,24 @@ def checkpoint_io_as(
 ) -> Iterator[None]:
     """Within the block, ``accelerate.checkpointing.save`` is ``save`` and ``accelerate.checkpointing.load`` is
     ``load(original load)``, and Accelerate's FSDP sharded checkpoints are written by ``dcp_writer(ckpt_dir)`` and
-    read by ``dcp_reader(ckpt_dir)`` (each where given); the originals are put back after."""
-    wanted: list[tuple[ModuleType, str, Any]] = [
-        (checkpointing, name, given) for name, given in (("save", save), ("load", load)) if given is not None
+    read by ``dcp_reader(ckpt_dir)`` (each where given); the originals are put back after
+    (:func:`~lightning_nvcomp._process.swapped`)."""
+    names = [name for name, given in (("save", save), ("load", load)) if given is not None]
+    missing = [f"accelerate.checkpointing.{name}" for name in names if not hasattr(checkpointing, name)]
+    if missing:
+        raise RuntimeError(
+            f"no {', '.join(missing)} (an Accelerate newer than 1.15?): lightning_nvcomp cannot route "
+            "save_state/load_state through its writer; please report it"
+        )
+    functions = {"save": save} if save is not None else {}
+    wrapped = {"load": load} if load is not None else {}
+    with swapped(checkpointing, functions, wrapped), filesystem_classes_as(dcp_writer, dcp_reader):
+        yield
+
+
+def optimizers_of(accelerator: Any) -> list[torch.optim.Optimizer]:
+    """The torch optimizers ``accelerator.prepare`` wrapped (none where Accelerate has no ``_optimizers``)."""
+    prepared = getattr(accelerator, "_optimizers", None) or []
+    return [
+        getattr(o, "optimizer", o) for o in prepared if isinstance(getattr(o, "optimizer", o), torch.optim.Optimizer)
     ]
-    with _SWAP, filesystem_classes_as(dcp_writer, dcp_reader):
-        originals = [(module, name, getattr(module, name, None)) for module, name, _ in wanted]
-        missing = [f"{module.__name__}.{name}" for module, name, original in originals if original is None]
-        if missing:
-            raise RuntimeError(
-                f"no {', '.join(missing)} (an Accelerate newer than 1.15?): lightning_nvcomp cannot route "
-                "save_state/load_state through its writer; please report it"
-            )
-        for (module, name, given), (_, _, original) in zip(wanted, originals):
-            setattr(module, name, given(original) if name == "load" else given)
-        try:
-            yield
-        finally:
-            for module, name, original in originals:
-                setattr(module, name, original)

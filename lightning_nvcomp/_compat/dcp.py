@@ -6,10 +6,19 @@ pyproject claims ``torch>=2.4``; the tests run on the torch of ``.venv`` (2.13).
 is there (a later release may drop it). Where it is missing, a public equivalent is used if there is one; otherwise
 the feature that needs it raises a ``RuntimeError`` naming the name and the installed torch. Importing fails only
 where torch's DCP itself is older than the package supports or lacks what every checkpoint needs.
+
+And one seam on other frameworks' use of DCP: the names ``torch.distributed.checkpoint.FileSystemWriter`` /
+``FileSystemReader`` as Accelerate's FSDP checkpoint functions (``accelerate.utils.fsdp_utils``, 0.2x-1.16) and
+Lightning's ``FSDPStrategy.load_checkpoint`` (2.1-2.6, FSDP1's optimizer state) look them up: they make DCP's writer
+or reader themselves, with no way to pass one in, resolving the names on ``torch.distributed.checkpoint`` at each
+call. The names are torch's public ones; that those frameworks resolve them there and then is their internal
+detail. :func:`filesystem_classes_as` points them at the compressed writer's and reader's factories while such a call
+runs (torch's own code imports the classes from ``torch.distributed.checkpoint.filesystem`` and does not see it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import re
 from collections.abc import Callable, Sequence
@@ -17,9 +26,12 @@ from types import ModuleType
 from typing import IO, Any, NoReturn
 
 import torch
+import torch.distributed.checkpoint as _dist_cp
 import torch.distributed.checkpoint.filesystem as _filesystem
 import torch.distributed.checkpoint.metadata as _metadata
 from torch.distributed.checkpoint.planner import ReadItem, WriteItem
+
+from lightning_nvcomp._process import swapped
 
 
 def _release(version: str) -> tuple[int, int]:
@@ -106,6 +118,7 @@ __all__ = [
     "StorageInfo",
     "dtensor_like",
     "dtensor_local",
+    "filesystem_classes_as",
     "iterate_state_dict",
     "load_transformed",
     "metadata_path",
@@ -264,3 +277,16 @@ def torch_zip_reader() -> Callable[[IO[bytes]], object] | None:
     """``torch._C.PyTorchFileReader`` (1.x+): torch's own zip reader (miniz), which refuses some damage ``zipfile``
     ignores. Fallback: None (the ``zipfile`` checks alone)."""
     return getattr(torch._C, "PyTorchFileReader", None) if TORCH >= (2, 0) else None
+
+
+# -- the names other frameworks look DCP's storage classes up by -------------------------------------------------
+
+
+def filesystem_classes_as(
+    writer: Callable[..., Any] | None = None, reader: Callable[..., Any] | None = None
+) -> contextlib.AbstractContextManager[None]:
+    """Within the block, ``torch.distributed.checkpoint.FileSystemWriter`` is ``writer`` and ``FileSystemReader``
+    is ``reader`` (each where given); DCP's own classes are put back after, also when the block fails
+    (:func:`~lightning_nvcomp._process.swapped`)."""
+    given = {name: value for name, value in (("FileSystemWriter", writer), ("FileSystemReader", reader)) if value}
+    return swapped(_dist_cp, given)

@@ -10,7 +10,7 @@ compressed reader while ``load_checkpoint`` runs, so loads decode in bulk (DCP's
 item). FSDP1's optimizer state is read by a ``FileSystemReader(path=path)`` that ``FSDPStrategy.load_checkpoint``
 (Lightning 2.1-2.6) makes itself, importing the name from ``torch.distributed.checkpoint`` as it runs: the compressed
 strategy points that name at its reader while the load runs
-(:func:`lightning_nvcomp.integrations.dcp.names.filesystem_classes_as`).
+(:func:`lightning_nvcomp._compat.dcp.filesystem_classes_as`).
 
 ``FSDPStrategy._state_dict_type`` (Lightning 2.1-2.6) and ``ModelParallelStrategy._save_distributed_checkpoint``
 (Lightning 2.4-2.6): the constructor arguments ``state_dict_type`` and ``save_distributed_checkpoint`` as the
@@ -22,29 +22,28 @@ sharded ones.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
+
+from lightning_nvcomp._process import swapped
 
 DISTRIBUTED_SAVE = "_distributed_checkpoint_save"
 DISTRIBUTED_LOAD = "_distributed_checkpoint_load"
 
 
-@contextlib.contextmanager
-def distributed_checkpoint_helper_as(module: ModuleType, name: str, helper: Callable[..., Any]) -> Iterator[None]:
+def distributed_checkpoint_helper_as(
+    module: ModuleType, name: str, helper: Callable[..., Any]
+) -> contextlib.AbstractContextManager[None]:
     """Within the block, ``module``'s sharded-checkpoint helper ``name`` (:data:`DISTRIBUTED_SAVE` or
-    :data:`DISTRIBUTED_LOAD`) is ``helper``; the original is put back after."""
-    original = getattr(module, name, None)
-    if original is None:
+    :data:`DISTRIBUTED_LOAD`) is ``helper``; the original is put back after
+    (:func:`~lightning_nvcomp._process.swapped`)."""
+    if getattr(module, name, None) is None:
         raise RuntimeError(
             f"{module.__name__} has no {name} (a Lightning newer than 2.6?): the compressed sharded strategies "
             "cannot route its sharded checkpoints; please report it"
         )
-    setattr(module, name, helper)
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
+    return swapped(module, {name: helper})
 
 
 def _setting(strategy: Any, name: str) -> Any:

@@ -5,9 +5,10 @@ runs. ``_load``'s local ``unpickler`` is the unpickler of that load; ``load``'s 
 (a path or a file object) and ``opened_file`` the file object it reads. ``decode_tensor`` is reachable from any
 ``torch.load`` once the package is imported: to bound what one load may decode (a decompression bomb must not
 exhaust memory), to decode copies of one record once and to name the file in its errors, it needs to know which
-load, of which file, it is part of. Our own loaders say so explicitly; for a plain ``torch.load`` it is found on the
-stack. When torch changes and it is not found, the bound applies per record and errors cannot name the file (see
-``format.load_state``).
+load, of which file, it is part of. Our own loaders say so explicitly (their ``LoadContext``); a plain
+``torch.load`` calls it with the pickled arguments alone, which cannot say which load they are part of: there it is
+found on the stack, the one stack inspection of the package. When torch changes and it is not found, the bound
+applies per record and errors cannot name the file (see ``format.load_context``).
 
 ``torch._utils._get_obj_state`` and ``torch._tensor._rebuild_from_type_v2`` (2.4-2.13): the Python attributes of a
 tensor as ``torch.save`` stores them (``Tensor.__reduce_ex__``), and the call that sets them on the rebuilt tensor

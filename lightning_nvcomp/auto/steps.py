@@ -1,16 +1,16 @@
-"""How much slower training runs while a checkpoint is written behind it: the process's optimizer steps timed, each
-as run with a background write in progress or with none (:class:`StepTimer`). ``auto`` counts the time this costs
-in its objective, and the savings metrics report it (``slowdown``, ``slowed_s``)."""
+"""How much slower training runs while a checkpoint is written behind it: the run's optimizer steps timed, each as
+run with a background write in progress or with none (:class:`StepTimer`). ``auto`` counts the time this costs in
+its objective, and the savings metrics report it (``slowdown``, ``slowed_s``)."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from collections import deque
+from collections.abc import Iterable
 from typing import Any, Callable
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 
 #: Steps kept of each kind (run with a write behind them, or with none): the slowdown compares their medians.
@@ -26,14 +26,16 @@ def slowed_seconds(slowdown: float, behind_s: float) -> float:
 
 
 class StepTimer:
-    """Times every optimizer step of the process (a global ``torch.optim`` step hook: Lightning's, Accelerate's and
-    plain loops alike) and tells how much longer a step takes while a background write is in progress.
+    """Times the steps of the run's optimizers (:meth:`watch`: the Trainer's, the Accelerator's) and tells how much
+    longer a step takes while a background write is in progress.
 
-    A step's time runs from the end of the previous ``step()`` of the same optimizer to the end of its own (the
-    forward, backward and update between). A step during which a save started (:meth:`save_started`) is not timed:
-    its time is the save's, counted as blocked. The others are kept by kind: a write in progress at both ends of the
-    step (``busy()``), or at neither; a step a write began or ended in counts as neither. The last :data:`WINDOW` of
-    each kind are kept.
+    Each watched optimizer gets a step hook of its own (``Optimizer.register_step_post_hook``) from :meth:`start` (or
+    from :meth:`watch`, once started) until :meth:`stop`, which removes every hook and forgets the optimizers; no
+    other optimizer of the process is touched. A step's time runs from the end of the previous ``step()`` of the same
+    optimizer to the end of its own (the forward, backward and update between). A step during which a save started
+    (:meth:`save_started`) is not timed: its time is the save's, counted as blocked. The others are kept by kind: a
+    write in progress at both ends of the step (``busy()``), or at neither; a step a write began or ended in counts as
+    neither. The last :data:`WINDOW` of each kind are kept.
 
     Args:
         busy: whether a background write is in progress now (called on the training thread at each step's end).
@@ -43,18 +45,35 @@ class StepTimer:
         self._busy = busy
         self._last: dict[int, tuple[float, bool]] = {}  # id(optimizer) -> (its last step's end, busy then)
         self._times: dict[bool, deque[float]] = {True: deque(maxlen=WINDOW), False: deque(maxlen=WINDOW)}
-        self._handle: RemovableHandle | None = None
+        self._watched: list[torch.optim.Optimizer] = []
+        self._hooks: dict[int, RemovableHandle] = {}  # id(optimizer) -> its hook, while started
+        self._started = False
+
+    def watch(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
+        """Time these optimizers' steps too (those watched already are left as they are)."""
+        for optimizer in optimizers:
+            if all(optimizer is not known for known in self._watched):
+                self._watched.append(optimizer)
+        if self._started:
+            self._hook()
 
     def start(self) -> None:
-        """Time the steps from now on (the hook is installed once)."""
-        if self._handle is None:
-            self._handle = register_optimizer_step_post_hook(self._step_done)
+        """Time the watched optimizers' steps from now on."""
+        self._started = True
+        self._hook()
+
+    def _hook(self) -> None:
+        for optimizer in self._watched:
+            if id(optimizer) not in self._hooks:
+                self._hooks[id(optimizer)] = optimizer.register_step_post_hook(self._step_done)
 
     def stop(self) -> None:
-        """Stop timing (remove the hook); what was measured stays."""
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        """Stop timing: remove every hook and forget the optimizers; what was measured stays."""
+        for handle in self._hooks.values():
+            handle.remove()
+        self._hooks.clear()
+        self._watched.clear()
+        self._started = False
         self._last.clear()
 
     def save_started(self) -> None:

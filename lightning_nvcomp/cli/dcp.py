@@ -21,8 +21,8 @@ from tqdm import tqdm
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp._compat.dcp import StorageInfo
 from lightning_nvcomp.cli.common import EXIT_OK, explain
-from lightning_nvcomp.integrations.dcp import NvcompFileSystemReader
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, RefusedObjectsError
+from lightning_nvcomp.integrations.dcp import NvcompFileSystemReader
 from lightning_nvcomp.integrations.dcp.metadata import METADATA, check_storage_info
 from lightning_nvcomp.storage import storage_for
 from lightning_nvcomp.telemetry.stats import ratio

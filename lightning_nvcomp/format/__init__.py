@@ -2,21 +2,18 @@
 ``decode_tensor`` and every other storage through ``decode_storage``, from checksummed records.
 
 ``contents`` finds what an object holds, ``writer`` codes it into an archive (``zip``), ``decode`` holds the decoders
-``torch.load`` calls, ``reader`` loads and checks a file. The choice of codec is not the format's: see ``saving``.
+``torch.load`` calls (``placement`` validates their arguments, ``load_context`` says which load they are part of,
+``load_state`` bounds it), ``reader`` loads a file and ``zip_checks`` checks it. The choice of codec is not the
+format's: see ``saving``.
 """
 
 from lightning_nvcomp.format.contents import DTYPES, Contents, find_contents
-from lightning_nvcomp.format.decode import (
-    TensorInfo,
-    decode_progress,
-    decode_storage,
-    decode_tensor,
-    storage_check,
-    tensor_check,
-)
+from lightning_nvcomp.format.decode import decode_storage, decode_tensor, storage_check, tensor_check
+from lightning_nvcomp.format.load_context import LoadContext, TensorInfo, decode_progress, new_load
 from lightning_nvcomp.format.load_state import DECODE_ALLOWANCE, DECODE_LIMIT_ENV, DECODE_MULTIPLE, LoadState
-from lightning_nvcomp.format.reader import check_zip, describe, load, read
+from lightning_nvcomp.format.reader import describe, load, read
 from lightning_nvcomp.format.writer import Snapshot, snapshot
+from lightning_nvcomp.format.zip_checks import check_zip
 
 __all__ = [
     "DECODE_ALLOWANCE",
@@ -24,6 +21,7 @@ __all__ = [
     "DECODE_MULTIPLE",
     "DTYPES",
     "Contents",
+    "LoadContext",
     "LoadState",
     "Snapshot",
     "check_zip",
@@ -34,6 +32,7 @@ __all__ = [
     "describe",
     "find_contents",
     "load",
+    "new_load",
     "read",
     "snapshot",
     "storage_check",

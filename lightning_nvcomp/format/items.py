@@ -18,9 +18,10 @@ import torch
 
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
-from lightning_nvcomp.format.decode import Placement, _keep_on_gpu, decode_tensor, decode_tensors, tensor_check
+from lightning_nvcomp.format.decode import Placement, decode_tensor, decode_tensors, tensor_check
 from lightning_nvcomp.format.item_batches import CodedTensor
-from lightning_nvcomp.format.load_state import LoadState, _load
+from lightning_nvcomp.format.load_context import LoadContext, loading, new_load
+from lightning_nvcomp.format.load_state import LoadState
 from lightning_nvcomp.format.reader import read
 from lightning_nvcomp.format.writer import _StorageKey, _StoredBlob
 from lightning_nvcomp.format.zip import ArchiveWriter
@@ -217,6 +218,12 @@ class _Call:
         self.args = args
 
 
+def _item_load(device: torch.device, state: LoadState) -> LoadContext:
+    """The context of the items of one load read onto ``device``: ``state`` shared by them all, records saved from a
+    GPU decoded there for a CUDA ``device``."""
+    return new_load(state=state, keep_on_gpu=device.type == "cuda")
+
+
 def read_tensor(data: torch.Tensor, name: str, device: torch.device, state: LoadState) -> torch.Tensor:
     """Read one tensor item: ``data`` (1-D uint8 CPU) is a whole archive. An archive as :func:`write_tensor` writes it
     is parsed here (its offsets checked, its pickle's CRC-32 checked, its one ``decode_tensor`` call run, which
@@ -224,19 +231,17 @@ def read_tensor(data: torch.Tensor, name: str, device: torch.device, state: Load
     and every failure, goes through :func:`~lightning_nvcomp.format.reader.read`, which names what is wrong.
     CUDA ``device``: records saved from a GPU decode there. ``state``: the load's bound and records, shared by the
     items of one load."""
-    load_token, gpu_token = _load.set(state), _keep_on_gpu.set(device.type == "cuda")
+    context = _item_load(device, state)
     try:
-        tensor = _unpickle(data, decode_tensor)
+        with loading(context):
+            tensor = _unpickle(data, decode_tensor)
     except CheckpointError as err:  # damage found by the decoder: name the item
         raise type(err)(err.args[0] if str(err).startswith(name) else f"{name}: {err}") from None
     except _MALFORMED:
         tensor = None
-    finally:
-        _keep_on_gpu.reset(gpu_token)
-        _load.reset(load_token)
     if tensor is None:
         location = device if device.type == "cuda" else torch.device("cpu")
-        tensor = read(io.BytesIO(memoryview(data.numpy())), name, map_location=location, state=state)
+        tensor = read(io.BytesIO(memoryview(data.numpy())), name, map_location=location, context=context)
     if not isinstance(tensor, torch.Tensor):
         raise CorruptCheckpointError(f"{name}: holds a {type(tensor).__name__}, not a tensor")
     return tensor
@@ -260,7 +265,8 @@ def read_tensors(
     ours = [i for i, call in enumerate(calls) if call is not None]
     tensors: dict[int, torch.Tensor] = {}
     try:
-        decoded = decode_tensors([calls[i].args for i in ours], device, state, as_decoded)  # type: ignore[union-attr]
+        args = [calls[i].args for i in ours]  # type: ignore[union-attr]
+        decoded = decode_tensors(args, device, _item_load(device, state), as_decoded)
         tensors.update(zip(ours, decoded))
     except CheckpointError:
         pass  # read one by one below: the item at fault raises, named

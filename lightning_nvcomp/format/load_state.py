@@ -1,19 +1,13 @@
-"""What one load may decode and has decoded (:class:`LoadState`), and how a decoder finds the state of the load
-that calls it: set by our loaders (``_load``), one per plain ``torch.load`` call (found on the stack, see
-``_compat.torch``: its file named in errors, its size the base of the bound), or one per record where neither is
-known."""
+"""What one load may decode and has decoded (:class:`LoadState`): the bound that guards against decompression bombs,
+and the records decoded so far (copies of one record decode once). Which load a decoder call belongs to is the
+:class:`~lightning_nvcomp.format.load_context.LoadContext`'s."""
 
 from __future__ import annotations
 
-import contextvars
-import io
 import os
-import stat
-import weakref
 
 import torch
 
-from lightning_nvcomp._compat import torch as _torch_compat
 from lightning_nvcomp.errors import DecodeLimitError
 
 #: Default bound on what one load decodes: this multiple of the file's size plus :data:`DECODE_ALLOWANCE` bytes.
@@ -102,74 +96,3 @@ class LoadState:
                 f"max_decoded_nbytes=N) or the environment variable {DECODE_LIMIT_ENV}=N (bytes, or 'unlimited')"
             )
         self.decoded += nbytes
-
-
-#: The state of the load running in this context (our loaders set it; see :func:`_load_state`).
-_load: contextvars.ContextVar[LoadState | None] = contextvars.ContextVar("load", default=None)
-
-
-#: States of plain torch.load calls, by their unpickler (freed with it, when the load ends).
-_torch_loads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-#: Without a known load (torch changed), records are cached by their first blob, and bounded one by one: by the
-#: blob's id, dropped when the blob is (tensors compare elementwise, so they cannot be weak dictionary keys).
-_orphans: dict[int, LoadState] = {}
-
-
-def _load_state(blobs: object) -> LoadState:
-    """The state of the load that calls the decoder (``blobs``: its first argument, as given)."""
-    state = _load.get()
-    if state is not None:
-        return state
-    found = _torch_compat.current_torch_load()
-    if found is not None:
-        try:
-            state = _torch_loads.get(found.unpickler)
-            if state is None:
-                state = _torch_loads[found.unpickler] = LoadState(_source_name(found), file_nbytes=_source_size(found))
-            return state
-        except TypeError:  # not weak-referenceable: treat as unknown
-            pass
-    if not isinstance(blobs, list) or not blobs or not isinstance(blobs[0], torch.Tensor):
-        return LoadState()
-    key = id(blobs[0])
-    if key not in _orphans:
-        _orphans[key] = LoadState()
-        weakref.finalize(blobs[0], _orphans.pop, key, None)
-    return _orphans[key]
-
-
-def _source_name(load: _torch_compat.TorchLoad) -> str:
-    """How errors name the file a plain ``torch.load`` reads: its absolute path, its URL (an fsspec file), or what
-    kind of file object it is."""
-    for source in (load.source, load.opened):
-        if isinstance(source, (str, os.PathLike)):
-            return os.path.abspath(os.fspath(source))
-        for attribute in ("full_name", "name", "path"):  # fsspec files have full_name (a URL), files a name
-            value = getattr(source, attribute, None)
-            if isinstance(value, str) and value:
-                return value if "://" in value else os.path.abspath(value)
-    if load.source is None:
-        return "the file torch.load is reading"
-    return f"the {type(load.source).__name__} torch.load is reading"
-
-
-def _source_size(load: _torch_compat.TorchLoad) -> int | None:
-    """The size of the file a plain ``torch.load`` reads (None if unknown): the base of its decode bound."""
-    f = load.opened
-    if f is None:
-        return None
-    try:
-        status = os.fstat(f.fileno())  # type: ignore[attr-defined]
-        if stat.S_ISREG(status.st_mode):
-            return status.st_size
-    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-        pass
-    try:  # torch's reader seeks before every read of a file object: moving its position changes nothing
-        position = f.tell()  # type: ignore[attr-defined]
-        size = f.seek(0, os.SEEK_END)  # type: ignore[attr-defined]
-        f.seek(position)  # type: ignore[attr-defined]
-    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-        return None
-    return size if isinstance(size, int) else None

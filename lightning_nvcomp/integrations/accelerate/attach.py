@@ -54,11 +54,13 @@ try:
     from accelerate.state import PartialState
     from accelerate.utils import DistributedType
 
-    from lightning_nvcomp._compat.accelerate import checkpoint_io_as
+    from lightning_nvcomp._compat.accelerate import checkpoint_io_as, optimizers_of
 except ImportError as err:
     raise MissingExtraError("accelerate", "lightning_nvcomp.integrations.accelerate.attach (attach)", err) from err
 
+from lightning_nvcomp._process import swapped
 from lightning_nvcomp.integrations.dcp import DcpCheckpointStats, NvcompFileSystemReader, NvcompFileSystemWriter
+from lightning_nvcomp.integrations.dcp.writer import new_policy
 from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.saving.writer import CheckpointWriter
 from lightning_nvcomp.storage import is_url
@@ -86,6 +88,7 @@ class Attachment:
         if isinstance(getattr(accelerator.save_state, "__self__", None), Attachment):
             raise ValueError("this Accelerator already has lightning_nvcomp attached: detach() it first")
         self.accelerator, self.writer, self.state_on_gpu = accelerator, writer, state_on_gpu
+        self.dcp_policy = new_policy()  # FSDP sharded parts: the storage probed, the codecs calibrated once
         #: The DCP parts of the last FSDP sharded ``save_state``, by directory name (``pytorch_model_fsdp_0``,
         #: ``optimizer_0``); empty for other saves.
         self.last_sharded: dict[str, ShardedPart] = {}
@@ -107,6 +110,7 @@ class Attachment:
         docstring); automatic naming into a URL project directory is refused (ValueError naming it) before anything
         is created."""
         self._check_naming(output_dir)
+        self.writer.steps.watch(optimizers_of(self.accelerator))  # their steps timed until detach
         if self._prunes():  # Accelerate deletes older checkpoints now: they stay until the newer are durable
             self.wait()
         else:
@@ -118,7 +122,8 @@ class Attachment:
         with self._standing_in(output_dir, upload=True) as (local_dir, at):
 
             def shard_writer(path: str | os.PathLike, **writer_kwargs: Any) -> NvcompFileSystemWriter:
-                parts.append(NvcompFileSystemWriter(at(path), options=self.writer.options, **writer_kwargs))
+                options = self.writer.options
+                parts.append(NvcompFileSystemWriter(at(path), options=options, policy=self.dcp_policy, **writer_kwargs))
                 return parts[-1]
 
             def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
@@ -207,19 +212,15 @@ class Attachment:
     @contextlib.contextmanager
     def _sharded_state_on_gpu(self) -> Iterator[None]:
         """Within the block, an FSDP sharded plugin's state-dict configs do not offload to the CPU (see the module
-        docstring); the plugin's own objects are put back after."""
+        docstring); the plugin's own objects are put back after (:func:`~lightning_nvcomp._process.swapped`)."""
         plugin = self._sharded_plugin() if self.state_on_gpu else None
         if plugin is None or _params_offloaded(plugin):
             yield
             return
-        configs = plugin.state_dict_config, plugin.optim_state_dict_config
-        plugin.state_dict_config, plugin.optim_state_dict_config = (
-            None if c is None else dataclasses.replace(c, offload_to_cpu=False) for c in configs
-        )
-        try:
+        names = ("state_dict_config", "optim_state_dict_config")
+        on_gpu = {name: _on_gpu for name in names if getattr(plugin, name) is not None}
+        with swapped(plugin, wrapped=on_gpu):
             yield
-        finally:
-            plugin.state_dict_config, plugin.optim_state_dict_config = configs
 
     def _sharded_plugin(self) -> Any:
         """The Accelerator's FSDP plugin if it saves sharded state dicts, else None."""
@@ -287,6 +288,11 @@ class Attachment:
 
 def _same(path: Any) -> Any:
     return path
+
+
+def _on_gpu(config: Any) -> Any:
+    """A copy of an FSDP state-dict config that does not offload to the CPU."""
+    return dataclasses.replace(config, offload_to_cpu=False)
 
 
 def _params_offloaded(plugin: Any) -> bool:

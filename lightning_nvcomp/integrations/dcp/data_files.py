@@ -24,7 +24,6 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp._compat import dcp as _compat
-from lightning_nvcomp._process import collector_paused
 from lightning_nvcomp.errors import CheckpointError
 from lightning_nvcomp.format import items as tensor_items
 from lightning_nvcomp.format.item_batches import RAW_NBYTES, CodedTensor, code_tensors, storable
@@ -91,12 +90,11 @@ class DataFiles:
                 errors.append(err)
 
         threads = [threading.Thread(target=worker, name=f"lnv-dcp-{i}") for i in range(1, self.thread_count)]
-        with collector_paused():  # a record's few objects per item would set off a full collection
-            for t in threads:
-                t.start()
-            worker()
-            for t in threads:
-                t.join()
+        for t in threads:  # the collector is paused (the writer's write_data)
+            t.start()
+        worker()
+        for t in threads:
+            t.join()
         if errors:
             raise errors[0]
         return outcomes

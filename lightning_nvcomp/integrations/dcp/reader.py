@@ -92,10 +92,8 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
         self._planning.begin()
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        try:
+        with self._planning.through():  # thousands of decoded items would set off full collections too
             self._read_plan(plan, planner)
-        finally:
-            self._planning.end()
         fut: Future = Future()
         fut.set_result(None)
         return fut
@@ -115,9 +113,8 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
         # One decode bound for the whole load, as for one file (fileformat.LoadState: 16 x its bytes + 256 MiB), from
         # the bytes stored: items that point into the same bytes do not raise it.
         budget = fileformat.LoadState(str(self.path), file_nbytes=_stored_nbytes(per_file))
-        with collector_paused():  # thousands of decoded items would set off full collections
-            for relative_path, reqs in per_file.items():
-                self._read_file(relative_path, reqs, planner, budget)
+        for relative_path, reqs in per_file.items():
+            self._read_file(relative_path, reqs, planner, budget)
 
     def _read_file(
         self,
@@ -199,7 +196,7 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
             return
         # As DCP's reader, torch.load reads the item from the file itself (one copy); every CRC-32 is checked, the
         # tensor's over the bytes loaded (format.read). The caller has checked that the file holds the whole item.
-        tensor = fileformat.read(source, where, map_location="cpu", state=budget)
+        tensor = fileformat.read(source, where, map_location="cpu", context=fileformat.new_load(state=budget))
         if not isinstance(tensor, torch.Tensor):
             raise CorruptCheckpointError(f"{where}: holds a {type(tensor).__name__}, not a tensor")
         self._commit(req, tensor, planner.resolve_tensor(req).detach(), planner, where)

@@ -46,12 +46,19 @@ STAGE_COMPRESS = tuple(STAGE_DEVICES)
 _DATA_FILE = re.compile(r"^__\d+_\d+(\.[0-9a-f]+)?" + re.escape(DEFAULT_SUFFIX) + "$")
 
 
+def new_policy() -> CodecPolicy:
+    """A policy for the sharded saves of one run, which its run object keeps (a compressed strategy, an
+    attachment) and gives every writer it makes: the storage is probed and the codecs calibrated once per run."""
+    return CodecPolicy(mode="sync", collective=True, per_tensor=True)  # write_data codes item by item
+
+
 def default_policy(mode: str) -> CodecPolicy:
-    """The policy behind ``codec="auto"`` when none is given: one per process and mode, so the storage is probed
-    once per run (Lightning and Accelerate create a new writer for every save). Both modes share one set of
-    measurements: the storage is probed and the codecs calibrated once, whichever save comes first."""
-    if mode == "sync":  # write_data codes item by item
-        return shared("dcp-policy-sync", lambda: CodecPolicy(mode="sync", collective=True, per_tensor=True))
+    """The policy behind ``codec="auto"`` when none is given: one per process and mode, so that writers made one per
+    save with no run object to keep a policy (``dcp.save(state, storage_writer=NvcompFileSystemWriter(path))``)
+    probe the storage once. Both modes share one set of measurements: the storage is probed and the codecs
+    calibrated once, whichever save comes first."""
+    if mode == "sync":
+        return shared("dcp-policy-sync", new_policy)
     return shared(f"dcp-policy-{mode}", lambda: default_policy("sync").in_mode(mode))
 
 
@@ -286,10 +293,8 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         ]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        try:
+        with self._planning.through():  # the items of thousands would set off full collections too
             results = self._write_plan(plan, planner)
-        finally:
-            self._planning.end()
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut

@@ -26,7 +26,7 @@ import torch
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.codec import pinned
 from lightning_nvcomp.integrations.dcp.staging import local_tensors_named
-from lightning_nvcomp.integrations.lightning.config import option_errors
+from lightning_nvcomp.integrations.lightning.config import one_line_errors
 from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.saving.writer import CheckpointWriter
 from lightning_nvcomp.storage import storage_for
@@ -67,7 +67,7 @@ class NvcompCheckpointIO(CheckpointIO):
 
     Raises: ValueError for an unknown codec or a size that is not positive, CodecUnavailableError for a codec that
     cannot run here (``ans`` without a GPU and nvCOMP), at once. Made by a LightningCLI config (jsonargparse), the
-    same error ends the program with one line on stderr, exit status 2 (see ``integrations/_config.py``). Each save's
+    same error ends the command with one line on stderr, exit status 2 (see :mod:`.config`). Each save's
     summary line is written above the progress bar when one is shown (the savings callback sets where it goes).
 
     ``load_checkpoint`` (a Trainer's resume) puts compressed tensors saved from a GPU back on this process's GPU,
@@ -93,10 +93,9 @@ class NvcompCheckpointIO(CheckpointIO):
         durable: str = "background",
         host_buffer_mb: int | None = None,
     ) -> None:
-        with option_errors(type(self).__name__):
-            options = SaveOptions.of(
-                codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd, remote, durable, host_buffer_mb
-            )
+        options = SaveOptions.of(
+            codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd, remote, durable, host_buffer_mb
+        )
         self.writer = CheckpointWriter(options, report=self._report)
         self.logger_attached = False
         #: Where each save's summary line goes (the savings callback sets it: around the progress bar); None:
@@ -158,6 +157,7 @@ def _register_with_pytorch_lightning() -> None:
 
 
 _register_with_pytorch_lightning()
+one_line_errors(NvcompCheckpointIO)
 
 
 def gpu_state_nbytes(module: Any, optimizers: list[Any], device_type: str = "cuda") -> int:
@@ -187,7 +187,9 @@ class SavingsLogging:
     last step (``max_steps``) or the last batch of its last epoch (``max_epochs``), before the checkpoints of that
     point are saved, it tells ``auto`` that the run ends after them (:attr:`~lightning_nvcomp.auto.policy.CodecPolicy.run_ending`):
     the fit waits for their writes. And at the fit's start it tells ``auto`` to count the interval to the first save
-    from there (:meth:`~lightning_nvcomp.auto.policy.CodecPolicy.run_started`)."""
+    from there (:meth:`~lightning_nvcomp.auto.policy.CodecPolicy.run_started`), and gives the checkpoint IO the
+    Trainer's optimizers, whose steps it times while writes run behind training
+    (:class:`~lightning_nvcomp.auto.steps.StepTimer`: a hook on each, removed by the IO's ``teardown``)."""
 
     def __init__(self) -> None:
         self.sources: list[Any] = []
@@ -221,6 +223,7 @@ class SavingsLogging:
         for source in self.sources:
             if isinstance(source, NvcompCheckpointIO):
                 source.writer.policy.run_started()
+                source.writer.steps.watch(trainer.optimizers)  # hooks until the IO's teardown
 
     def _flush(self, trainer: Any) -> None:
         for source in self.sources:

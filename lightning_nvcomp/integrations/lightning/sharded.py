@@ -27,7 +27,6 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
+from lightning_nvcomp._compat.dcp import filesystem_classes_as
 from lightning_nvcomp._compat.lightning import (
     DISTRIBUTED_LOAD,
     DISTRIBUTED_SAVE,
@@ -47,8 +47,7 @@ from lightning_nvcomp._compat.lightning import (
     model_parallel_saves_distributed,
 )
 from lightning_nvcomp.errors import MissingExtraError
-from lightning_nvcomp.integrations.dcp.names import filesystem_classes_as
-from lightning_nvcomp.integrations.lightning.config import option_errors
+from lightning_nvcomp.integrations.lightning.config import one_line_errors
 from lightning_nvcomp.options import SaveOptions
 
 try:
@@ -62,10 +61,9 @@ except ImportError as err:
     raise MissingExtraError("lightning", "NvcompFSDPStrategy and NvcompModelParallelStrategy", err) from err
 
 from lightning_nvcomp.integrations.dcp import DcpCheckpointStats, NvcompFileSystemReader, NvcompFileSystemWriter
+from lightning_nvcomp.integrations.dcp.writer import new_policy
 from lightning_nvcomp.telemetry import savings as telemetry
 from lightning_nvcomp.telemetry.stats import SaveStats
-
-_SWAP = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -122,10 +120,10 @@ class CompressedShardedSaves(abc.ABC):
     ) -> None:
         # The same options object as the checkpoint IO's: an unknown codec, or one this machine cannot run, fails
         # here, before the strategy is built and anything is written.
-        with option_errors(type(self).__name__):
-            options = SaveOptions.of(codec, gpu_hour_usd=gpu_hour_usd)
+        options = SaveOptions.of(codec, gpu_hour_usd=gpu_hour_usd)
         super().__init__(*args, **kwargs)
         self.options = options
+        self.policy = new_policy()  # this strategy's saves: the storage probed, the codecs calibrated once
         self.state_on_gpu = state_on_gpu
         self.savings = telemetry.Savings(self.options.gpu_hour_usd)
         self.logger_attached = False
@@ -183,13 +181,13 @@ class CompressedShardedSaves(abc.ABC):
         offloaded, self._offloaded = self._offloaded, []
 
         def compressed_save(converted_state: dict[str, Any], path: Path) -> None:
-            writers.append(NvcompFileSystemWriter(path, options=self.options))
+            writers.append(NvcompFileSystemWriter(path, options=self.options, policy=self.policy))
             dcp.save(converted_state, storage_writer=writers[-1])
             self.last_state = CollectedState(any(offloaded) if offloaded else None, writers[-1].shard_devices)
 
         step = int(checkpoint.get("global_step", 0))
         begin = time.perf_counter()
-        with _SWAP, distributed_checkpoint_helper_as(self._saver_module, DISTRIBUTED_SAVE, compressed_save):
+        with distributed_checkpoint_helper_as(self._saver_module, DISTRIBUTED_SAVE, compressed_save):
             super().save_checkpoint(checkpoint, filepath, storage_options)  # type: ignore[misc]
         if writers:  # a sharded save (a "full" one went through the CheckpointIO)
             self._record(writers[0], time.perf_counter() - begin, step, os.fspath(filepath))
@@ -209,7 +207,6 @@ class CompressedShardedSaves(abc.ABC):
             dcp.load(state, storage_reader=reader(path))
 
         with (
-            _SWAP,
             distributed_checkpoint_helper_as(self._loader_module, DISTRIBUTED_LOAD, compressed_load),
             filesystem_classes_as(reader=reader),  # FSDP1's optimizer state: FSDPStrategy makes this reader itself
         ):
@@ -243,6 +240,9 @@ class CompressedShardedSaves(abc.ABC):
     def wait(self) -> None:
         """Saves are synchronous: nothing to wait for (the savings callback calls this before it reads metrics)."""
         return None
+
+
+one_line_errors(CompressedShardedSaves)  # for both strategies below: made by a LightningCLI config
 
 
 class NvcompFSDPStrategy(CompressedShardedSaves, FSDPStrategy):
