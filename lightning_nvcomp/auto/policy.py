@@ -13,9 +13,11 @@ from dataclasses import replace
 
 import torch
 
+from lightning_nvcomp._process import shared
 from lightning_nvcomp.auto.calibration import CodecProfile, bulk_device, calibrate, candidate_codecs, sample_state
 from lightning_nvcomp.auto.prediction import Prediction, choose, predict
 from lightning_nvcomp.auto.probe import FALLBACK_GBPS, PROBE_NBYTES, measure_bandwidth
+from lightning_nvcomp.options import Codec
 from lightning_nvcomp.storage import StorageBackend, storage_for
 from lightning_nvcomp.storage.local import Storage
 from lightning_nvcomp.storage.remote.options import RemoteOptions
@@ -343,3 +345,20 @@ class CodecPolicy:
         chosen = replace(chosen, alternatives=tuple(p for p in predictions if p.codec != chosen.codec))
         self.last_decision = (chosen, predictions)
         return self.last_decision
+
+
+def default_policy() -> CodecPolicy:
+    """The policy ``codec="auto"`` uses when none is given: sync mode, measurements cached for the process."""
+    return shared("policy", CodecPolicy)
+
+
+def resolve_codec(
+    codec: str | Codec, tensors: list[torch.Tensor], directory: str, policy: CodecPolicy | None = None
+) -> tuple[str, Prediction | None]:
+    """The codec a save of ``tensors`` into ``directory`` uses, and for ``auto`` the prediction behind it: ``auto``
+    asks ``policy`` (default: this process's :func:`default_policy`), which measures the storage and the codecs and
+    predicts the fastest save."""
+    if Codec.parse(codec) is not Codec.AUTO:
+        return Codec.parse(codec).value, None
+    chosen, _ = (policy or default_policy()).decide(tensors, directory)
+    return chosen.codec, chosen
