@@ -1,18 +1,23 @@
 """The save path: the same steps for every checkpoint file. The object's contents are found once
 (:func:`~lightning_nvcomp.format.contents.find_contents`), the codec is decided on their tensors (``auto`` asks the
 policy: :func:`~lightning_nvcomp.auto.policy.resolve_codec`), the tensors are coded into segments, the storage
-writes the file, and a durability strategy (:mod:`.durability`) finishes it (:func:`write_file`).
+writes the file, and a durability strategy finishes it (:func:`write_file`).
 
-Sync and async saves differ only in where the coded segments land: written into the file while the next are coded
+Sync and async saves differ in where the coded segments land: written into the file while the next are coded
 (:class:`Streamed`), or kept in host memory, so that the file can be written later on another thread
-(:class:`Held`). :func:`save`, the public save, is a sync save of one file.
+(:class:`Held`). The durability strategies (:class:`~lightning_nvcomp.options.Durability`): :data:`IN_WRITE`, the
+file is as durable as its storage makes it when the write returns: flushed to the disk (``sync``), left to the page
+cache by a storage that does not flush (``os``), a completed upload (remote storage); :data:`BEHIND`
+(``background``), the file is under its name when the write returns and its flush is left to a writer thread.
+
+:func:`save`, the public save, is a sync save of one file.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import BinaryIO
+from typing import BinaryIO, Callable, NamedTuple
 
 from lightning_nvcomp._process import collector_paused
 from lightning_nvcomp.auto.policy import CodecPolicy, default_policy, resolve_codec
@@ -21,9 +26,62 @@ from lightning_nvcomp.format.contents import Contents, find_contents
 from lightning_nvcomp.format.sink import ArchiveSink
 from lightning_nvcomp.format.writer import Snapshot, snapshot
 from lightning_nvcomp.format.zip import ArchiveWriter
-from lightning_nvcomp.saving.durability import IN_WRITE, InWrite, Written
+from lightning_nvcomp.options import Durability
 from lightning_nvcomp.storage import StorageBackend, storage_for
+from lightning_nvcomp.storage.local import Storage
 from lightning_nvcomp.telemetry.stats import SaveStats
+
+
+class Written(NamedTuple):
+    """A file as its write left it: its size in bytes, what is left to make it durable (None: nothing), and the
+    write's wall time in seconds (set by the save path)."""
+
+    size: int
+    flush: Callable[[], None] | None = None
+    seconds: float = 0.0
+
+
+class InWrite:
+    """Durable as the storage makes a file when its write returns (``sync``, ``os``, remote storage)."""
+
+    def write(self, storage: StorageBackend, path: str, fill: Callable[[BinaryIO], None]) -> Written:
+        """Write ``path`` through ``fill(f)`` (atomically: see :meth:`StorageBackend.write`)."""
+        return Written(storage.write(path, fill))
+
+
+class Behind(InWrite):
+    """``background``: a local file is put under its name at once (a file it replaces is flushed first, so that a
+    power loss leaves one or the other), and its :attr:`Written.flush` is left to a writer thread. Remote storage
+    has no flush to leave: its file is durable when its upload completes."""
+
+    def write(self, storage: StorageBackend, path: str, fill: Callable[[BinaryIO], None]) -> Written:
+        if not isinstance(storage, Storage):
+            return super().write(storage, path, fill)
+        staged = storage.write_staged(path, fill)
+        staged.publish()
+        return Written(staged.size, staged.flush)
+
+
+IN_WRITE = InWrite()
+BEHIND = Behind()
+
+
+def finish_for(durable: Durability, writes_behind: bool) -> InWrite:
+    """The strategy that finishes a file saved with ``durable``: ``background`` leaves the flush to the writer thread,
+    unless the write runs there already (``writes_behind``: an async save), which then finishes it at once."""
+    return BEHIND if durable is Durability.BACKGROUND and not writes_behind else IN_WRITE
+
+
+def flushes(storage: StorageBackend) -> bool:
+    """Whether a completed write to ``storage`` is on stable storage (remote storage: when the upload completes)."""
+    return not isinstance(storage, Storage) or storage.fsync
+
+
+def flush_stream(stream: BinaryIO) -> None:
+    """Flush a file written in place, not renamed (a DCP data file, whose ``.metadata`` is what commits it), to the
+    disk: what :data:`IN_WRITE` does for a file its storage writes."""
+    stream.flush()
+    os.fsync(stream.fileno())
 
 
 class Streamed:
@@ -38,18 +96,15 @@ class Streamed:
     while_written = True
 
     def __init__(self, obj: object, contents: Contents, codec: str, staging_nbytes: int | None) -> None:
-        self._obj, self._contents, self.codec, self._staging_nbytes = obj, contents, codec, staging_nbytes
-        self.snapshot: Snapshot | None = None
+        self._obj, self._contents, self._codec, self._staging_nbytes = obj, contents, codec, staging_nbytes
 
     def fill(self, f: BinaryIO) -> Snapshot:
         """Code the tensors into the archive ``f``, then write the rest of it; the snapshot it took."""
         writer = ArchiveWriter(f)
         with ArchiveSink(writer) as sink:
-            self.snapshot = snapshot(
-                self._obj, self.codec, self._contents, staging_nbytes=self._staging_nbytes, sink=sink
-            )
-        self.snapshot.write_to(writer)
-        return self.snapshot
+            snap = snapshot(self._obj, self._codec, self._contents, staging_nbytes=self._staging_nbytes, sink=sink)
+        snap.write_to(writer)
+        return snap
 
 
 class Held:
@@ -60,7 +115,6 @@ class Held:
     while_written = False
 
     def __init__(self, obj: object, contents: Contents, codec: str, staging_nbytes: int | None) -> None:
-        self.codec = codec
         self.snapshot = snapshot(obj, codec, contents, isolate=True, staging_nbytes=staging_nbytes)
 
     @property
@@ -88,7 +142,7 @@ def write_file(
     snaps: list[Snapshot] = []
     written = finish.write(storage, path, lambda f: snaps.append(coded.fill(f)))
     written = written._replace(seconds=time.perf_counter() - begin)
-    snap = snaps[0]
+    snap = snaps[-1]  # (the one written, should the storage have retried)
     write_s = written.seconds - (snap.encode_s if coded.while_written else 0.0)
     return SaveStats(path, snap.codec, snap.raw_nbytes, written.size, snap.encode_s, write_s, prediction), written
 

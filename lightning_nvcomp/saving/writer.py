@@ -20,8 +20,7 @@ from lightning_nvcomp.auto.prediction import Prediction
 from lightning_nvcomp.auto.steps import StepTimer
 from lightning_nvcomp.format.contents import Contents, find_contents
 from lightning_nvcomp.options import Codec, Durability, SaveOptions
-from lightning_nvcomp.saving.durability import finish_for, flushes
-from lightning_nvcomp.saving.single_file import Coded, Held, Streamed, write_file
+from lightning_nvcomp.saving.single_file import Coded, Held, Streamed, finish_for, flushes, write_file
 from lightning_nvcomp.storage import StorageBackend, absolute_path, is_url, storage_for
 from lightning_nvcomp.storage.local import Storage, wait_for_discards
 from lightning_nvcomp.telemetry import savings as telemetry

@@ -31,7 +31,7 @@ from lightning_nvcomp.format.writer import Snapshot, snapshot
 from lightning_nvcomp.format.zip import ArchiveWriter
 from lightning_nvcomp.integrations.dcp.metadata import NvcompStorageInfo, data_file_header
 from lightning_nvcomp.integrations.dcp.staging import ENCODE_LOCK, StagedShard, compact
-from lightning_nvcomp.saving.durability import flush_stream
+from lightning_nvcomp.saving.single_file import flush_stream
 
 #: A file's write results, the seconds spent coding its items, and its tensor shards' device types.
 Outcome = tuple[list[WriteResult], float, frozenset[str]]
