@@ -17,7 +17,6 @@ from lightning_nvcomp._process import shared
 from lightning_nvcomp.auto.calibration import CodecProfile, bulk_device, calibrate, candidate_codecs, sample_state
 from lightning_nvcomp.auto.prediction import Prediction, choose, predict
 from lightning_nvcomp.auto.probe import FALLBACK_GBPS, PROBE_NBYTES, measure_bandwidth
-from lightning_nvcomp.options import Codec
 from lightning_nvcomp.storage import StorageBackend, storage_for
 from lightning_nvcomp.storage.local import Storage
 from lightning_nvcomp.storage.remote.options import RemoteOptions
@@ -353,12 +352,15 @@ def default_policy() -> CodecPolicy:
 
 
 def resolve_codec(
-    codec: str | Codec, tensors: list[torch.Tensor], directory: str, policy: CodecPolicy | None = None
+    codec: str, tensors: list[torch.Tensor], directory: str, policy: CodecPolicy | None = None
 ) -> tuple[str, Prediction | None]:
-    """The codec a save of ``tensors`` into ``directory`` uses, and for ``auto`` the prediction behind it: ``auto``
-    asks ``policy`` (default: this process's :func:`default_policy`), which measures the storage and the codecs and
-    predicts the fastest save."""
-    if Codec.parse(codec) is not Codec.AUTO:
-        return Codec.parse(codec).value, None
+    """The codec a save of ``tensors`` into ``directory`` uses, and for ``auto`` the prediction behind it.
+
+    Args:
+        codec: a codec's name (``ans``, ``zstd``, ``none``: that codec), or ``auto``: ``policy`` (default: this
+            process's :func:`default_policy`) measures the storage and the codecs and predicts the fastest save.
+    """
+    if codec != "auto":
+        return codec, None
     chosen, _ = (policy or default_policy()).decide(tensors, directory)
     return chosen.codec, chosen

@@ -26,7 +26,7 @@ from lightning_nvcomp.format.contents import Contents, find_contents
 from lightning_nvcomp.format.sink import ArchiveSink
 from lightning_nvcomp.format.writer import Snapshot, snapshot
 from lightning_nvcomp.format.zip import ArchiveWriter
-from lightning_nvcomp.options import Durability
+from lightning_nvcomp.options import Codec, Durability
 from lightning_nvcomp.storage import StorageBackend, storage_for
 from lightning_nvcomp.storage.local import Storage
 from lightning_nvcomp.telemetry.stats import SaveStats
@@ -161,7 +161,7 @@ def save_file(
     the file streamed. The garbage collector is paused meanwhile (see
     :func:`~lightning_nvcomp._process.collector_paused`)."""
     contents = find_contents(obj)
-    codec, prediction = resolve_codec(codec, contents.tensors, directory, policy)
+    codec, prediction = resolve_codec(Codec.parse(codec).value, contents.tensors, directory, policy)
     stats, _ = write_file(Streamed(obj, contents, codec, staging_nbytes), path, storage, IN_WRITE, prediction)
     return stats
 

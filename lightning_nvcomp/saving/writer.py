@@ -185,7 +185,7 @@ class CheckpointWriter:
         self.policy.observe_slowdown(self.steps.slowdown())
         self._make_room(path)
         with collector_paused():
-            codec, prediction = resolve_codec(self.options.codec, contents.tensors, directory, self.policy)
+            codec, prediction = resolve_codec(self.options.codec.value, contents.tensors, directory, self.policy)
             coded = self._code(obj, contents, codec, self.options.staging_nbytes)
             saved = self._run(self._write, coded, path, storage, prediction, begin)
         if isinstance(saved, Future):
