@@ -2,7 +2,7 @@
 ``decode_tensor`` and every other storage through ``decode_storage``, from checksummed records.
 
 ``contents`` finds what an object holds, ``writer`` codes it into an archive (``zip``), ``decode`` holds the decoders
-``torch.load`` calls, ``reader`` loads and checks a file. The choice of codec is not the format's: see ``saving``.
+``torch.load`` calls, ``reader`` loads and checks a file. The choice of codec is not the format's: see ``auto``.
 """
 
 from lightning_nvcomp.format.contents import DTYPES, Contents, find_contents

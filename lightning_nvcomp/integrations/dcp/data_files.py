@@ -24,8 +24,8 @@ from torch.distributed.checkpoint.storage import WriteResult
 from lightning_nvcomp._compat import dcp as _compat
 from lightning_nvcomp._process import collector_paused
 from lightning_nvcomp.errors import CheckpointError
+from lightning_nvcomp.format import items as tensor_items
 from lightning_nvcomp.format.item_batches import RAW_NBYTES, CodedTensor, code_tensors, storable
-from lightning_nvcomp.format.items import write_tensor
 from lightning_nvcomp.format.sink import DiskThread
 from lightning_nvcomp.format.writer import Snapshot, snapshot
 from lightning_nvcomp.format.zip import ArchiveWriter
@@ -247,7 +247,7 @@ class _DataFile:
     def _archive(self, out: _Coalesced | _Pieces, item: WriteItem, coded: CodedTensor) -> tuple[WriteItem, int, int]:
         """Write ``coded`` as its item's archive to ``out``: (item, archive bytes, raw bytes)."""
         writer = ArchiveWriter(cast(BinaryIO, out))
-        write_tensor(writer, coded, self.serialization_id)
+        tensor_items.write_tensor(writer, coded, self.serialization_id)
         return item, writer.nbytes, coded.raw_nbytes
 
     def _place(self, written: list[tuple[WriteItem, int, int]]) -> list[WriteResult]:
