@@ -168,7 +168,14 @@ class CheckpointWriter:
         The save path is :mod:`~lightning_nvcomp.saving.single_file`'s: the contents found once, the codec decided,
         the tensors coded (into the file as it is written, or for an async save into host memory, the file then
         written on the writer thread), the file finished by the durability strategy (``background``: its flush on
-        the writer thread). The first save to a directory also measures what :meth:`_measure_once` says."""
+        the writer thread).
+
+        The first save to a file system (or bucket) probes its bandwidth, with a probe no larger than this
+        checkpoint and never failing the save (see :func:`lightning_nvcomp.auto.probe.measure_bandwidth`), and on a
+        local file system times the savings baseline on this checkpoint
+        (:class:`~lightning_nvcomp.telemetry.baseline.Baseline`), and the first ``auto`` save calibrates the codecs
+        on this state, all on the contents the save found; their time is not the save's: it is reported once, as
+        ``probe_s``."""
         storage = self.storage_for(path)
         path = _resolved(path)
         directory = storage.parent(path)
@@ -195,11 +202,8 @@ class CheckpointWriter:
         self._blocked += time.perf_counter() - begin
 
     def _measure_once(self, obj: object, contents: Contents, storage: StorageBackend, directory: str) -> float:
-        """The one-off measurements of a first save, on its contents; the seconds they took. The first save to a
-        file system (or bucket) probes its bandwidth, with a probe no larger than this checkpoint and never failing
-        the save (see :func:`lightning_nvcomp.auto.probe.measure_bandwidth`), and on a local file system times the
-        savings baseline on this checkpoint (:class:`~lightning_nvcomp.telemetry.baseline.Baseline`); the first
-        ``auto`` save calibrates the codecs on this state. Their time is reported once, as ``probe_s``."""
+        """The one-off measurements of a first save (see :meth:`save`), on the contents it found; the seconds they
+        took (0 when there were none), added to ``probe_s``."""
         begin = time.perf_counter()
         measured = False
         if not self.policy.knows_bandwidth(directory):
