@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import torch
 
+from lightning_nvcomp._process import shared
 from lightning_nvcomp.auto.calibration import CodecProfile, bulk_device, calibrate, candidate_codecs, sample_state
 from lightning_nvcomp.auto.prediction import Prediction, choose, predict
 from lightning_nvcomp.auto.probe import FALLBACK_GBPS, PROBE_NBYTES, measure_bandwidth
@@ -343,3 +344,23 @@ class CodecPolicy:
         chosen = replace(chosen, alternatives=tuple(p for p in predictions if p.codec != chosen.codec))
         self.last_decision = (chosen, predictions)
         return self.last_decision
+
+
+def default_policy() -> CodecPolicy:
+    """The policy ``codec="auto"`` uses when none is given: sync mode, measurements cached for the process."""
+    return shared("policy", CodecPolicy)
+
+
+def resolve_codec(
+    codec: str, tensors: list[torch.Tensor], directory: str, policy: CodecPolicy | None = None
+) -> tuple[str, Prediction | None]:
+    """The codec a save of ``tensors`` into ``directory`` uses, and for ``auto`` the prediction behind it.
+
+    Args:
+        codec: a codec's name (``ans``, ``zstd``, ``none``: that codec), or ``auto``: ``policy`` (default: this
+            process's :func:`default_policy`) measures the storage and the codecs and predicts the fastest save.
+    """
+    if codec != "auto":
+        return codec, None
+    chosen, _ = (policy or default_policy()).decide(tensors, directory)
+    return chosen.codec, chosen

@@ -4,7 +4,7 @@
 ``contents`` finds what an object holds, ``writer`` codes it into an archive (``zip``), ``decode`` holds the decoders
 ``torch.load`` calls (``placement`` validates their arguments, ``load_context`` says which load they are part of,
 ``load_state`` bounds it), ``reader`` loads a file and ``zip_checks`` checks it. The choice of codec is not the
-format's: see ``saving``.
+format's: see ``auto``.
 """
 
 from lightning_nvcomp.format.contents import DTYPES, Contents, find_contents

@@ -258,10 +258,28 @@ class Snapshot:
         writer.finish("data.pkl")
 
 
+def _code_records(plan: list[_Record], codec: str, staging_nbytes: int | None, sink: SegmentSink) -> list[_CodedRecord]:
+    """Code the planned records in order, each segment put into ``sink`` (keyed ``0``, ``1``... in that order) as
+    soon as it is in host memory; the records keep the segments' descriptions, not their bytes."""
+    coded, count = [], 0
+    for rec in plan:
+        encoder, table = _encoder(rec, codec, staging_nbytes)
+        coded_record = _CodedRecord(encoder.coding, [], [], [], table, rec.device.type)
+        for segment in encoder:
+            key = str(count)
+            count += 1
+            sink.put(key, segment)
+            coded_record.sizes.extend(segment.sizes)
+            coded_record.crcs.append(segment.crc)
+            coded_record.blobs.append(_StoredBlob(key, segment.blob.numel()))
+        coded.append(coded_record)
+    return coded
+
+
 def snapshot(
     obj: object,
     codec: str,
-    tensors: list[torch.Tensor] | Contents | None = None,
+    contents: Contents | None = None,
     isolate: bool = False,
     staging_nbytes: int | None = None,
     sink: SegmentSink | None = None,
@@ -272,7 +290,7 @@ def snapshot(
     Args:
         obj: what to save.
         codec: the codec of every record.
-        tensors: what :func:`find_contents` found in ``obj`` (found here unless given).
+        contents: what :func:`find_contents` found in ``obj`` (found here unless given).
         isolate: copy the rest of ``obj`` too (saves written while training goes on).
         staging_nbytes: a multiple of 512 bounding the records and segments coded at once, so a GPU save borrows
             about three times that much GPU memory (default: 256 MiB).
@@ -280,9 +298,7 @@ def snapshot(
             and writes them with the rest.
     """
     begin = time.perf_counter()
-    if tensors is None:
-        tensors = find_contents(obj)
-    contents = tensors if isinstance(tensors, Contents) else find_contents(obj)
+    contents = contents if contents is not None else find_contents(obj)
     memo: dict[int, object] = {id(t): t for t in contents.kept}
     if isolate:
         # The file is written later: freeze the structure (dicts, counters, callback states) as it is now; the
@@ -295,18 +311,7 @@ def snapshot(
         pinned.pool().reserve(sum(rec.nbytes for rec in plan if rec.device.type == "cuda"))
     into = sink or kept
     assert into is not None
-    coded, count = [], 0
-    for rec in plan:
-        encoder, table = _encoder(rec, codec, staging_nbytes)
-        coded_record = _CodedRecord(encoder.coding, [], [], [], table, rec.device.type)
-        for segment in encoder:  # the record keeps the segment's description; its bytes go to the sink
-            key = str(count)
-            count += 1
-            into.put(key, segment)
-            coded_record.sizes.extend(segment.sizes)
-            coded_record.crcs.append(segment.crc)
-            coded_record.blobs.append(_StoredBlob(key, segment.blob.numel()))
-        coded.append(coded_record)
+    coded = _code_records(plan, codec, staging_nbytes, into)
     placements = {}
     for t in contents.tensors:
         slot, index = where[t.untyped_storage()._cdata]

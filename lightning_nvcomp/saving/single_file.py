@@ -1,50 +1,169 @@
-"""The public save: the codec chosen (``auto`` asks the policy), the object coded into the archive while a disk
-thread writes it, atomically and durably, to a local path or a URL (:func:`save`); :func:`write_snapshot` writes a
-snapshot taken earlier."""
+"""The save path: the same steps for every checkpoint file. The object's contents are found once
+(:func:`~lightning_nvcomp.format.contents.find_contents`), the codec is decided on their tensors (``auto`` asks the
+policy: :func:`~lightning_nvcomp.auto.policy.resolve_codec`), the tensors are coded into segments, the storage
+writes the file, and a durability strategy finishes it (:func:`write_file`).
+
+Sync and async saves differ in where the coded segments land: written into the file while the next are coded
+(:class:`Streamed`), or kept in host memory, so that the file can be written later on another thread
+(:class:`Held`). The durability strategies (:class:`~lightning_nvcomp.options.Durability`): :data:`IN_WRITE`, the
+file is as durable as its storage makes it when the write returns: flushed to the disk (``sync``), left to the page
+cache by a storage that does not flush (``os``), a completed upload (remote storage); :data:`BEHIND`
+(``background``), the file is under its name when the write returns and its flush is left to a writer thread.
+
+:func:`save`, the public save, is a sync save of one file.
+"""
 
 from __future__ import annotations
 
 import os
 import time
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, NamedTuple
 
-import torch
-
-from lightning_nvcomp._process import collector_paused, shared
-from lightning_nvcomp.auto.policy import CodecPolicy
+from lightning_nvcomp._process import collector_paused
+from lightning_nvcomp.auto.policy import CodecPolicy, default_policy, resolve_codec
 from lightning_nvcomp.auto.prediction import Prediction
 from lightning_nvcomp.format.contents import Contents, find_contents
 from lightning_nvcomp.format.sink import ArchiveSink
 from lightning_nvcomp.format.writer import Snapshot, snapshot
 from lightning_nvcomp.format.zip import ArchiveWriter
-from lightning_nvcomp.options import Codec
+from lightning_nvcomp.options import Codec, Durability
 from lightning_nvcomp.storage import StorageBackend, storage_for
+from lightning_nvcomp.storage.local import Storage
 from lightning_nvcomp.telemetry.stats import SaveStats
 
 
-def resolve_codec(
-    codec: str, tensors: list[torch.Tensor], directory: str, policy: CodecPolicy | None = None
-) -> tuple[str, Prediction | None]:
-    """The codec a save uses. ``auto`` asks ``policy`` (default: this process's :func:`default_policy`), which
-    measures the storage and the codecs and predicts the fastest save."""
-    if Codec.parse(codec) is not Codec.AUTO:
-        return Codec.parse(codec).value, None
-    chosen, _ = (policy or default_policy()).decide(tensors, directory)
-    return chosen.codec, chosen
+class Written(NamedTuple):
+    """A file as its write left it: its size in bytes, what is left to make it durable (None: nothing), and the
+    write's wall time in seconds (set by the save path)."""
+
+    size: int
+    flush: Callable[[], None] | None = None
+    seconds: float = 0.0
 
 
-def default_policy() -> CodecPolicy:
-    """The policy ``codec="auto"`` uses when none is given: sync mode, measurements cached for the process."""
-    return shared("policy", CodecPolicy)
+class InWrite:
+    """Durable as the storage makes a file when its write returns (``sync``, ``os``, remote storage)."""
+
+    def write(self, storage: StorageBackend, path: str, fill: Callable[[BinaryIO], None]) -> Written:
+        """Write ``path`` through ``fill(f)`` (atomically: see :meth:`StorageBackend.write`)."""
+        return Written(storage.write(path, fill))
 
 
-def _stream(f: BinaryIO, obj: object, codec: str, contents: Contents, staging_nbytes: int | None) -> Snapshot:
-    """Code ``obj`` into the archive ``f``, each segment written (on a disk thread) while the next is coded."""
-    writer = ArchiveWriter(f)
-    with ArchiveSink(writer) as sink:
-        snap = snapshot(obj, codec, contents, staging_nbytes=staging_nbytes, sink=sink)
-    snap.write_to(writer)
-    return snap
+class Behind(InWrite):
+    """``background``: a local file is put under its name at once (a file it replaces is flushed first, so that a
+    power loss leaves one or the other), and its :attr:`Written.flush` is left to a writer thread. Remote storage
+    has no flush to leave: its file is durable when its upload completes."""
+
+    def write(self, storage: StorageBackend, path: str, fill: Callable[[BinaryIO], None]) -> Written:
+        if not isinstance(storage, Storage):
+            return super().write(storage, path, fill)
+        staged = storage.write_staged(path, fill)
+        staged.publish()
+        return Written(staged.size, staged.flush)
+
+
+IN_WRITE = InWrite()
+BEHIND = Behind()
+
+
+def finish_for(durable: Durability, writes_behind: bool) -> InWrite:
+    """The strategy that finishes a file saved with ``durable``: ``background`` leaves the flush to the writer thread,
+    unless the write runs there already (``writes_behind``: an async save), which then finishes it at once."""
+    return BEHIND if durable is Durability.BACKGROUND and not writes_behind else IN_WRITE
+
+
+def flushes(storage: StorageBackend) -> bool:
+    """Whether a completed write to ``storage`` is on stable storage (remote storage: when the upload completes)."""
+    return not isinstance(storage, Storage) or storage.fsync
+
+
+def flush_stream(stream: BinaryIO) -> None:
+    """Flush a file written in place, not renamed (a DCP data file, whose ``.metadata`` is what commits it), to the
+    disk: what :data:`IN_WRITE` does for a file its storage writes."""
+    stream.flush()
+    os.fsync(stream.fileno())
+
+
+class Streamed:
+    """The tensors of ``obj`` coded with ``codec`` while the file is written (:meth:`fill`): each segment written on
+    a disk thread while the next one is coded, so that coding overlaps the write and the compressed checkpoint is
+    never whole in memory (sync saves). ``staging_nbytes`` bounds what is coded at once (see
+    :func:`~lightning_nvcomp.format.writer.snapshot`)."""
+
+    #: Host memory held between the save and the write: none, they are one.
+    held_nbytes = 0
+    #: The tensors are coded while the file is written.
+    while_written = True
+
+    def __init__(self, obj: object, contents: Contents, codec: str, staging_nbytes: int | None) -> None:
+        self._obj, self._contents, self._codec, self._staging_nbytes = obj, contents, codec, staging_nbytes
+
+    def fill(self, f: BinaryIO) -> Snapshot:
+        """Code the tensors into the archive ``f``, then write the rest of it; the snapshot it took."""
+        writer = ArchiveWriter(f)
+        with ArchiveSink(writer) as sink:
+            snap = snapshot(self._obj, self._codec, self._contents, staging_nbytes=self._staging_nbytes, sink=sink)
+        snap.write_to(writer)
+        return snap
+
+
+class Held:
+    """The tensors of ``obj`` coded with ``codec`` now, into host memory, and the rest of ``obj`` copied as it is now
+    (an isolated snapshot: training may change the state before the file is written), then written by :meth:`fill`
+    (async saves)."""
+
+    while_written = False
+
+    def __init__(self, obj: object, contents: Contents, codec: str, staging_nbytes: int | None) -> None:
+        self.snapshot = snapshot(obj, codec, contents, isolate=True, staging_nbytes=staging_nbytes)
+
+    @property
+    def held_nbytes(self) -> int:
+        """The host memory the coded segments hold until they are written."""
+        return self.snapshot.held_nbytes
+
+    def fill(self, f: BinaryIO) -> Snapshot:
+        """Write the snapshot into the archive ``f``; the snapshot."""
+        self.snapshot.write_to(ArchiveWriter(f))
+        return self.snapshot
+
+
+#: The coded tensors of a save, as a sync or an async save holds them.
+Coded = Streamed | Held
+
+
+def write_file(
+    coded: Coded, path: str, storage: StorageBackend, finish: InWrite = IN_WRITE, prediction: Prediction | None = None
+) -> tuple[SaveStats, Written]:
+    """Write the file ``path`` from ``coded`` through ``storage``, finished by the durability strategy ``finish``:
+    what the save did, and what its write left (its size, a flush still to run, its wall time: the coding's too
+    where it ran meanwhile). ``prediction``: why auto chose the codec, if it did."""
+    begin = time.perf_counter()
+    snaps: list[Snapshot] = []
+    written = finish.write(storage, path, lambda f: snaps.append(coded.fill(f)))
+    written = written._replace(seconds=time.perf_counter() - begin)
+    snap = snaps[-1]  # (the one written, should the storage have retried)
+    write_s = written.seconds - (snap.encode_s if coded.while_written else 0.0)
+    return SaveStats(path, snap.codec, snap.raw_nbytes, written.size, snap.encode_s, write_s, prediction), written
+
+
+@collector_paused()
+def save_file(
+    obj: object,
+    path: str,
+    codec: str,
+    policy: CodecPolicy,
+    storage: StorageBackend,
+    directory: str,
+    staging_nbytes: int | None = None,
+) -> SaveStats:
+    """:func:`save` but for what the policy learns: ``obj``'s contents found, its codec decided for ``directory``,
+    the file streamed. The garbage collector is paused meanwhile (see
+    :func:`~lightning_nvcomp._process.collector_paused`)."""
+    contents = find_contents(obj)
+    codec, prediction = resolve_codec(Codec.parse(codec).value, contents.tensors, directory, policy)
+    stats, _ = write_file(Streamed(obj, contents, codec, staging_nbytes), path, storage, IN_WRITE, prediction)
+    return stats
 
 
 def save(
@@ -81,46 +200,9 @@ def save(
     """
     storage = storage or storage_for(path)
     directory = storage.target_directory(os.fspath(path))
-    stats = save_file(obj, path, codec, policy, storage.write, directory, staging_nbytes)
-    (policy or default_policy()).observe_write(directory, stats.file_nbytes, stats.seconds)
+    policy = policy or default_policy()
+    stats = save_file(obj, os.fspath(path), codec, policy, storage, directory, staging_nbytes)
+    policy.observe_write(directory, stats.file_nbytes, stats.seconds)
     if stats.prediction is not None:  # auto chose: its model learns from what the save really did
-        (policy or default_policy()).observe_save(stats.codec, stats.raw_nbytes, stats.file_nbytes, stats.encode_s)
+        policy.observe_save(stats.codec, stats.raw_nbytes, stats.file_nbytes, stats.encode_s)
     return stats
-
-
-@collector_paused()
-def save_file(
-    obj: object,
-    path: str | os.PathLike,
-    codec: str,
-    policy: CodecPolicy | None,
-    write: Callable[[str, Callable[[BinaryIO], None]], int],
-    directory: str,
-    staging_nbytes: int | None = None,
-) -> SaveStats:
-    """:func:`save` through ``write(path, fill)`` (a storage's ``write``, or ``write_staged`` and its size), into
-    ``directory``, with no write bandwidth learnt: what the save did. The garbage collector is paused meanwhile
-    (see :func:`~lightning_nvcomp._process.collector_paused`)."""
-    contents = find_contents(obj)
-    codec, prediction = resolve_codec(codec, contents.tensors, directory, policy)
-    begin = time.perf_counter()
-    snaps: list[Snapshot] = []
-    size = write(os.fspath(path), lambda f: snaps.append(_stream(f, obj, codec, contents, staging_nbytes)))
-    seconds = time.perf_counter() - begin
-    encode_s = snaps[0].encode_s
-    return SaveStats(os.fspath(path), codec, snaps[0].raw_nbytes, size, encode_s, seconds - encode_s, prediction)
-
-
-def write_snapshot(
-    snap: Snapshot,
-    path: str | os.PathLike,
-    storage: StorageBackend | None = None,
-    prediction: Prediction | None = None,
-) -> SaveStats:
-    """Write a snapshot taken earlier (an async save's) to ``path`` (local or a URL), atomically and durably; what
-    the save did."""
-    begin = time.perf_counter()
-    size = (storage or storage_for(path)).write(os.fspath(path), lambda f: snap.write_to(ArchiveWriter(f)))
-    return SaveStats(
-        os.fspath(path), snap.codec, snap.raw_nbytes, size, snap.encode_s, time.perf_counter() - begin, prediction
-    )

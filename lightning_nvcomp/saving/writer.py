@@ -12,22 +12,23 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, BinaryIO, Callable
+from typing import Any, Callable, TypeVar
 
-from lightning_nvcomp import format as fileformat
 from lightning_nvcomp._process import collector_paused
-from lightning_nvcomp.auto.policy import CodecPolicy
+from lightning_nvcomp.auto.policy import CodecPolicy, resolve_codec
 from lightning_nvcomp.auto.prediction import Prediction
 from lightning_nvcomp.auto.steps import StepTimer
+from lightning_nvcomp.format.contents import Contents, find_contents
 from lightning_nvcomp.options import Codec, Durability, SaveOptions
-from lightning_nvcomp.saving import single_file as saving
+from lightning_nvcomp.saving.single_file import Coded, Held, Streamed, finish_for, flushes, write_file
 from lightning_nvcomp.storage import StorageBackend, absolute_path, is_url, storage_for
-from lightning_nvcomp.storage.local import StagedWrite, Storage, wait_for_discards
+from lightning_nvcomp.storage.local import Storage, wait_for_discards
 from lightning_nvcomp.telemetry import savings as telemetry
 from lightning_nvcomp.telemetry.baseline import Baseline
 from lightning_nvcomp.telemetry.stats import SaveStats, ratio
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def _combined(stats: list[SaveStats], label: str) -> SaveStats:
@@ -72,9 +73,9 @@ def _combined(stats: list[SaveStats], label: str) -> SaveStats:
     )
 
 
-def _flushes(storage: StorageBackend) -> bool:
-    """Whether a completed write to ``storage`` is on stable storage (remote storage: when the upload completes)."""
-    return not isinstance(storage, Storage) or storage.fsync
+def _now(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, in the save (the write of a sync save runs there)."""
+    return fn(*args)
 
 
 def _discard_after(earlier: list[Future], path: str, storage: StorageBackend) -> None:
@@ -133,6 +134,11 @@ class CheckpointWriter:
         #: What the savings are measured against: an uncompressed ``torch.save`` with the same durability.
         self.baseline = Baseline(fsync=options.durable is not Durability.OS, max_nbytes=options.probe_nbytes)
         self.report = report or log.info
+        # The save path's strategies: where the coded segments land (into the file as it is written, or host memory
+        # for an async save), where the write runs (in the save, or on the writer thread), how it is finished.
+        self._code: type[Streamed] | type[Held] = Held if options.async_save else Streamed
+        self._run: Callable[..., Any] = self._background if options.async_save else _now
+        self._finish = finish_for(options.durable, writes_behind=options.async_save)
         self._lock = threading.Lock()
         self._metrics: list[tuple[int, dict[str, float]]] = []
         self._executor: ThreadPoolExecutor | None = None
@@ -159,27 +165,25 @@ class CheckpointWriter:
         written; in sync mode, flushed); past that, this save waits for the oldest and says so (a warning and the
         ``waited_s`` metric): the storage is slower than the saves.
 
+        The save path is :mod:`~lightning_nvcomp.saving.single_file`'s: the contents found once, the codec decided,
+        the tensors coded (into the file as it is written, or for an async save into host memory, the file then
+        written on the writer thread), the file finished by the durability strategy (``background``: its flush on
+        the writer thread).
+
         The first save to a file system (or bucket) probes its bandwidth, with a probe no larger than this
-        checkpoint and never failing the save (see :func:`lightning_nvcomp.auto.probe.measure_bandwidth`), and on a local
-        file system times the savings baseline on this checkpoint (:class:`~lightning_nvcomp.telemetry.baseline.Baseline`),
-        and the first ``auto`` save calibrates the codecs on this state; their time is not the save's: it is
-        reported once, as ``probe_s``."""
+        checkpoint and never failing the save (see :func:`lightning_nvcomp.auto.probe.measure_bandwidth`), and on a
+        local file system times the savings baseline on this checkpoint
+        (:class:`~lightning_nvcomp.telemetry.baseline.Baseline`), and the first ``auto`` save calibrates the codecs
+        on this state, all on the contents the save found; their time is not the save's: it is reported once, as
+        ``probe_s``."""
         storage = self.storage_for(path)
         path = _resolved(path)
         directory = storage.parent(path)
         storage.makedirs(directory)
-        if not self.policy.knows_bandwidth(directory):  # the one-off probe of this file system, before the timing
-            probe_begin = time.perf_counter()
-            nbytes = fileformat.find_contents(obj).nbytes
-            self.policy.write_gbps(directory, nbytes)
-            if isinstance(storage, Storage):
-                self.baseline.measure(obj, nbytes, directory, storage.free_nbytes(directory))
-            self._probe_s += time.perf_counter() - probe_begin
-        if self.options.codec is Codec.AUTO and not self.policy.calibrated():  # auto's one-off codec calibration
-            calibration_begin = time.perf_counter()
-            self.policy.profiles(fileformat.find_contents(obj).tensors)
-            self._probe_s += time.perf_counter() - calibration_begin
         begin = time.perf_counter()
+        with collector_paused():  # as in every save (see single_file.save_file)
+            contents = find_contents(obj)
+        begin += self._measure_once(obj, contents, storage, directory)  # not the save's time: reported as probe_s
         if not self._group:  # a checkpoint's first file: auto learns the interval between checkpoints
             self.policy.save_started(begin)
         if self.options.async_save or self.options.durable is Durability.BACKGROUND:
@@ -187,40 +191,32 @@ class CheckpointWriter:
         self.steps.save_started()
         self.policy.observe_slowdown(self.steps.slowdown())
         self._make_room(path)
-        if self.options.async_save:
-            with collector_paused():  # as in a sync save (see saving.save_file)
-                contents = fileformat.find_contents(obj)
-                codec, prediction = saving.resolve_codec(
-                    self.options.codec.value, contents.tensors, directory, self.policy
-                )
-                snap = fileformat.snapshot(
-                    obj, codec, contents, isolate=True, staging_nbytes=self.options.staging_nbytes
-                )
-            self._queue(path, self._background(self._write, snap, path, storage, prediction, begin), snap.held_nbytes)
-        elif self.options.durable is Durability.BACKGROUND and isinstance(storage, Storage):
-            staged: list[StagedWrite] = []
-
-            def stage(target: str, fill: Callable[[BinaryIO], None]) -> int:
-                staged.append(storage.write_staged(target, fill))
-                staged[0].publish()  # under its name now (a replacement flushed first); its flush runs behind
-                return staged[0].size
-
-            stats = saving.save_file(
-                obj, path, self.options.codec.value, self.policy, stage, directory, self.options.staging_nbytes
-            )
-            self._learn(stats)
-            self._queue(path, self._background(self._flush, staged[0], stats, directory, begin), 0)
+        with collector_paused():
+            codec, prediction = resolve_codec(self.options.codec.value, contents.tensors, directory, self.policy)
+            coded = self._code(obj, contents, codec, self.options.staging_nbytes)
+            saved = self._run(self._write, coded, path, storage, prediction, begin)
+        if isinstance(saved, Future):
+            self._queue(path, saved, coded.held_nbytes)
         else:
-            stats = saving.save(
-                obj,
-                path,
-                self.options.codec.value,
-                policy=self.policy,
-                storage=storage,
-                staging_nbytes=self.options.staging_nbytes,
-            )
-            self._group.append(replace(stats, durable_s=stats.seconds if _flushes(storage) else None))
+            self._group.append(saved)
         self._blocked += time.perf_counter() - begin
+
+    def _measure_once(self, obj: object, contents: Contents, storage: StorageBackend, directory: str) -> float:
+        """The one-off measurements of a first save (see :meth:`save`), on the contents it found; the seconds they
+        took (0 when there were none), added to ``probe_s``."""
+        begin = time.perf_counter()
+        measured = False
+        if not self.policy.knows_bandwidth(directory):
+            self.policy.write_gbps(directory, contents.nbytes)
+            if isinstance(storage, Storage):
+                self.baseline.measure(obj, contents.nbytes, directory, storage.free_nbytes(directory))
+            measured = True
+        if self.options.codec is Codec.AUTO and not self.policy.calibrated():
+            self.policy.profiles(contents.tensors)
+            measured = True
+        seconds = time.perf_counter() - begin if measured else 0.0
+        self._probe_s += seconds
+        return seconds
 
     def discard(self, path: str | os.PathLike) -> None:
         """Delete the checkpoint file ``path`` (pruning): at once when nothing is being written, else on the writer
@@ -293,25 +289,35 @@ class CheckpointWriter:
         return self._executor.submit(fn, *args)
 
     def _write(
-        self, snap: fileformat.Snapshot, path: str, storage: StorageBackend, prediction: Any, begin: float
-    ) -> SaveStats:
-        stats = saving.write_snapshot(snap, path, storage, prediction)
-        self.policy.observe_write(storage.parent(path), stats.file_nbytes, stats.write_s)
+        self, coded: Coded, path: str, storage: StorageBackend, prediction: Prediction | None, begin: float
+    ) -> SaveStats | Future[SaveStats]:
+        """Write a coded file (on the writer thread for an async save) and learn from it: what the save did, once
+        the file is as durable as the options make it, or a future of that while ``background`` durability's flush
+        runs on the writer thread."""
+        stats, written = write_file(coded, path, storage, self._finish, prediction)
         self._learn(stats)
-        return replace(stats, durable_s=time.perf_counter() - begin if _flushes(storage) else None)
+        if written.flush is None:
+            return self._durable(stats, storage, written.seconds, begin)
+        return self._background(self._flush, written.flush, stats, storage, written.seconds, begin)
+
+    def _flush(
+        self, flush: Callable[[], None], stats: SaveStats, storage: StorageBackend, seconds: float, begin: float
+    ) -> SaveStats:
+        """``background`` durability: flush a file a sync save put in place (written in ``seconds``) to the disk."""
+        flush_begin = time.perf_counter()
+        flush()
+        return self._durable(stats, storage, seconds + time.perf_counter() - flush_begin, begin)
+
+    def _durable(self, stats: SaveStats, storage: StorageBackend, seconds: float, begin: float) -> SaveStats:
+        """What the save did, its file as durable as it gets (written, and flushed, in ``seconds``): the policy learns
+        the storage's bandwidth."""
+        self.policy.observe_write(storage.parent(stats.path), stats.file_nbytes, seconds)
+        return replace(stats, durable_s=time.perf_counter() - begin if flushes(storage) else None)
 
     def _learn(self, stats: SaveStats) -> None:
-        """``auto``: the codec's profile learns the save's real ratio and coding time (sync saves through
-        :func:`~lightning_nvcomp.saving.single_file.save` learn there)."""
+        """``auto``: the codec's profile learns the save's real ratio and coding time."""
         if stats.prediction is not None:
             self.policy.observe_save(stats.codec, stats.raw_nbytes, stats.file_nbytes, stats.encode_s)
-
-    def _flush(self, staged: StagedWrite, stats: SaveStats, directory: str, begin: float) -> SaveStats:
-        """``background`` durability: flush a file a sync save put in place to the disk."""
-        flush_begin = time.perf_counter()
-        staged.flush()
-        self.policy.observe_write(directory, stats.file_nbytes, stats.seconds + time.perf_counter() - flush_begin)
-        return replace(stats, durable_s=time.perf_counter() - begin)
 
     def _record(
         self,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import os
 import queue
 import secrets
 import threading
@@ -22,14 +21,16 @@ from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from lightning_nvcomp import format as fileformat
 from lightning_nvcomp._compat import dcp as _compat
 from lightning_nvcomp.errors import CheckpointError
 from lightning_nvcomp.format import items as tensor_items
 from lightning_nvcomp.format.item_batches import RAW_NBYTES, CodedTensor, code_tensors, storable
+from lightning_nvcomp.format.sink import DiskThread
+from lightning_nvcomp.format.writer import Snapshot, snapshot
 from lightning_nvcomp.format.zip import ArchiveWriter
 from lightning_nvcomp.integrations.dcp.metadata import NvcompStorageInfo, data_file_header
 from lightning_nvcomp.integrations.dcp.staging import ENCODE_LOCK, StagedShard, compact
+from lightning_nvcomp.saving.single_file import flush_stream
 
 #: A file's write results, the seconds spent coding its items, and its tensor shards' device types.
 Outcome = tuple[list[WriteResult], float, frozenset[str]]
@@ -121,103 +122,24 @@ class DataFiles:
 
     def _write_file(self, name: str, items: list[WriteItem], planner: SavePlanner) -> Outcome:
         """Write one data file: byte items as they are, then the tensor items, coded in batches
-        (:func:`~lightning_nvcomp.format.item_batches.code_tensors`) and each written as its own archive on a disk thread
-        while the next batch is coded, the tiny ones (under
-        :data:`~lightning_nvcomp.format.item_batches.RAW_NBYTES`) last. Returns the write results and the seconds spent
-        coding."""
-        results: list[WriteResult] = []
-        header = data_file_header(self.checkpoint_id, name)
-        # Offsets are counted here, not asked of the stream: a local file's tell() is a system call, one per item.
-        position = len(header)
+        (:func:`~lightning_nvcomp.format.item_batches.code_tensors`) and each written as its own archive on a
+        :class:`~lightning_nvcomp.format.sink.DiskThread` while the next batch is coded, the tiny ones (under
+        :data:`~lightning_nvcomp.format.item_batches.RAW_NBYTES`) last. Returns the write results, the seconds spent
+        coding and the tensor shards' device types."""
         with self.fs.create_stream(self.fs.concat_path(self.path, name), "wb") as stream:
-            stream.write(header)
-            for item in (i for i in items if i.type == WriteItemType.BYTE_IO):
-                payload = cast(io.BytesIO, planner.resolve_data(item)).getbuffer()
-                stream.write(payload)
-                info = NvcompStorageInfo(name, position, payload.nbytes, checkpoint_id=self.checkpoint_id)
-                results.append(WriteResult(item.index, payload.nbytes, info))
-                position += payload.nbytes
-
-            serialization_id = str(secrets.randbits(128)).zfill(40)  # the file's items share torch.save's records
-
-            def place(written: list[tuple[WriteItem, int, int]]) -> list[WriteResult]:
-                """The write results of archives (each ``(item, length, raw bytes)``) written from the position on."""
-                nonlocal position
-                done = []
-                for item, length, raw_nbytes in written:
-                    info = NvcompStorageInfo(
-                        name,
-                        position,
-                        length,
-                        codec=self.codec,
-                        raw_nbytes=raw_nbytes,
-                        checkpoint_id=self.checkpoint_id,
-                    )
-                    done.append(WriteResult(item.index, length, info))
-                    position += length
-                return done
-
-            def archive(out: _Coalesced | _Pieces, item: WriteItem, coded: CodedTensor) -> tuple[WriteItem, int, int]:
-                """Write ``coded`` as its item's archive to ``out``: (item, archive bytes, raw bytes)."""
-                writer = ArchiveWriter(cast(BinaryIO, out))
-                tensor_items.write_tensor(writer, coded, serialization_id)
-                return item, writer.nbytes, coded.raw_nbytes
-
-            def write(batch: Sequence[tuple[WriteItem, CodedTensor | fileformat.Snapshot]]) -> list[WriteResult]:
-                out = _Coalesced(stream)
-                written = []
-                for item, stored in batch:
-                    if isinstance(stored, CodedTensor):  # its bytes are the batch's: unchanged until out.flush()
-                        written.append(archive(out, item, stored))
-                    else:
-                        out.flush()
-                        snapshot = ArchiveWriter(cast(BinaryIO, stream))
-                        stored.write_to(snapshot)
-                        written.append((item, snapshot.nbytes, stored.raw_nbytes))
-                out.flush()
-                return place(written)
-
-            def build(batch: list[tuple[WriteItem, CodedTensor]]) -> tuple[_Pieces, list[tuple[WriteItem, int, int]]]:
-                """Tiny items' archives, built in memory (their bytes are the batch's) for :func:`append`."""
-                pieces = _Pieces()
-                return pieces, [archive(pieces, item, coded) for item, coded in batch]
-
-            def append(built: Future[tuple[_Pieces, list[tuple[WriteItem, int, int]]]]) -> list[WriteResult]:
-                pieces, written = built.result()
-                out = _Coalesced(stream)
-                for piece in pieces:
-                    out.write(piece)
-                out.flush()
-                return place(written)
-
+            file = _DataFile(stream, name, self.codec, self.checkpoint_id)
+            results = file.write_bytes([i for i in items if i.type == WriteItemType.BYTE_IO], planner)
             begin = time.perf_counter()
+            tensor_items = [i for i in items if i.type != WriteItemType.BYTE_IO]
+            ready, to_code, devices = self._resolve(tensor_items, planner)
             # The disk thread writes the items in the order they are coded, but for the tiny ones: their archives are
             # Python work (a record, a pickle and zip entries each, 22 us apiece on a 2-core VM), built on a thread
             # of their own while the disk thread writes the larger items, and written after them.
             with (
-                ThreadPoolExecutor(max_workers=1, thread_name_prefix="lnv-dcp-write") as disk,
+                DiskThread() as disk,
                 ThreadPoolExecutor(max_workers=1, thread_name_prefix="lnv-dcp-archive") as archiver,
             ):
-                ready: list[tuple[WriteItem, CodedTensor | fileformat.Snapshot]] = []  # coded while staging
-                to_code: list[tuple[WriteItem, torch.Tensor]] = []
-                devices: set[str] = set()
-                for item in (i for i in items if i.type != WriteItemType.BYTE_IO):
-                    data = cast(torch.Tensor, planner.resolve_data(item))
-                    if data.requires_grad:  # a tensor object less per item where none does
-                        data = data.detach()
-                    coded = self._staged_shard(item, data)
-                    if data.dim():
-                        devices.add(coded.device if coded is not None else data.device.type)
-                    if coded is not None:
-                        ready.append((item, coded))
-                    elif storable(data):
-                        to_code.append((item, data))
-                    else:  # what the coder does not store whole (subclasses...): through torch.save's pickling
-                        data = compact(data.cpu())
-                        ready.append(
-                            (item, fileformat.snapshot(data, self.codec, [data], staging_nbytes=self.staging_nbytes))
-                        )
-                writes = [disk.submit(write, ready)]
+                writes = [disk.put(file.write, ready)]
                 built = []
                 with ENCODE_LOCK:
                     # streamed: a large CPU tensor's segments are written as they are coded (dcp.save holds the
@@ -225,16 +147,122 @@ class DataFiles:
                     for batch in code_tensors([(i.index.fqn, d) for i, d in to_code], self.codec, streamed=True):
                         pairs = [(to_code[index][0], coded) for index, coded in batch]
                         if all(coded.raw_nbytes < RAW_NBYTES for _, coded in pairs):
-                            built.append(archiver.submit(build, pairs))
+                            built.append(archiver.submit(file.build, pairs))
                         else:
-                            writes.append(disk.submit(write, pairs))
+                            writes.append(disk.put(file.write, pairs))
                 encode_s = time.perf_counter() - begin
-                writes.extend(disk.submit(append, b) for b in built)
+                writes.extend(disk.put(file.append, b) for b in built)
                 results.extend(r for w in writes for r in w.result())
             if self.fsync:
-                stream.flush()
-                os.fsync(stream.fileno())
+                flush_stream(stream)
         return results, encode_s, frozenset(devices)
+
+    def _resolve(
+        self, items: list[WriteItem], planner: SavePlanner
+    ) -> tuple[list[tuple[WriteItem, Stored]], list[tuple[WriteItem, torch.Tensor]], set[str]]:
+        """The tensor items' data: those stored already (compressed while staging, or through ``torch.save``'s
+        pickling), those to code, and the device types of their shards (0-d ones left out)."""
+        ready: list[tuple[WriteItem, Stored]] = []
+        to_code: list[tuple[WriteItem, torch.Tensor]] = []
+        devices: set[str] = set()
+        for item in items:
+            data = cast(torch.Tensor, planner.resolve_data(item))
+            if data.requires_grad:  # a tensor object less per item where none does
+                data = data.detach()
+            coded = self._staged_shard(item, data)
+            if data.dim():
+                devices.add(coded.device if coded is not None else data.device.type)
+            if coded is not None:
+                ready.append((item, coded))
+            elif storable(data):
+                to_code.append((item, data))
+            else:  # what the coder does not store whole (subclasses...): through torch.save's pickling
+                data = compact(data.cpu())
+                ready.append((item, snapshot(data, self.codec, staging_nbytes=self.staging_nbytes)))
+        return ready, to_code, devices
+
+
+#: A tensor item as written: coded as a record of its own, or a snapshot of it (through ``torch.save``'s pickling).
+Stored = CodedTensor | Snapshot
+
+
+class _DataFile:
+    """One data file being written, from its header on: its items placed one after another, each tensor item as its
+    own archive (:func:`~lightning_nvcomp.format.items.write_tensor`).
+
+    Args:
+        stream: the file. name: its name. codec: the codec of its tensor items. checkpoint_id: the save's.
+    """
+
+    def __init__(self, stream: Any, name: str, codec: str, checkpoint_id: str) -> None:
+        self.stream, self.name, self.codec, self.checkpoint_id = stream, name, codec, checkpoint_id
+        header = data_file_header(checkpoint_id, name)
+        stream.write(header)
+        # Offsets are counted here, not asked of the stream: a local file's tell() is a system call, one per item.
+        self.position = len(header)
+        self.serialization_id = str(secrets.randbits(128)).zfill(40)  # the file's items share torch.save's records
+
+    def write_bytes(self, items: list[WriteItem], planner: SavePlanner) -> list[WriteResult]:
+        """Write byte items as they are; their write results."""
+        results = []
+        for item in items:
+            payload = cast(io.BytesIO, planner.resolve_data(item)).getbuffer()
+            self.stream.write(payload)
+            info = NvcompStorageInfo(self.name, self.position, payload.nbytes, checkpoint_id=self.checkpoint_id)
+            results.append(WriteResult(item.index, payload.nbytes, info))
+            self.position += payload.nbytes
+        return results
+
+    def write(self, batch: Sequence[tuple[WriteItem, Stored]]) -> list[WriteResult]:
+        """Write a batch of tensor items (on the disk thread); their write results."""
+        out = _Coalesced(self.stream)
+        written = []
+        for item, stored in batch:
+            if isinstance(stored, CodedTensor):  # its bytes are the batch's: unchanged until out.flush()
+                written.append(self._archive(out, item, stored))
+            else:
+                out.flush()
+                archive = ArchiveWriter(cast(BinaryIO, self.stream))
+                stored.write_to(archive)
+                written.append((item, archive.nbytes, stored.raw_nbytes))
+        out.flush()
+        return self._place(written)
+
+    def build(self, batch: list[tuple[WriteItem, CodedTensor]]) -> tuple[_Pieces, list[tuple[WriteItem, int, int]]]:
+        """Tiny items' archives, built in memory (their bytes are the batch's) for :meth:`append`."""
+        pieces = _Pieces()
+        return pieces, [self._archive(pieces, item, coded) for item, coded in batch]
+
+    def append(self, built: Future[tuple[_Pieces, list[tuple[WriteItem, int, int]]]]) -> list[WriteResult]:
+        """Write archives :meth:`build` built (on the disk thread); their write results."""
+        pieces, written = built.result()
+        out = _Coalesced(self.stream)
+        for piece in pieces:
+            out.write(piece)
+        out.flush()
+        return self._place(written)
+
+    def _archive(self, out: _Coalesced | _Pieces, item: WriteItem, coded: CodedTensor) -> tuple[WriteItem, int, int]:
+        """Write ``coded`` as its item's archive to ``out``: (item, archive bytes, raw bytes)."""
+        writer = ArchiveWriter(cast(BinaryIO, out))
+        tensor_items.write_tensor(writer, coded, self.serialization_id)
+        return item, writer.nbytes, coded.raw_nbytes
+
+    def _place(self, written: list[tuple[WriteItem, int, int]]) -> list[WriteResult]:
+        """The write results of archives (each ``(item, length, raw bytes)``) written from the position on."""
+        done = []
+        for item, length, raw_nbytes in written:
+            info = NvcompStorageInfo(
+                self.name,
+                self.position,
+                length,
+                codec=self.codec,
+                raw_nbytes=raw_nbytes,
+                checkpoint_id=self.checkpoint_id,
+            )
+            done.append(WriteResult(item.index, length, info))
+            self.position += length
+        return done
 
 
 class _Pieces(list):
