@@ -17,18 +17,21 @@ from lightning_nvcomp.format.contents import Contents, find_contents
 from lightning_nvcomp.format.sink import ArchiveSink
 from lightning_nvcomp.format.writer import Snapshot, snapshot
 from lightning_nvcomp.format.zip import ArchiveWriter
-from lightning_nvcomp.options import Codec
+from lightning_nvcomp.options import Codec, SaveOptions, mb_of_nbytes
 from lightning_nvcomp.storage import StorageBackend, storage_for
 from lightning_nvcomp.telemetry.stats import SaveStats
 
+#: The :class:`~lightning_nvcomp.options.SaveOptions` fields :func:`save` acts on.
+SAVE_OPTIONS = ("codec", "staging_mb")
+
 
 def resolve_codec(
-    codec: str, tensors: list[torch.Tensor], directory: str, policy: CodecPolicy | None = None
-) -> tuple[str, Prediction | None]:
+    codec: Codec, tensors: list[torch.Tensor], directory: str, policy: CodecPolicy | None = None
+) -> tuple[Codec, Prediction | None]:
     """The codec a save uses. ``auto`` asks ``policy`` (default: this process's :func:`default_policy`), which
     measures the storage and the codecs and predicts the fastest save."""
-    if Codec.parse(codec) is not Codec.AUTO:
-        return Codec.parse(codec).value, None
+    if codec is not Codec.AUTO:
+        return codec, None
     chosen, _ = (policy or default_policy()).decide(tensors, directory)
     return chosen.codec, chosen
 
@@ -50,8 +53,10 @@ def _stream(f: BinaryIO, obj: object, codec: str, contents: Contents, staging_nb
 def save(
     obj: object,
     path: str | os.PathLike,
-    codec: str = "auto",
+    codec: Codec | str | None = None,
     *,
+    options: SaveOptions | None = None,
+    staging_mb: float | None = None,
     policy: CodecPolicy | None = None,
     storage: StorageBackend | None = None,
     staging_nbytes: int | None = None,
@@ -66,22 +71,33 @@ def save(
             :mod:`lightning_nvcomp.storage.remote`). It appears complete or not at all; a previous file there survives
             failures.
         codec: ``"ans"`` (nvCOMP gANS on the GPU: fastest, needs a GPU to load), ``"zstd"`` (GPU or CPU, loads
-            anywhere), ``"none"`` (stored as is, with checksums), or ``"auto"``: the codec with the shortest
+            anywhere), ``"none"`` (stored as is, with checksums), or ``"auto"`` (default): the codec with the shortest
             predicted save, from this directory's measured write bandwidth and the codecs measured on this state
-            (see :mod:`lightning_nvcomp.auto.policy`; the first save to a file system probes it).
+            (see :mod:`lightning_nvcomp.auto.policy`; the first save to a file system probes it). A
+            :class:`~lightning_nvcomp.options.Codec` or its name.
+        options: the :class:`~lightning_nvcomp.options.SaveOptions` every entry point takes, of which ``save``
+            uses ``codec`` and ``staging_mb`` (another field set is refused); a keyword argument given beside it
+            overrides its field.
+        staging_mb: MiB coded at once (default 256; GPU scratch is about three times this).
         policy: the :class:`~lightning_nvcomp.auto.policy.CodecPolicy` behind ``"auto"`` (default: one per process); it
             probes a URL's storage with its own ``remote`` options (``CodecPolicy(remote=RemoteOptions(...))``).
         storage: how the file is written (default: :func:`~lightning_nvcomp.storage.backend.storage_for` the path:
             durably through the OS for a local path, through fsspec for a URL; pass
             ``storage_for(url, RemoteOptions(...))`` for other storage options).
-        staging_nbytes: how much is coded at once (GPU scratch is about three times this; default 256 MiB).
+        staging_nbytes: deprecated: ``staging_mb`` in bytes.
+
+    Raises:
+        ValueError, CodecUnavailableError: as :class:`~lightning_nvcomp.options.SaveOptions` (an unknown codec, a
+            size that is not a positive number of MiB, a codec this machine cannot run), before anything is written.
 
     Compressed segments are written while the next ones are coded, so coding overlaps the write (at an ``s3://``
     URL: uploaded in parallel parts).
     """
+    staging_mb = mb_of_nbytes("save", "staging_nbytes", staging_nbytes, staging_mb)
+    options = SaveOptions.merged("save", options, uses=SAVE_OPTIONS, codec=codec, staging_mb=staging_mb)
     storage = storage or storage_for(path)
     directory = storage.target_directory(os.fspath(path))
-    stats = save_file(obj, path, codec, policy, storage.write, directory, staging_nbytes)
+    stats = save_file(obj, path, options.codec, policy, storage.write, directory, options.staging_nbytes)
     (policy or default_policy()).observe_write(directory, stats.file_nbytes, stats.seconds)
     if stats.prediction is not None:  # auto chose: its model learns from what the save really did
         (policy or default_policy()).observe_save(stats.codec, stats.raw_nbytes, stats.file_nbytes, stats.encode_s)
@@ -92,7 +108,7 @@ def save(
 def save_file(
     obj: object,
     path: str | os.PathLike,
-    codec: str,
+    codec: Codec,
     policy: CodecPolicy | None,
     write: Callable[[str, Callable[[BinaryIO], None]], int],
     directory: str,
@@ -105,7 +121,7 @@ def save_file(
     codec, prediction = resolve_codec(codec, contents.tensors, directory, policy)
     begin = time.perf_counter()
     snaps: list[Snapshot] = []
-    size = write(os.fspath(path), lambda f: snaps.append(_stream(f, obj, codec, contents, staging_nbytes)))
+    size = write(os.fspath(path), lambda f: snaps.append(_stream(f, obj, codec.value, contents, staging_nbytes)))
     seconds = time.perf_counter() - begin
     encode_s = snaps[0].encode_s
     return SaveStats(os.fspath(path), codec, snaps[0].raw_nbytes, size, encode_s, seconds - encode_s, prediction)
@@ -122,5 +138,11 @@ def write_snapshot(
     begin = time.perf_counter()
     size = (storage or storage_for(path)).write(os.fspath(path), lambda f: snap.write_to(ArchiveWriter(f)))
     return SaveStats(
-        os.fspath(path), snap.codec, snap.raw_nbytes, size, snap.encode_s, time.perf_counter() - begin, prediction
+        os.fspath(path),
+        Codec(snap.codec),
+        snap.raw_nbytes,
+        size,
+        snap.encode_s,
+        time.perf_counter() - begin,
+        prediction,
     )

@@ -41,7 +41,7 @@ def _combined(stats: list[SaveStats], label: str) -> SaveStats:
     if len(predictions) == len(stats):  # auto: one forecast per file, summed like the files' times
         raw = sum(s.raw_nbytes for s in stats)
 
-        def summed(name: str, parts: list[Prediction]) -> Prediction:
+        def summed(name: Codec, parts: list[Prediction]) -> Prediction:
             stored = sum(s.raw_nbytes / p.ratio for s, p in zip(stats, parts))
             return Prediction(
                 name,
@@ -190,11 +190,9 @@ class CheckpointWriter:
         if self.options.async_save:
             with collector_paused():  # as in a sync save (see saving.save_file)
                 contents = fileformat.find_contents(obj)
-                codec, prediction = saving.resolve_codec(
-                    self.options.codec.value, contents.tensors, directory, self.policy
-                )
+                codec, prediction = saving.resolve_codec(self.options.codec, contents.tensors, directory, self.policy)
                 snap = fileformat.snapshot(
-                    obj, codec, contents, isolate=True, staging_nbytes=self.options.staging_nbytes
+                    obj, codec.value, contents, isolate=True, staging_nbytes=self.options.staging_nbytes
                 )
             self._queue(path, self._background(self._write, snap, path, storage, prediction, begin), snap.held_nbytes)
         elif self.options.durable is Durability.BACKGROUND and isinstance(storage, Storage):
@@ -206,7 +204,7 @@ class CheckpointWriter:
                 return staged[0].size
 
             stats = saving.save_file(
-                obj, path, self.options.codec.value, self.policy, stage, directory, self.options.staging_nbytes
+                obj, path, self.options.codec, self.policy, stage, directory, self.options.staging_nbytes
             )
             self._learn(stats)
             self._queue(path, self._background(self._flush, staged[0], stats, directory, begin), 0)
@@ -214,10 +212,10 @@ class CheckpointWriter:
             stats = saving.save(
                 obj,
                 path,
-                self.options.codec.value,
+                self.options.codec,
                 policy=self.policy,
                 storage=storage,
-                staging_nbytes=self.options.staging_nbytes,
+                staging_mb=self.options.staging_mb,
             )
             self._group.append(replace(stats, durable_s=stats.seconds if _flushes(storage) else None))
         self._blocked += time.perf_counter() - begin
