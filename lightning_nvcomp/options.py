@@ -140,7 +140,8 @@ class SaveOptions:
         async_save: write on a background thread; training waits only until the compressed snapshot is in host
             memory. A later save, a removal and the end of the run wait for it; a failed write is raised there.
         staging_mb: how much is coded at once, in MiB (a multiple of 512 bytes); a GPU save borrows about three times
-            this much GPU memory, never a clone of the whole state.
+            this much GPU memory, never a clone of the whole state. None (the default): the coder's own, 256 MiB on
+            a GPU; on the CPU, pieces of 16 MiB coded in parallel (see :mod:`lightning_nvcomp.codec.engines`).
         probe_mb: largest size of the write-bandwidth probe run once per file system, in MiB (it sets the baseline
             savings are measured against, and feeds ``auto``; never more than the first checkpoint or a quarter of the
             free space, see :mod:`lightning_nvcomp.auto.probe`).
@@ -163,7 +164,7 @@ class SaveOptions:
 
     codec: Codec = Codec.AUTO
     async_save: bool = False
-    staging_mb: float = 256
+    staging_mb: float | None = None
     probe_mb: float = 256
     interval_s: float | None = None
     gpu_hour_usd: float | None = None
@@ -178,12 +179,12 @@ class SaveOptions:
             raise TypeError(f"async_save must be True or False, not {self.async_save!r}")
         if self.remote is not None and not isinstance(self.remote, RemoteOptions):
             raise TypeError(f"remote must be a RemoteOptions, not {self.remote!r}")
-        _check_number("staging_mb", self.staging_mb, "a positive number of MiB")
+        _check_number("staging_mb", self.staging_mb, "a positive number of MiB", optional=True)
         _check_number("probe_mb", self.probe_mb, "a positive number of MiB")
         _check_number("host_buffer_mb", self.host_buffer_mb, "a positive number of MiB", optional=True)
         _check_number("interval_s", self.interval_s, "a positive number of seconds", optional=True)
         _check_number("gpu_hour_usd", self.gpu_hour_usd, "a price in USD, 0 or more", optional=True, zero=True)
-        nbytes = self.staging_mb * MiB
+        nbytes = 0 if self.staging_mb is None else self.staging_mb * MiB
         if nbytes % _STAGING_ALIGN:
             raise ValueError(
                 f"staging_mb must be a multiple of {_STAGING_ALIGN} bytes ({_STAGING_ALIGN / MiB:g} MiB), not "
@@ -192,9 +193,9 @@ class SaveOptions:
         self.codec.require_available()
 
     @property
-    def staging_nbytes(self) -> int:
-        """:attr:`staging_mb` in bytes."""
-        return int(self.staging_mb * MiB)
+    def staging_nbytes(self) -> int | None:
+        """:attr:`staging_mb` in bytes (None: the coder's default)."""
+        return None if self.staging_mb is None else int(self.staging_mb * MiB)
 
     @property
     def probe_nbytes(self) -> int:

@@ -78,7 +78,8 @@ def save(
         options: the :class:`~lightning_nvcomp.options.SaveOptions` every entry point takes, of which ``save``
             uses ``codec`` and ``staging_mb`` (another field set is refused); a keyword argument given beside it
             overrides its field.
-        staging_mb: MiB coded at once (default 256; GPU scratch is about three times this).
+        staging_mb: MiB coded at once (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU); GPU scratch is
+            about three times this.
         policy: the :class:`~lightning_nvcomp.auto.policy.CodecPolicy` behind ``"auto"`` (default: one per process); it
             probes a URL's storage with its own ``remote`` options (``CodecPolicy(remote=RemoteOptions(...))``).
         storage: how the file is written (default: :func:`~lightning_nvcomp.storage.backend.storage_for` the path:

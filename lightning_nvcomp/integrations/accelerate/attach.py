@@ -118,7 +118,7 @@ class Attachment:
         with self._standing_in(output_dir, upload=True) as (local_dir, at):
 
             def shard_writer(path: str | os.PathLike, **writer_kwargs: Any) -> NvcompFileSystemWriter:
-                o = self.writer.options  # what of them the DCP writer uses
+                o = self.writer.options  # those the DCP writer acts on: its saves are synchronous
                 parts.append(
                     NvcompFileSystemWriter(at(path), o.codec, staging_mb=o.staging_mb, remote=o.remote, **writer_kwargs)
                 )
@@ -329,7 +329,8 @@ def attach(
         async_save: write in the background; ``save_state`` returns once the snapshot is in host memory. The next
             ``save_state``, ``load_state``, :meth:`Attachment.wait` and :meth:`Attachment.detach` wait for it.
         gpu_hour_usd: price of a GPU-hour in USD, for the saved-dollars metric.
-        staging_mb: MiB coded at once (default 256); a save borrows about three times this much GPU memory.
+        staging_mb: MiB coded at once (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU); a save
+            borrows about three times this much GPU memory.
         probe_mb: largest size in MiB of the one-off write-bandwidth probe per file system (default 256; it writes
             no more than the first checkpoint, nor more than a quarter of the free space; skipped, with a bandwidth
             assumed until the first real write, where that is too little).

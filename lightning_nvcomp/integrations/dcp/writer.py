@@ -109,7 +109,8 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         options: a run's :class:`~lightning_nvcomp.options.SaveOptions`, of which the writer uses ``codec``,
             ``staging_mb`` and ``remote`` (another field set is refused); a keyword argument given beside it
             overrides its field.
-        staging_mb: MiB coded at once per shard (default 256; see :func:`lightning_nvcomp.format.snapshot`).
+        staging_mb: MiB coded at once per shard (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU;
+            see :func:`lightning_nvcomp.format.snapshot`).
         remote: how a URL ``path`` is reached (:class:`~lightning_nvcomp.storage.remote.RemoteOptions`).
         policy: the :class:`CodecPolicy` behind ``"auto"`` (default: one per process and mode, with
             ``collective=True``).
@@ -171,6 +172,8 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
             cache_staged_state_dict=cache_staged_state_dict,
             overwrite=overwrite,
         )
+        #: The :class:`~lightning_nvcomp.options.SaveOptions` this writer saves with.
+        self.options = options
         self.remote = options.remote
         self._use_storage(path, self.remote)
         self.codec = options.codec

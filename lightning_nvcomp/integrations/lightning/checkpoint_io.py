@@ -46,8 +46,8 @@ class NvcompCheckpointIO(CheckpointIO):
         async_save: if True, training waits only until the compressed snapshot is in host memory; the file is
             written on a background thread. A later save, ``remove_checkpoint`` and ``teardown`` wait for it, and a
             failed background write is raised there.
-        staging_mb: MiB coded at once (default 256); the GPU memory a save borrows is about three times this, never
-            a clone of the whole state.
+        staging_mb: MiB coded at once (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU); the GPU memory
+            a save borrows is about three times this, never a clone of the whole state.
         gpu_hour_usd: price of a GPU-hour in USD, for the saved-dollars metric.
         probe_mb: largest size in MiB of the write-bandwidth probe run once per file system (default 256; it sets the
             baseline that savings are measured against, and feeds ``auto``).

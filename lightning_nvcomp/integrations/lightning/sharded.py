@@ -264,7 +264,7 @@ class NvcompFSDPStrategy(CompressedShardedSaves, FSDPStrategy):
     Args:
         codec: ``"auto"`` (default), ``"ans"``, ``"zstd"`` or ``"none"``, a :class:`~lightning_nvcomp.options.Codec`
             or its name (see :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter`).
-        staging_mb: MiB coded at once per shard (default 256).
+        staging_mb: MiB coded at once per shard (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU).
         gpu_hour_usd: price of a GPU-hour in USD, for the saved-dollars metric.
         options: the :class:`~lightning_nvcomp.options.SaveOptions` every entry point takes, of which the strategy
             uses ``codec``, ``staging_mb`` and ``gpu_hour_usd`` (another field set is refused); a keyword argument
@@ -273,6 +273,11 @@ class NvcompFSDPStrategy(CompressedShardedSaves, FSDPStrategy):
             copy of the rank's weights and optimizer state on the GPU until the save ends); False: Lightning's
             offload. Ignored with ``cpu_offload`` and for ``state_dict_type="full"``.
         *args, **kwargs: ``FSDPStrategy``'s.
+
+    Raises:
+        ValueError, CodecUnavailableError: as :class:`~lightning_nvcomp.options.SaveOptions` (an unknown codec, a size
+            that is not a positive number of MiB, a codec this machine cannot run, a field the strategy does not use),
+            before the strategy is built.
     """
 
     _saver_module = _loader_module = fsdp_strategy
@@ -320,7 +325,7 @@ class NvcompModelParallelStrategy(CompressedShardedSaves, ModelParallelStrategy)
     Args:
         codec: ``"auto"`` (default), ``"ans"``, ``"zstd"`` or ``"none"``, a :class:`~lightning_nvcomp.options.Codec`
             or its name (see :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter`).
-        staging_mb: MiB coded at once per shard (default 256).
+        staging_mb: MiB coded at once per shard (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU).
         gpu_hour_usd: price of a GPU-hour in USD, for the saved-dollars metric.
         options: the :class:`~lightning_nvcomp.options.SaveOptions` every entry point takes, of which the strategy
             uses ``codec``, ``staging_mb`` and ``gpu_hour_usd`` (another field set is refused); a keyword argument
@@ -329,6 +334,11 @@ class NvcompModelParallelStrategy(CompressedShardedSaves, ModelParallelStrategy)
             GPU memory: the writer gets the sharded tensors themselves); False: Lightning's offload. Ignored with
             ``save_distributed_checkpoint=False``.
         *args, **kwargs: ``ModelParallelStrategy``'s.
+
+    Raises:
+        ValueError, CodecUnavailableError: as :class:`~lightning_nvcomp.options.SaveOptions` (an unknown codec, a size
+            that is not a positive number of MiB, a codec this machine cannot run, a field the strategy does not use),
+            before the strategy is built.
     """
 
     _saver_module = model_parallel_strategy
