@@ -187,6 +187,22 @@ def test_save_takes_options_and_its_keywords(tmp_path, monkeypatch) -> None:
     assert stats.codec is stats_kw.codec is Codec.ZSTD
 
 
+def test_every_entry_point_codes_in_the_pieces_save_does_by_default(tmp_path, monkeypatch) -> None:
+    """One default everywhere: the plugin (and attach, the DCP writer: the same options) codes in the pieces
+    ``save`` does, the coder's own per device, where it used to code 256 MiB pieces on the CPU too."""
+    monkeypatch.chdir(tmp_path)
+    state = _state()
+    lightning_nvcomp.save(state, "save.ckpt", "zstd")
+    io = lightning_nvcomp.NvcompCheckpointIO(codec="zstd", probe_mb=1)
+    try:
+        io.save_checkpoint(state, "plugin.ckpt")
+    finally:
+        io.teardown()
+    segment = fileformat.describe("save.ckpt")["w"].record["segment"]
+    assert fileformat.describe("plugin.ckpt")["w"].record["segment"] == segment
+    assert NvcompFileSystemWriter("ckpt").staging_nbytes is None
+
+
 def test_save_refuses_what_it_does_not_do_and_writes_nothing(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="save does not use async_save"):
