@@ -331,9 +331,8 @@ def attach(
         gpu_hour_usd: price of a GPU-hour in USD, for the saved-dollars metric.
         staging_mb: MiB coded at once (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU); a save
             borrows about three times this much GPU memory.
-        probe_mb: largest size in MiB of the one-off write-bandwidth probe per file system (default 256; it writes
-            no more than the first checkpoint, nor more than a quarter of the free space; skipped, with a bandwidth
-            assumed until the first real write, where that is too little).
+        probe_mb: largest size in MiB of the one-off write-bandwidth probe per file system (default 256; see
+            :class:`~lightning_nvcomp.options.SaveOptions`).
         interval_s: seconds between saves, for ``auto`` in async mode.
         state_on_gpu: FSDP sharded state dicts only: collect them without CPU offload for the save, so shards are
             coded on the GPU (see the module docstring); False: as the plugin says.
@@ -350,8 +349,7 @@ def attach(
         The :class:`Attachment`; ``detach()`` restores the Accelerator.
 
     Raises:
-        As :class:`~lightning_nvcomp.options.SaveOptions`, before anything is attached: ValueError (an unknown codec,
-        a size that is not a positive number of MiB), CodecUnavailableError (a codec this machine cannot run).
+        ValueError, CodecUnavailableError: as :class:`~lightning_nvcomp.options.SaveOptions`, before anything is attached.
     """
     options = SaveOptions.merged(
         "attach",
