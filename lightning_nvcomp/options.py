@@ -1,17 +1,37 @@
-"""The save codecs, named once: what each is, where it encodes and decodes, and whether it can run here."""
+"""How a run saves: :class:`SaveOptions`, the one options object every entry point takes (the Lightning plugin and
+sharded strategies, ``attach``, the DCP writer, ``save``), and its choices: :class:`Codec` (what each codec is, where
+it encodes and decodes, whether it can run here) and :class:`Durability`."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import math
+import warnings
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from lightning_nvcomp.codec.gpu import gpu_available, gpu_missing
 from lightning_nvcomp.errors import CodecUnavailableError
 from lightning_nvcomp.storage.remote.options import RemoteOptions
 
 
-class _Choice(str, enum.Enum):
+class _ChoiceType(enum.EnumMeta):
+    """Finds a member by its value too: ``Codec["zstd"]`` is ``Codec.ZSTD``. Config parsers (jsonargparse, so
+    LightningCLI's YAML) look an enum's members up by name, where configs write the values."""
+
+    def __getitem__(cls, name: str) -> Any:
+        try:
+            return super().__getitem__(name)
+        except KeyError:
+            try:
+                return cls(name)
+            except ValueError:
+                raise KeyError(name) from None
+
+
+class _Choice(str, enum.Enum, metaclass=_ChoiceType):
     """An option's values, as configs, files and the command line spell them; a subclass names its option with a
     class keyword (``class Codec(_Choice, option="codec")``)."""
 
@@ -96,81 +116,158 @@ CONCRETE_CODECS = (Codec.ANS, Codec.ZSTD, Codec.NONE)
 
 
 MiB = 1 << 20
+#: Coding works in pieces whose size is a multiple of this (see :class:`~lightning_nvcomp.codec.record.Encoder`).
+_STAGING_ALIGN = 512
 
 
 @dataclass(frozen=True)
 class SaveOptions:
-    """How a run saves its checkpoints: the one options object the Lightning plugin, the Accelerate hook and the
-    writer behind them share (their keyword arguments build it). Sizes are in bytes.
+    """How a run saves its checkpoints: the one options object of every entry point (:class:`NvcompCheckpointIO`,
+    :func:`~lightning_nvcomp.accelerate.attach`, :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter`,
+    :class:`NvcompFSDPStrategy` and :class:`NvcompModelParallelStrategy`, :func:`~lightning_nvcomp.save`). Each takes
+    it as ``options=`` and its fields, under the same names and in the same units, as keyword arguments; a keyword
+    given beside ``options=`` overrides that field (:meth:`merged`). Sizes are in MiB, times in seconds, prices in
+    USD, as a YAML config writes them; :attr:`staging_nbytes`, :attr:`probe_nbytes` and :attr:`host_buffer_nbytes`
+    are the same sizes in bytes.
+
+    Not every entry point acts on every field: the DCP writer uses ``codec``, ``staging_mb`` and ``remote``; the
+    sharded strategies ``codec``, ``staging_mb`` and ``gpu_hour_usd``; ``save`` ``codec`` and ``staging_mb``. One of
+    them given another field set differently from its default refuses it (ValueError naming the field), rather than
+    ignoring it.
 
     Args:
-        codec: a :class:`Codec` or its name.
-        async_save: write on a background thread; training waits only for the compressed snapshot.
-        staging_nbytes: coding granularity; a GPU save borrows about three times this much GPU memory.
-        probe_nbytes: largest size of the one-off write-bandwidth probe per file system (the savings baseline and
-            ``auto``; bounded by the checkpoint and the free space, see :mod:`lightning_nvcomp.auto.probe`).
-        interval_s: seconds between saves, for ``auto`` in async mode.
-        gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
-        remote: how checkpoints at URLs (``s3://...``) are reached and uploaded (default
-            :class:`~lightning_nvcomp.storage.remote.RemoteOptions`: the backend's own configuration and environment).
-        durable: when a checkpoint is on stable storage (:class:`Durability`; default ``background``).
-        host_buffer_nbytes: most bytes of async snapshots held in host memory while earlier ones are written (the
-            compressed bytes); a save that would exceed it waits for the oldest writes (and says so: storage slower
-            than the save interval). Default (None): two checkpoints, the one being written and the new one.
+        codec: a :class:`Codec` or its name (``"auto"``, ``"ans"``, ``"zstd"``, ``"none"``).
+        async_save: write on a background thread; training waits only until the compressed snapshot is in host
+            memory. A later save, a removal and the end of the run wait for it; a failed write is raised there.
+        staging_mb: how much is coded at once, in MiB (a multiple of 512 bytes); a GPU save borrows about three times
+            this much GPU memory, never a clone of the whole state. None (the default): the coder's own, 256 MiB on
+            a GPU; on the CPU, pieces of 16 MiB coded in parallel (see :mod:`lightning_nvcomp.codec.engines`).
+        probe_mb: largest size of the write-bandwidth probe run once per file system, in MiB (it sets the baseline
+            savings are measured against, and feeds ``auto``; never more than the first checkpoint or a quarter of the
+            free space, see :mod:`lightning_nvcomp.auto.probe`).
+        interval_s: seconds between saves, for ``auto`` in async mode (None: measured from the saves).
+        gpu_hour_usd: price of a GPU-hour in USD, for the saved-dollars metric (None: no dollar metric).
+        remote: how checkpoints at URLs (``s3://...``) are reached and uploaded (None: the backend's own
+            configuration and environment, as :class:`~lightning_nvcomp.storage.remote.RemoteOptions` defaults).
+        durable: when a checkpoint is on stable storage (:class:`Durability` or its name; default ``background``).
+        host_buffer_mb: async saves: most MiB of compressed snapshots held in host memory while earlier ones are
+            written; a save that would exceed it waits for the oldest writes (and says so: storage slower than the
+            save interval). None: two checkpoints, the one being written and the new one.
 
     Raises:
-        ValueError: an unknown codec or a size that is not positive. CodecUnavailableError: the codec cannot run
-        here (checked now, not at the first checkpoint hours later).
+        ValueError: an unknown codec or durability, a size that is not a positive number of MiB (``staging_mb``: not a
+            multiple of 512 bytes), an ``interval_s`` that is not positive, a negative ``gpu_hour_usd``.
+        TypeError: ``async_save`` that is not a bool, ``remote`` that is not a RemoteOptions.
+        CodecUnavailableError: the codec cannot run here (``ans`` without a CUDA GPU and nvCOMP): checked now, not at
+            the first checkpoint hours later.
     """
 
     codec: Codec = Codec.AUTO
     async_save: bool = False
-    staging_nbytes: int = 256 * MiB
-    probe_nbytes: int = 256 * MiB
+    staging_mb: float | None = None
+    probe_mb: float = 256
     interval_s: float | None = None
     gpu_hour_usd: float | None = None
     remote: RemoteOptions | None = None
     durable: Durability = Durability.BACKGROUND
-    host_buffer_nbytes: int | None = None
+    host_buffer_mb: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "codec", Codec.parse(self.codec))
         object.__setattr__(self, "durable", Durability.parse(self.durable))
-        if self.host_buffer_nbytes is not None and self.host_buffer_nbytes <= 0:
-            raise ValueError(f"host_buffer_nbytes ({self.host_buffer_nbytes}) must be positive")
-        if self.staging_nbytes <= 0 or self.probe_nbytes <= 0:
+        if type(self.async_save) is not bool:
+            raise TypeError(f"async_save must be True or False, not {self.async_save!r}")
+        if self.remote is not None and not isinstance(self.remote, RemoteOptions):
+            raise TypeError(f"remote must be a RemoteOptions, not {self.remote!r}")
+        _check_number("staging_mb", self.staging_mb, "a positive number of MiB", optional=True)
+        _check_number("probe_mb", self.probe_mb, "a positive number of MiB")
+        _check_number("host_buffer_mb", self.host_buffer_mb, "a positive number of MiB", optional=True)
+        _check_number("interval_s", self.interval_s, "a positive number of seconds", optional=True)
+        _check_number("gpu_hour_usd", self.gpu_hour_usd, "a price in USD, 0 or more", optional=True, zero=True)
+        nbytes = 0 if self.staging_mb is None else self.staging_mb * MiB
+        if nbytes % _STAGING_ALIGN:
             raise ValueError(
-                f"the staging ({self.staging_nbytes} bytes) and probe ({self.probe_nbytes} bytes) sizes must be positive"
+                f"staging_mb must be a multiple of {_STAGING_ALIGN} bytes ({_STAGING_ALIGN / MiB:g} MiB), not "
+                f"{self.staging_mb!r} ({nbytes:g} bytes)"
             )
         self.codec.require_available()
 
+    @property
+    def staging_nbytes(self) -> int | None:
+        """:attr:`staging_mb` in bytes (None: the coder's default)."""
+        return None if self.staging_mb is None else int(self.staging_mb * MiB)
+
+    @property
+    def probe_nbytes(self) -> int:
+        """:attr:`probe_mb` in bytes."""
+        return int(self.probe_mb * MiB)
+
+    @property
+    def host_buffer_nbytes(self) -> int | None:
+        """:attr:`host_buffer_mb` in bytes (None: the default, two checkpoints)."""
+        return None if self.host_buffer_mb is None else int(self.host_buffer_mb * MiB)
+
     @classmethod
-    def of(
-        cls,
-        codec: str | Codec = Codec.AUTO,
-        async_save: bool = False,
-        staging_mb: int = 256,
-        probe_mb: int = 256,
-        interval_s: float | None = None,
-        gpu_hour_usd: float | None = None,
-        remote: RemoteOptions | None = None,
-        durable: str | Durability = Durability.BACKGROUND,
-        host_buffer_mb: int | None = None,
+    def merged(
+        cls, owner: str, options: SaveOptions | None = None, uses: Collection[str] | None = None, **given: Any
     ) -> SaveOptions:
-        """From the integrations' keyword arguments, whose sizes are in MiB (``staging_mb``, ``probe_mb``,
-        ``host_buffer_mb``)."""
-        if staging_mb <= 0 or probe_mb <= 0 or (host_buffer_mb is not None and host_buffer_mb <= 0):
-            raise ValueError(
-                f"staging_mb ({staging_mb}), probe_mb ({probe_mb}) and host_buffer_mb ({host_buffer_mb}) must be positive"
-            )
-        return cls(
-            Codec.parse(codec),
-            async_save,
-            staging_mb * MiB,
-            probe_mb * MiB,
-            interval_s,
-            gpu_hour_usd,
-            remote,
-            Durability.parse(durable),
-            None if host_buffer_mb is None else host_buffer_mb * MiB,
-        )
+        """The options of one entry point: ``options`` (default: the defaults), with each keyword argument in
+        ``given`` that is not None put over the field of that name.
+
+        Args:
+            owner: the entry point, as errors name it.
+            options: what ``options=`` gave.
+            uses: the fields ``owner`` acts on (default: all); another field set differently from its default is
+                refused, never ignored.
+            **given: the entry point's keyword arguments, by field name (None: not given).
+
+        Raises:
+            ValueError, TypeError, CodecUnavailableError: as :class:`SaveOptions`; ValueError also for a field that
+            ``owner`` does not use, TypeError for ``options`` that is not a SaveOptions.
+        """
+        if options is not None and not isinstance(options, SaveOptions):
+            raise TypeError(f"{owner}: options must be a SaveOptions, not {options!r}")
+        changes = {name: value for name, value in given.items() if value is not None}
+        merged = dataclasses.replace(options, **changes) if options is not None else cls(**changes)
+        if uses is not None:
+            unused = [
+                f.name for f in dataclasses.fields(cls) if f.name not in uses and getattr(merged, f.name) != f.default
+            ]
+            if unused:
+                raise ValueError(
+                    f"{owner} does not use {', '.join(unused)} (only {', '.join(uses)}): leave "
+                    f"{'it' if len(unused) == 1 else 'them'} at the default"
+                )
+        return merged
+
+
+def mb_of_nbytes(owner: str, name: str, nbytes: int | None, mb: float | None) -> float | None:
+    """``mb``, or the MiB of a size given in bytes under the deprecated name ``name`` (``staging_nbytes``, now
+    ``staging_mb`` like every size of the options), with a DeprecationWarning pointing at the caller's caller.
+
+    Raises:
+        ValueError: both are given.
+    """
+    if nbytes is None:
+        return mb
+    new = name.replace("_nbytes", "_mb")
+    if mb is not None:
+        raise ValueError(f"{owner}: give {new} only ({name} is its deprecated spelling, in bytes)")
+    warnings.warn(
+        f"{owner}({name}=...) is deprecated and will be removed in the next release: give {new}={nbytes / MiB:g} "
+        f"(MiB), as every entry point takes it",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return nbytes / MiB
+
+
+def _check_number(name: str, value: object, what: str, optional: bool = False, zero: bool = False) -> None:
+    """Raise ValueError (naming option ``name`` and ``what`` it must be) unless ``value`` is a finite number above 0
+    (0 too if ``zero``; None too if ``optional``)."""
+    if value is None and optional:
+        return
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        if value > 0 or (zero and value == 0):
+            return
+    raise ValueError(f"{name} must be {what}, not {value!r}")

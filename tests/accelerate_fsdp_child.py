@@ -94,7 +94,7 @@ def cpu(out: str, group: InitProcessGroupKwargs) -> dict[str, Any]:
     readers: list[str] = []
 
     def writer(path: str, **kwargs: Any) -> NvcompFileSystemWriter:
-        writers.append(NvcompFileSystemWriter(path, options=SaveOptions.of("zstd"), **kwargs))
+        writers.append(NvcompFileSystemWriter(path, options=SaveOptions(codec="zstd"), **kwargs))
         return writers[-1]
 
     def reader(path: str, **kwargs: Any) -> NvcompFileSystemReader:

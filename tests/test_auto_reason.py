@@ -31,7 +31,7 @@ def _saves(policy: CodecPolicy, states: list[dict], async_save: bool = False) ->
     does, with ``policy`` deciding; return the console lines."""
     Path("checkpoints").mkdir()
     lines: list[str] = []
-    writer = CheckpointWriter(SaveOptions.of(codec="auto", async_save=async_save), report=lines.append)
+    writer = CheckpointWriter(SaveOptions(codec="auto", async_save=async_save), report=lines.append)
     writer.policy = policy
     try:
         for step, state in enumerate(states):

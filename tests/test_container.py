@@ -26,6 +26,7 @@ from lightning_nvcomp.format import DTYPES, TensorInfo, describe
 from lightning_nvcomp.format import writer as format_writer
 from lightning_nvcomp.format.sink import ArchiveSink
 from lightning_nvcomp.format.zip import ArchiveWriter
+from lightning_nvcomp.options import Codec
 from lightning_nvcomp.storage import local as storage
 from lightning_nvcomp.storage import temp_names
 from lightning_nvcomp.telemetry.stats import SaveStats
@@ -629,7 +630,7 @@ def test_isolated_snapshot_is_unaffected_by_later_training(tmp_path, codec):
     w = torch.randn(1000)
     state = {"w": w, "view": w[10:20]}
     before = {k: v.clone() for k, v in state.items()}
-    held = Held(state, find_contents(state), codec, None)  # an async save's coding
+    held = Held(state, find_contents(state), Codec(codec), None)  # an async save's coding
     w.add_(1.0)  # training goes on before the background write
     write_file(held, str(tmp_path / "ck.pt"), Storage())
     loaded = lightning_nvcomp.load(tmp_path / "ck.pt")

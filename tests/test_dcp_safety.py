@@ -92,8 +92,8 @@ def _checkpoint_ids(path: str | Path) -> set:
     ("kwargs", "error", "match"),
     [
         pytest.param({"codec": "ans"}, CodecUnavailableError, "codec='ans'", marks=NO_GPU, id="ans"),
-        pytest.param({"staging_nbytes": 0}, ValueError, "staging", id="staging_nbytes=0"),
-        pytest.param({"staging_nbytes": -(1 << 20)}, ValueError, "staging", id="staging_nbytes<0"),
+        pytest.param({"staging_mb": 0}, ValueError, "staging_mb", id="staging_mb=0"),
+        pytest.param({"staging_mb": -1}, ValueError, "staging_mb", id="staging_mb<0"),
         pytest.param({"thread_count": 0}, ValueError, "thread_count", id="thread_count=0"),
         pytest.param({"codec": "lz4"}, ValueError, "codec must be one of", id="unknown codec"),
     ],

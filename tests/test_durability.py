@@ -52,9 +52,7 @@ def state(n: int = 1 << 16, seed: int = 0) -> dict:
 
 
 def writer(durable: str, **kwargs) -> CheckpointWriter:
-    return CheckpointWriter(
-        SaveOptions(codec="zstd", durable=Durability.parse(durable), probe_nbytes=1 << 20, **kwargs)
-    )
+    return CheckpointWriter(SaveOptions(codec="zstd", durable=Durability.parse(durable), probe_mb=1, **kwargs))
 
 
 def save(w: CheckpointWriter, obj: dict, path: Path) -> float:
@@ -150,7 +148,7 @@ def test_async_saves_do_not_wait_while_the_host_buffer_holds_them(tmp_path, capl
 
 
 def test_a_larger_host_buffer_waits_less(tmp_path, caplog):
-    w = writer("background", async_save=True, host_buffer_nbytes=64 << 20)
+    w = writer("background", async_save=True, host_buffer_mb=64)
     w.storage = ThrottledStorage(4e6)
     save(w, state(1 << 18, 0), tmp_path / "0.ckpt")
     with caplog.at_level(logging.WARNING, logger="lightning_nvcomp.saving.writer"):
@@ -195,7 +193,7 @@ def test_the_baseline_of_os_durability_does_not_flush_and_large_states_use_the_b
     w.close()
     assert w.baseline.measured and not any(".lightning-nvcomp-baseline-" in p for p, _, _ in spy.calls)
 
-    big = CheckpointWriter(SaveOptions(codec="zstd", probe_nbytes=64 << 10))  # the state is larger than this
+    big = CheckpointWriter(SaveOptions(codec="zstd", probe_mb=1 / 16))  # the state is larger than this
     save(big, state(seed=1), tmp_path / "big.ckpt")
     big.close()
     metrics = big.savings.history[0]

@@ -131,7 +131,7 @@ def test_work_behind_training_goes_where_the_save_was_asked_after_a_chdir(tmp_pa
     (run / "out").mkdir(parents=True)
     (elsewhere / "out").mkdir(parents=True)
     monkeypatch.chdir(run)
-    writer = CheckpointWriter(SaveOptions(codec="zstd", probe_nbytes=1 << 20, async_save=async_save))
+    writer = CheckpointWriter(SaveOptions(codec="zstd", probe_mb=1, async_save=async_save))
     writer.save(state(0), "out/first.ckpt")  # the probe and the baseline, before the writer thread is held
     writer.wait()
     release = hold_writer_thread_fsyncs(monkeypatch)

@@ -139,7 +139,7 @@ def test_gpu_copies_land_in_pinned_reused_memory(tmp_path):
     assert blob.is_pinned()
     assert torch.equal(blob, state["w0"].view(torch.uint8).flatten().cpu())
     del blob
-    w = CheckpointWriter(SaveOptions.of(codec="ans", async_save=True))
+    w = CheckpointWriter(SaveOptions(codec="ans", async_save=True))
     try:
         sizes = []
         for i in range(4):

@@ -416,7 +416,7 @@ def test_async_saves_learn_the_interval_and_count_the_wait_it_causes(tmp_path):
     from lightning_nvcomp.options import SaveOptions
     from lightning_nvcomp.saving.writer import CheckpointWriter
 
-    writer = CheckpointWriter(SaveOptions.of(codec="zstd", async_save=True))
+    writer = CheckpointWriter(SaveOptions(codec="zstd", async_save=True))
     try:
         state = {"w": torch.randn(1 << 16)}
         for step in range(3):
@@ -477,7 +477,7 @@ def test_every_save_says_why_auto_chose_its_codec(tmp_path):
     from lightning_nvcomp.saving.writer import CheckpointWriter
 
     lines: list[str] = []
-    writer = CheckpointWriter(SaveOptions.of(codec="auto", probe_mb=1), report=lines.append)
+    writer = CheckpointWriter(SaveOptions(codec="auto", probe_mb=1), report=lines.append)
     try:
         writer.save({"w": torch.randn(1 << 16)}, tmp_path / "a.ckpt")
         writer.commit(1, str(tmp_path / "a.ckpt"))
@@ -503,7 +503,7 @@ def test_the_first_auto_saves_calibration_is_reported_as_probe_time_not_as_block
 
     from conftest import trained_like
 
-    writer = CheckpointWriter(SaveOptions.of(codec="auto"))
+    writer = CheckpointWriter(SaveOptions(codec="auto"))
     writer.policy = CodecPolicy(write_gbps=1.0)  # a known bandwidth: nothing to probe, only the codecs to calibrate
     state = {"w": trained_like(1 << 21, torch.float32)}
     try:

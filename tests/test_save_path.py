@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import lightning_nvcomp
-from lightning_nvcomp.options import SaveOptions
+from lightning_nvcomp.options import Codec, SaveOptions
 from lightning_nvcomp.storage import Storage, storage_for
 
 from conftest import assert_tree_bit_exact, trained_like
@@ -86,7 +86,7 @@ def test_a_writer_save_walks_the_state_once_to_find_its_contents(tmp_path, monke
     from lightning_nvcomp.saving.writer import CheckpointWriter
 
     monkeypatch.chdir(tmp_path)
-    w = CheckpointWriter(SaveOptions(codec="auto", async_save=async_save, probe_nbytes=1 << 20))
+    w = CheckpointWriter(SaveOptions(codec="auto", async_save=async_save, probe_mb=1))
     copies = 1 if async_save else 0
     counts = []
     for n, name in enumerate(["first.ckpt", "second.ckpt"]):
@@ -110,7 +110,7 @@ def test_a_sync_save_is_durable_counted_from_its_start(tmp_path, monkeypatch, wa
     from lightning_nvcomp.saving.writer import CheckpointWriter
 
     monkeypatch.chdir(tmp_path)
-    w = CheckpointWriter(SaveOptions(codec="zstd", durable="sync", probe_nbytes=1 << 20))
+    w = CheckpointWriter(SaveOptions(codec="zstd", durable="sync", probe_mb=1))
     w.save(state(), "first.ckpt")  # the one-off probe and baseline
     w.commit(0, "first.ckpt")
     walked.delay_s = 0.3
@@ -133,7 +133,7 @@ def test_streamed_in_write_codes_while_writing_and_is_durable_when_written(tmp_p
     monkeypatch.chdir(tmp_path)
     spy = FsyncSpy(monkeypatch)
     obj = state()
-    coded = Streamed(obj, find_contents(obj), "zstd", 64 << 10)
+    coded = Streamed(obj, find_contents(obj), Codec.ZSTD, 64 << 10)
     assert coded.held_nbytes == 0  # nothing is coded before the file is written
     stats, written = write_file(coded, "ck.pt", Storage(), IN_WRITE)
     assert written.flush is None and spy.of("ck.pt") == [threading.current_thread().name]
@@ -150,7 +150,7 @@ def test_behind_puts_a_new_file_in_place_and_leaves_its_flush(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     spy = FsyncSpy(monkeypatch)
     obj = state()
-    _, written = write_file(Streamed(obj, find_contents(obj), "none", None), "new.ckpt", Storage(), BEHIND)
+    _, written = write_file(Streamed(obj, find_contents(obj), Codec.NONE, None), "new.ckpt", Storage(), BEHIND)
     assert spy.of("new.ckpt") == [] and written.flush is not None  # in place, not yet flushed
     assert_tree_bit_exact(lightning_nvcomp.load("new.ckpt"), obj)
     done = threading.Thread(target=written.flush, name="behind")
@@ -168,7 +168,7 @@ def test_behind_flushes_a_file_that_replaces_another_before_its_rename(tmp_path,
     lightning_nvcomp.save(state(0), "last.ckpt", codec="zstd")
     spy = FsyncSpy(monkeypatch)
     obj = state(1)
-    _, written = write_file(Streamed(obj, find_contents(obj), "zstd", None), "last.ckpt", Storage(), BEHIND)
+    _, written = write_file(Streamed(obj, find_contents(obj), Codec.ZSTD, None), "last.ckpt", Storage(), BEHIND)
     assert spy.of("last.ckpt") == [threading.current_thread().name]  # a power loss leaves the old or the new
     assert_tree_bit_exact(lightning_nvcomp.load("last.ckpt"), obj)
     assert written.flush is not None
@@ -182,7 +182,7 @@ def test_behind_on_remote_storage_is_durable_when_the_upload_completes():
     url = "memory://lnv-save-path/run/ck.pt"
     storage = storage_for(url)
     obj = state()
-    stats, written = write_file(Streamed(obj, find_contents(obj), "zstd", None), url, storage, BEHIND)
+    stats, written = write_file(Streamed(obj, find_contents(obj), Codec.ZSTD, None), url, storage, BEHIND)
     assert written.flush is None and storage.size(url) == stats.file_nbytes
     assert_tree_bit_exact(lightning_nvcomp.load(url), obj)
 
@@ -194,7 +194,7 @@ def test_held_codes_now_and_writes_the_state_as_it_was(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     obj = state()
     before = {"w": obj["w"].clone(), "b": obj["b"].clone(), "step": 0}
-    coded = Held(obj, find_contents(obj), "zstd", 64 << 10)
+    coded = Held(obj, find_contents(obj), Codec.ZSTD, 64 << 10)
     assert 0 < coded.held_nbytes < obj["w"].numel() * 4 + 64  # the compressed segments, in host memory
     obj["w"].add_(1.0)  # training goes on before the write
     obj["step"] = 1
@@ -221,7 +221,7 @@ def test_each_strategy_of_the_writer_flushes_where_it_says(tmp_path, monkeypatch
     from lightning_nvcomp.saving.writer import CheckpointWriter
 
     monkeypatch.chdir(tmp_path)
-    w = CheckpointWriter(SaveOptions(codec="zstd", async_save=async_save, durable=durable, probe_nbytes=1 << 20))
+    w = CheckpointWriter(SaveOptions(codec="zstd", async_save=async_save, durable=durable, probe_mb=1))
     w.save(state(), "probe.ckpt")  # the one-off probe and baseline, before the spy
     w.commit(0, "probe.ckpt")
     w.wait()
@@ -250,7 +250,7 @@ def test_the_codec_is_resolved_by_auto_and_the_save_learns_into_its_policy(tmp_p
     from lightning_nvcomp.auto.policy import default_policy, resolve_codec
 
     monkeypatch.chdir(tmp_path)
-    assert resolve_codec("zstd", [], ".") == ("zstd", None)
+    assert resolve_codec(Codec.ZSTD, [], ".") == (Codec.ZSTD, None)
     stats = lightning_nvcomp.save(state(), "ck.pt")  # auto, through the process's default policy
     decision = default_policy().last_decision
     assert decision is not None and decision[0].codec == stats.codec == stats.prediction.codec

@@ -108,7 +108,7 @@ def test_a_pathlib_path_made_from_a_url_is_refused(tmp_path, monkeypatch):
 
 def test_checkpoint_writer_sends_a_url_to_its_remote_storage(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    writer = CheckpointWriter(SaveOptions(codec="zstd", probe_nbytes=4 << 20))
+    writer = CheckpointWriter(SaveOptions(codec="zstd", probe_mb=4))
     try:
         writer.save({"w": torch.ones(4)}, "memory://lnv-safety/run/epoch=0.ckpt")
     finally:

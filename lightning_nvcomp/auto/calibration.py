@@ -12,24 +12,29 @@ import torch
 
 from lightning_nvcomp.codec import pinned, record, schema
 from lightning_nvcomp.codec.gpu import gpu_available
+from lightning_nvcomp.options import Codec
 
 
 @dataclass(frozen=True)
 class CodecProfile:
-    """A codec measured on a sample of the actual state, on the actual device."""
+    """A codec measured on a sample of the actual state, on the actual device (``codec``: a :class:`Codec` or its
+    name)."""
 
-    codec: str
+    codec: Codec
     ratio: float
     encode_gbps: float  # raw GB/s through the whole encode (inf for "none")
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "codec", Codec.parse(self.codec))
 
-def candidate_codecs(device: torch.device) -> list[str]:
+
+def candidate_codecs(device: torch.device) -> list[Codec]:
     """Codecs worth calibrating for state on ``device``: gANS needs a GPU and nvCOMP (CPU state is coded there after
     a copy, e.g. Lightning's FSDPStrategy offloads sharded state to the CPU before saving); zstd and none run
     anywhere."""
     if device.type in ("cuda", "cpu") and gpu_available():
-        return ["ans", "zstd", "none"]
-    return ["zstd", "none"]
+        return [Codec.ANS, Codec.ZSTD, Codec.NONE]
+    return [Codec.ZSTD, Codec.NONE]
 
 
 def bulk_device(tensors: list[torch.Tensor]) -> torch.device:
@@ -83,7 +88,7 @@ def sample_state(
     return samples
 
 
-def calibrate(samples: dict[torch.dtype, list[torch.Tensor]], codecs: list[str]) -> list[CodecProfile]:
+def calibrate(samples: dict[torch.dtype, list[torch.Tensor]], codecs: list[Codec]) -> list[CodecProfile]:
     """Encode the samples with each codec (once to warm up, once timed); return ratio and throughput."""
     profiles = []
     pieces = [(dtype, data) for dtype, datas in samples.items() for data in datas]

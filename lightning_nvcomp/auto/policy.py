@@ -17,6 +17,7 @@ from lightning_nvcomp._process import shared
 from lightning_nvcomp.auto.calibration import CodecProfile, bulk_device, calibrate, candidate_codecs, sample_state
 from lightning_nvcomp.auto.prediction import Prediction, choose, predict
 from lightning_nvcomp.auto.probe import FALLBACK_GBPS, PROBE_NBYTES, measure_bandwidth
+from lightning_nvcomp.options import Codec
 from lightning_nvcomp.storage import StorageBackend, storage_for
 from lightning_nvcomp.storage.local import Storage
 from lightning_nvcomp.storage.remote.options import RemoteOptions
@@ -104,12 +105,12 @@ class CodecPolicy:
         self.last_decision: tuple[Prediction, list[Prediction]] | None = None
         self._last_key: tuple | None = None  # the calibration the last decision used
         self._decisions = 0
-        self._used: dict[str, int] = {}  # codec -> the number of the last decision that chose it
-        self._measured: set[str] = set()  # codecs a real save has refined (observe_save)
-        self._learnt: set[str] = set()  # those a save after the run's first has (its first may only speed them up)
+        self._used: dict[Codec, int] = {}  # codec -> the number of the last decision that chose it
+        self._measured: set[Codec] = set()  # codecs a real save has refined (observe_save)
+        self._learnt: set[Codec] = set()  # those a save after the run's first has (its first may only speed them up)
         # By calibration key: the calibration as measured (not refined), and what real saves took per raw byte beyond
         # their codec's calibration (see observe_save).
-        self._calibrated: dict[tuple, dict[str, CodecProfile]] = {}
+        self._calibrated: dict[tuple, dict[Codec, CodecProfile]] = {}
         self._excess: dict[tuple, float] = {}
         self._observed_interval: float | None = None  # moving average of the seconds between saves
         self._last_start: float | None = None  # when the last save started (save_started)
@@ -211,7 +212,7 @@ class CodecPolicy:
         """Whether :meth:`profiles` has measured (or been given) codec profiles for some state already."""
         return bool(self._profiles) or self._fixed_profiles is not None
 
-    def observe_save(self, codec: str, raw_nbytes: int, stored_nbytes: int, encode_s: float) -> None:
+    def observe_save(self, codec: Codec, raw_nbytes: int, stored_nbytes: int, encode_s: float) -> None:
         """Fold a real save's figures into its codec's profile (the calibration the last :meth:`decide` used), with
         weight :data:`PROFILE_WEIGHT`: its ratio, and its coding time per byte (what training waited for to have
         the coded bytes; from the run's first save only if it is faster than the profile's, see
@@ -352,15 +353,15 @@ def default_policy() -> CodecPolicy:
 
 
 def resolve_codec(
-    codec: str, tensors: list[torch.Tensor], directory: str, policy: CodecPolicy | None = None
-) -> tuple[str, Prediction | None]:
+    codec: Codec, tensors: list[torch.Tensor], directory: str, policy: CodecPolicy | None = None
+) -> tuple[Codec, Prediction | None]:
     """The codec a save of ``tensors`` into ``directory`` uses, and for ``auto`` the prediction behind it.
 
     Args:
-        codec: a codec's name (``ans``, ``zstd``, ``none``: that codec), or ``auto``: ``policy`` (default: this
-            process's :func:`default_policy`) measures the storage and the codecs and predicts the fastest save.
+        codec: ``ANS``, ``ZSTD``, ``NONE``: that codec; ``AUTO``: ``policy`` (default: this process's
+            :func:`default_policy`) measures the storage and the codecs and predicts the fastest save.
     """
-    if codec != "auto":
+    if codec is not Codec.AUTO:
         return codec, None
     chosen, _ = (policy or default_policy()).decide(tensors, directory)
     return chosen.codec, chosen

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 
 from lightning_nvcomp.auto.calibration import CodecProfile
 from lightning_nvcomp.auto.steps import slowed_seconds
+from lightning_nvcomp.options import Codec
 
 #: Predicted losses within TIE_FRACTION of the least, or within TIE_S when that is at most TIE_INTERVAL_FRACTION of
 #: the interval between saves, are a tie (the model is not more precise than that): won by the smaller file, then
@@ -42,7 +43,7 @@ class Prediction:
     """Predicted cost of one save with one codec (seconds): ``blocked_s`` is the training time it loses (the save
     itself, and for an async save the wait it causes at the next one)."""
 
-    codec: str
+    codec: Codec
     ratio: float
     encode_s: float
     write_s: float

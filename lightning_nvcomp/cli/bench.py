@@ -182,7 +182,7 @@ def format_table(
         "",
         table(_HEADER, cells, right, sep=" ", widths=_WIDTHS),
         "",
-        f"recommendation: codec={chosen.codec!r} (predicted {chosen.blocked_s:.2f} s blocked per save, "
+        f"recommendation: codec='{chosen.codec}' (predicted {chosen.blocked_s:.2f} s blocked per save, "
         f"ratio {chosen.ratio:.3f})",
     ]
     if synthetic:

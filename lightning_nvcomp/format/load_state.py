@@ -4,6 +4,7 @@ and the records decoded so far (copies of one record decode once). Which load a 
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -22,13 +23,13 @@ DECODE_ALLOWANCE = 256 << 20
 DECODE_LIMIT_ENV = "LIGHTNING_NVCOMP_MAX_DECODED_BYTES"
 
 
-def _env_limit() -> int | None | bool:
-    """The bound set by :data:`DECODE_LIMIT_ENV`: bytes, None for unlimited, False when it is not set."""
+def _env_limit() -> float | None:
+    """The bound set by :data:`DECODE_LIMIT_ENV`: bytes, ``math.inf`` for unlimited, None when it is not set."""
     value = os.environ.get(DECODE_LIMIT_ENV, "").strip()
     if not value:
-        return False
-    if value.lower() in ("unlimited", "none", "inf"):
         return None
+    if value.lower() in ("unlimited", "none", "inf"):
+        return math.inf
     try:
         return int(float(value))
     except ValueError:
@@ -41,15 +42,24 @@ class LoadState:
 
     Args:
         name: how errors name the file.
-        limit: the most bytes this load may decode (None: unlimited). With ``file_nbytes`` unknown, the bytes of
-            the distinct storages that blobs were read from so far stand in for the file's size.
+        limit: the most bytes this load may decode: a number of bytes, ``math.inf`` for no bound, or None (the
+            default) for :data:`DECODE_LIMIT_ENV` if set, else :data:`DECODE_MULTIPLE` x the file's size +
+            :data:`DECODE_ALLOWANCE`. With ``file_nbytes`` unknown, the bytes of the distinct storages that blobs
+            were read from so far stand in for the file's size.
         file_nbytes: the size of the file being loaded, when known.
+
+    Raises:
+        ValueError: a ``limit`` that is not a number of bytes, 0 or more.
     """
 
-    def __init__(self, name: str = "", limit: int | None | bool = False, file_nbytes: int | None = None) -> None:
+    def __init__(self, name: str = "", limit: float | None = None, file_nbytes: int | None = None) -> None:
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit >= 0):
+            raise ValueError(
+                f"max_decoded_nbytes must be a number of bytes (0 or more), math.inf for no bound, or None for the "
+                f"default bound; not {limit!r}"
+            )
         self.name, self.file_nbytes = name, file_nbytes
-        env = _env_limit()
-        self.limit = limit if limit is not False else env
+        self.limit = limit if limit is not None else _env_limit()
         self.decoded = self.compressed = 0
         self.cache: dict[tuple, list[torch.Tensor]] = {}
         self.records: dict[int, tuple[dict, list, dict]] = {}  # id -> (the dict, its blobs' keys, validated copy)
@@ -60,8 +70,8 @@ class LoadState:
         """How an error names a tensor of this load: ``step-1.ckpt: tensor 'layer.weight'``."""
         return f"{self.name}: tensor {tensor!r}" if self.name else f"tensor {tensor!r}"
 
-    def bound(self) -> int | None:
-        if self.limit is not False:
+    def bound(self) -> float:
+        if self.limit is not None:
             return self.limit
         base = self.file_nbytes if self.file_nbytes is not None else self.compressed
         return DECODE_MULTIPLE * base + DECODE_ALLOWANCE
@@ -78,7 +88,7 @@ class LoadState:
                     self._seen.add(seen)
                     self.compressed += storage.nbytes()
         bound = self.bound()
-        if bound is not None and self.decoded + nbytes > bound:
+        if self.decoded + nbytes > bound:
             base = (
                 f"the file's {self.file_nbytes} bytes"
                 if self.file_nbytes is not None
@@ -86,13 +96,14 @@ class LoadState:
             )
             rule = (
                 f"{self.limit} bytes"
-                if self.limit is not False
+                if self.limit is not None
                 else f"{DECODE_MULTIPLE} x {base} + {DECODE_ALLOWANCE >> 20} MiB"
             )
             raise DecodeLimitError(
                 f"{self.where(name)}: decoding it would bring this load to "
                 f"{self.decoded + nbytes} bytes, over its limit of {bound} ({rule}), which guards against "
                 "decompression bombs. If you trust the file, raise the limit: lightning_nvcomp.load(..., "
-                f"max_decoded_nbytes=N) or the environment variable {DECODE_LIMIT_ENV}=N (bytes, or 'unlimited')"
+                f"max_decoded_nbytes=N, or math.inf for no bound) or the environment variable {DECODE_LIMIT_ENV}=N "
+                "(bytes, or 'unlimited')"
             )
         self.decoded += nbytes

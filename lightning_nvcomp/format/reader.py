@@ -9,6 +9,7 @@ import io
 import os
 import pickle
 import re
+import warnings
 from typing import Any, BinaryIO, NoReturn
 
 import torch
@@ -28,7 +29,7 @@ def load(
     weights_only: bool = True,
     mmap: bool | None = None,
     keep_on_gpu: bool = False,
-    max_decoded_nbytes: int | None | bool = False,
+    max_decoded_nbytes: float | None = None,
     storage: StorageBackend | None = None,
 ) -> Any:
     """Load a checkpoint written by :func:`save` (or any ``torch.save`` file), bit-exactly and verified.
@@ -48,9 +49,10 @@ def load(
         mmap: True maps plain tensors from the file (see above); None or False: they are copied.
         keep_on_gpu: with no ``map_location``, compressed tensors saved from a GPU come back on the current GPU
             when there is one, decoded there (what a resume wants: the optimizer adopts them as they are).
-        max_decoded_nbytes: the most bytes the load may decode (None: unlimited). Default: 16 x the file's size +
-            256 MiB, or the environment variable ``LIGHTNING_NVCOMP_MAX_DECODED_BYTES``; a guard against
-            decompression bombs (:class:`DecodeLimitError`).
+        max_decoded_nbytes: the most bytes the load may decode, a guard against decompression bombs
+            (:class:`DecodeLimitError`): a number of bytes, or ``math.inf`` for no bound. None (the default): the
+            environment variable ``LIGHTNING_NVCOMP_MAX_DECODED_BYTES`` (bytes, or ``unlimited``) if set, else 16 x
+            the file's size + 256 MiB.
         storage: where ``path`` is read from (default: :func:`~lightning_nvcomp.storage.backend.storage_for` the path).
 
     Raises:
@@ -62,6 +64,13 @@ def load(
     On the main thread, Python's garbage collector is paused while the file is read (see
     :func:`~lightning_nvcomp._process.collector_paused`).
     """
+    if max_decoded_nbytes is False:  # the default's old spelling (None meant no bound then)
+        warnings.warn(
+            "load(max_decoded_nbytes=False) is deprecated: leave it out (None) for the default bound",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        max_decoded_nbytes = None
     return _load(
         path,
         storage,
@@ -80,7 +89,7 @@ def _load(
     map_location: Any = None,
     weights_only: bool = True,
     mmap: bool | None = None,
-    max_decoded_nbytes: int | None | bool = False,
+    max_decoded_nbytes: float | None = None,
 ) -> Any:
     """:func:`load` in ``context`` (see :func:`read`)."""
     storage = storage or storage_for(path)
@@ -111,7 +120,7 @@ def read(
     map_location: Any = None,
     weights_only: bool = True,
     mmap: bool | None = None,
-    max_decoded_nbytes: int | None | bool = False,
+    max_decoded_nbytes: float | None = None,
     context: LoadContext | None = None,
 ) -> Any:
     """``torch.load`` of a seekable binary file, verified: the zip's structure and the CRC-32 of every small entry

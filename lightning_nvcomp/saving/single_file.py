@@ -26,10 +26,13 @@ from lightning_nvcomp.format.contents import Contents, find_contents
 from lightning_nvcomp.format.sink import ArchiveSink
 from lightning_nvcomp.format.writer import Snapshot, snapshot
 from lightning_nvcomp.format.zip import ArchiveWriter
-from lightning_nvcomp.options import Codec, Durability
+from lightning_nvcomp.options import Codec, Durability, SaveOptions, mb_of_nbytes
 from lightning_nvcomp.storage import StorageBackend, storage_for
 from lightning_nvcomp.storage.local import Storage
 from lightning_nvcomp.telemetry.stats import SaveStats
+
+#: The :class:`~lightning_nvcomp.options.SaveOptions` fields :func:`save` acts on.
+SAVE_OPTIONS = ("codec", "staging_mb")
 
 
 class Written(NamedTuple):
@@ -95,14 +98,16 @@ class Streamed:
     #: The tensors are coded while the file is written.
     while_written = True
 
-    def __init__(self, obj: object, contents: Contents, codec: str, staging_nbytes: int | None) -> None:
+    def __init__(self, obj: object, contents: Contents, codec: Codec, staging_nbytes: int | None) -> None:
         self._obj, self._contents, self._codec, self._staging_nbytes = obj, contents, codec, staging_nbytes
 
     def fill(self, f: BinaryIO) -> Snapshot:
         """Code the tensors into the archive ``f``, then write the rest of it; the snapshot it took."""
         writer = ArchiveWriter(f)
         with ArchiveSink(writer) as sink:
-            snap = snapshot(self._obj, self._codec, self._contents, staging_nbytes=self._staging_nbytes, sink=sink)
+            snap = snapshot(
+                self._obj, self._codec.value, self._contents, staging_nbytes=self._staging_nbytes, sink=sink
+            )
         snap.write_to(writer)
         return snap
 
@@ -114,8 +119,8 @@ class Held:
 
     while_written = False
 
-    def __init__(self, obj: object, contents: Contents, codec: str, staging_nbytes: int | None) -> None:
-        self.snapshot = snapshot(obj, codec, contents, isolate=True, staging_nbytes=staging_nbytes)
+    def __init__(self, obj: object, contents: Contents, codec: Codec, staging_nbytes: int | None) -> None:
+        self.snapshot = snapshot(obj, codec.value, contents, isolate=True, staging_nbytes=staging_nbytes)
 
     @property
     def held_nbytes(self) -> int:
@@ -144,14 +149,15 @@ def write_file(
     written = written._replace(seconds=time.perf_counter() - begin)
     snap = snaps[-1]  # (the one written, should the storage have retried)
     write_s = written.seconds - (snap.encode_s if coded.while_written else 0.0)
-    return SaveStats(path, snap.codec, snap.raw_nbytes, written.size, snap.encode_s, write_s, prediction), written
+    stats = SaveStats(path, Codec(snap.codec), snap.raw_nbytes, written.size, snap.encode_s, write_s, prediction)
+    return stats, written
 
 
 @collector_paused()
 def save_file(
     obj: object,
     path: str,
-    codec: str,
+    codec: Codec,
     policy: CodecPolicy,
     storage: StorageBackend,
     directory: str,
@@ -161,7 +167,7 @@ def save_file(
     the file streamed. The garbage collector is paused meanwhile (see
     :func:`~lightning_nvcomp._process.collector_paused`)."""
     contents = find_contents(obj)
-    codec, prediction = resolve_codec(Codec.parse(codec).value, contents.tensors, directory, policy)
+    codec, prediction = resolve_codec(codec, contents.tensors, directory, policy)
     stats, _ = write_file(Streamed(obj, contents, codec, staging_nbytes), path, storage, IN_WRITE, prediction)
     return stats
 
@@ -169,8 +175,10 @@ def save_file(
 def save(
     obj: object,
     path: str | os.PathLike,
-    codec: str = "auto",
+    codec: Codec | str | None = None,
     *,
+    options: SaveOptions | None = None,
+    staging_mb: float | None = None,
     policy: CodecPolicy | None = None,
     storage: StorageBackend | None = None,
     staging_nbytes: int | None = None,
@@ -185,23 +193,35 @@ def save(
             :mod:`lightning_nvcomp.storage.remote`). It appears complete or not at all; a previous file there survives
             failures.
         codec: ``"ans"`` (nvCOMP gANS on the GPU: fastest, needs a GPU to load), ``"zstd"`` (GPU or CPU, loads
-            anywhere), ``"none"`` (stored as is, with checksums), or ``"auto"``: the codec with the shortest
+            anywhere), ``"none"`` (stored as is, with checksums), or ``"auto"`` (default): the codec with the shortest
             predicted save, from this directory's measured write bandwidth and the codecs measured on this state
-            (see :mod:`lightning_nvcomp.auto.policy`; the first save to a file system probes it).
+            (see :mod:`lightning_nvcomp.auto.policy`; the first save to a file system probes it). A
+            :class:`~lightning_nvcomp.options.Codec` or its name.
+        options: the :class:`~lightning_nvcomp.options.SaveOptions` every entry point takes, of which ``save``
+            uses ``codec`` and ``staging_mb`` (another field set is refused); a keyword argument given beside it
+            overrides its field.
+        staging_mb: MiB coded at once (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU); GPU scratch is
+            about three times this.
         policy: the :class:`~lightning_nvcomp.auto.policy.CodecPolicy` behind ``"auto"`` (default: one per process); it
             probes a URL's storage with its own ``remote`` options (``CodecPolicy(remote=RemoteOptions(...))``).
         storage: how the file is written (default: :func:`~lightning_nvcomp.storage.backend.storage_for` the path:
             durably through the OS for a local path, through fsspec for a URL; pass
             ``storage_for(url, RemoteOptions(...))`` for other storage options).
-        staging_nbytes: how much is coded at once (GPU scratch is about three times this; default 256 MiB).
+        staging_nbytes: deprecated: ``staging_mb`` in bytes.
+
+    Raises:
+        ValueError, CodecUnavailableError: as :class:`~lightning_nvcomp.options.SaveOptions` (an unknown codec, a
+            size that is not a positive number of MiB, a codec this machine cannot run), before anything is written.
 
     Compressed segments are written while the next ones are coded, so coding overlaps the write (at an ``s3://``
     URL: uploaded in parallel parts).
     """
+    staging_mb = mb_of_nbytes("save", "staging_nbytes", staging_nbytes, staging_mb)
+    options = SaveOptions.merged("save", options, uses=SAVE_OPTIONS, codec=codec, staging_mb=staging_mb)
     storage = storage or storage_for(path)
     directory = storage.target_directory(os.fspath(path))
     policy = policy or default_policy()
-    stats = save_file(obj, os.fspath(path), codec, policy, storage, directory, staging_nbytes)
+    stats = save_file(obj, os.fspath(path), options.codec, policy, storage, directory, options.staging_nbytes)
     policy.observe_write(directory, stats.file_nbytes, stats.seconds)
     if stats.prediction is not None:  # auto chose: its model learns from what the save really did
         policy.observe_save(stats.codec, stats.raw_nbytes, stats.file_nbytes, stats.encode_s)

@@ -42,7 +42,7 @@ def _combined(stats: list[SaveStats], label: str) -> SaveStats:
     if len(predictions) == len(stats):  # auto: one forecast per file, summed like the files' times
         raw = sum(s.raw_nbytes for s in stats)
 
-        def summed(name: str, parts: list[Prediction]) -> Prediction:
+        def summed(name: Codec, parts: list[Prediction]) -> Prediction:
             stored = sum(s.raw_nbytes / p.ratio for s, p in zip(stats, parts))
             return Prediction(
                 name,
@@ -192,7 +192,7 @@ class CheckpointWriter:
         self.policy.observe_slowdown(self.steps.slowdown())
         self._make_room(path)
         with collector_paused():
-            codec, prediction = resolve_codec(self.options.codec.value, contents.tensors, directory, self.policy)
+            codec, prediction = resolve_codec(self.options.codec, contents.tensors, directory, self.policy)
             coded = self._code(obj, contents, codec, self.options.staging_nbytes)
             saved = self._run(self._write, coded, path, storage, prediction, begin)
         if isinstance(saved, Future):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lightning_nvcomp.auto.prediction import Prediction
+from lightning_nvcomp.options import Codec
 
 
 def ratio(raw_nbytes: float, stored_nbytes: float) -> float:
@@ -18,7 +19,7 @@ class SaveStats:
 
     Args:
         path: the file written (a DCP checkpoint's directory).
-        codec: the codec used (``ans``, ``zstd`` or ``none``).
+        codec: the codec used (:class:`~lightning_nvcomp.options.Codec` ``ANS``, ``ZSTD`` or ``NONE``).
         raw_nbytes: the bytes of the tensors saved.
         file_nbytes: the bytes stored.
         encode_s: time spent coding (it overlaps the write: compressed segments are written as they are ready).
@@ -31,7 +32,7 @@ class SaveStats:
     """
 
     path: str
-    codec: str
+    codec: Codec
     raw_nbytes: int
     file_nbytes: int
     encode_s: float

@@ -61,7 +61,7 @@ except ImportError as err:
 from lightning_nvcomp._process import swapped
 from lightning_nvcomp.integrations.dcp import DcpCheckpointStats, NvcompFileSystemReader, NvcompFileSystemWriter
 from lightning_nvcomp.integrations.dcp.writer import new_policy
-from lightning_nvcomp.options import SaveOptions
+from lightning_nvcomp.options import Codec, Durability, SaveOptions
 from lightning_nvcomp.saving.writer import CheckpointWriter
 from lightning_nvcomp.storage import is_url
 from lightning_nvcomp.storage.remote.options import RemoteOptions
@@ -122,8 +122,17 @@ class Attachment:
         with self._standing_in(output_dir, upload=True) as (local_dir, at):
 
             def shard_writer(path: str | os.PathLike, **writer_kwargs: Any) -> NvcompFileSystemWriter:
-                options = self.writer.options
-                parts.append(NvcompFileSystemWriter(at(path), options=options, policy=self.dcp_policy, **writer_kwargs))
+                o = self.writer.options  # those the DCP writer acts on: its saves are synchronous
+                parts.append(
+                    NvcompFileSystemWriter(
+                        at(path),
+                        o.codec,
+                        staging_mb=o.staging_mb,
+                        remote=o.remote,
+                        policy=self.dcp_policy,
+                        **writer_kwargs,
+                    )
+                )
                 return parts[-1]
 
             def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
@@ -310,29 +319,32 @@ def _params_offloaded(plugin: Any) -> bool:
 
 def attach(
     accelerator: Accelerator,
-    codec: str = "auto",
-    async_save: bool = False,
+    codec: Codec | str | None = None,
+    async_save: bool | None = None,
     gpu_hour_usd: float | None = None,
-    staging_mb: int = 256,
-    probe_mb: int = 256,
+    staging_mb: float | None = None,
+    probe_mb: float | None = None,
     interval_s: float | None = None,
     state_on_gpu: bool = True,
     remote: RemoteOptions | None = None,
-    durable: str = "background",
-    host_buffer_mb: int | None = None,
+    durable: Durability | str | None = None,
+    host_buffer_mb: float | None = None,
+    *,
+    options: SaveOptions | None = None,
 ) -> Attachment:
     """Make ``accelerator.save_state`` write compressed checkpoints and log the savings to its trackers.
 
     Args:
         accelerator: the Accelerator to attach to.
-        codec: ``"auto"``, ``"ans"``, ``"zstd"`` or ``"none"`` (see :func:`lightning_nvcomp.save`).
+        codec: ``"auto"`` (default), ``"ans"``, ``"zstd"`` or ``"none"`` (a :class:`~lightning_nvcomp.options.Codec`
+            or its name; see :func:`lightning_nvcomp.save`).
         async_save: write in the background; ``save_state`` returns once the snapshot is in host memory. The next
             ``save_state``, ``load_state``, :meth:`Attachment.wait` and :meth:`Attachment.detach` wait for it.
-        gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
-        staging_mb: a save borrows about three times this much GPU memory.
-        probe_mb: largest size of the one-off write-bandwidth probe per file system (it writes no more than the
-            first checkpoint, nor more than a quarter of the free space; skipped, with a bandwidth assumed until
-            the first real write, where that is too little).
+        gpu_hour_usd: price of a GPU-hour in USD, for the saved-dollars metric.
+        staging_mb: MiB coded at once (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU); a save
+            borrows about three times this much GPU memory.
+        probe_mb: largest size in MiB of the one-off write-bandwidth probe per file system (default 256; see
+            :class:`~lightning_nvcomp.options.SaveOptions`).
         interval_s: seconds between saves, for ``auto`` in async mode.
         state_on_gpu: FSDP sharded state dicts only: collect them without CPU offload for the save, so shards are
             coded on the GPU (see the module docstring); False: as the plugin says.
@@ -342,11 +354,26 @@ def attach(
             naming with ``total_limit``): then each ``save_state`` first waits until the earlier ones are durable.
         host_buffer_mb: async saves: most MiB of compressed snapshots held in host memory (default: two
             checkpoints).
+        options: the save options above in one :class:`~lightning_nvcomp.options.SaveOptions`; a keyword argument
+            given beside it overrides its field.
 
     Returns:
         The :class:`Attachment`; ``detach()`` restores the Accelerator.
+
+    Raises:
+        ValueError, CodecUnavailableError: as :class:`~lightning_nvcomp.options.SaveOptions`, before anything is attached.
     """
-    options = SaveOptions.of(
-        codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd, remote, durable, host_buffer_mb
+    options = SaveOptions.merged(
+        "attach",
+        options,
+        codec=codec,
+        async_save=async_save,
+        gpu_hour_usd=gpu_hour_usd,
+        staging_mb=staging_mb,
+        probe_mb=probe_mb,
+        interval_s=interval_s,
+        remote=remote,
+        durable=durable,
+        host_buffer_mb=host_buffer_mb,
     )
     return Attachment(accelerator, CheckpointWriter(options), state_on_gpu)

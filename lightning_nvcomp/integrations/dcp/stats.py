@@ -10,6 +10,7 @@ from typing import Any
 import torch.distributed as dist
 
 from lightning_nvcomp.auto.prediction import Prediction
+from lightning_nvcomp.options import Codec
 from lightning_nvcomp.telemetry.stats import SaveStats, ratio
 
 
@@ -21,8 +22,8 @@ class DcpCheckpointStats:
     ranks: tuple[SaveStats, ...]
 
     @property
-    def codec(self) -> str:
-        return self.ranks[0].codec if self.ranks else "none"
+    def codec(self) -> Codec:
+        return self.ranks[0].codec if self.ranks else Codec.NONE
 
     @property
     def raw_nbytes(self) -> int:

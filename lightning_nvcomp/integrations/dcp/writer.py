@@ -36,10 +36,12 @@ from lightning_nvcomp.integrations.dcp.staging import (
     local_tensors,
 )
 from lightning_nvcomp.integrations.dcp.stats import DcpCheckpointStats, gather
-from lightning_nvcomp.options import Codec, SaveOptions
+from lightning_nvcomp.options import Codec, SaveOptions, mb_of_nbytes
 from lightning_nvcomp.storage.remote.options import RemoteOptions
 from lightning_nvcomp.telemetry.stats import SaveStats
 
+#: The :class:`~lightning_nvcomp.options.SaveOptions` fields the writer acts on.
+WRITER_OPTIONS = ("codec", "staging_mb", "remote")
 #: What ``stage_compress`` may be: which shards ``dcp.async_save``'s staging compresses (the rest are copied).
 STAGE_COMPRESS = tuple(STAGE_DEVICES)
 #: Data files this writer (or DCP's) may have left in a checkpoint directory.
@@ -109,42 +111,45 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
             :mod:`~lightning_nvcomp.integrations.dcp.filesystem`).
         codec: ``"ans"`` (nvCOMP gANS; GPU only, needs a GPU to load), ``"zstd"`` (nvCOMP Zstd on CUDA shards, CPU
             zstd otherwise; loads anywhere), ``"none"`` (stored as is, still our metadata and stats), or
-            ``"auto"`` (the codec with the shortest predicted save: all ranks probe the storage together, rank 0
-            decides, the choice is broadcast).
+            ``"auto"`` (default: the codec with the shortest predicted save: all ranks probe the storage together,
+            rank 0 decides, the choice is broadcast); a :class:`~lightning_nvcomp.options.Codec` or its name.
+        options: a run's :class:`~lightning_nvcomp.options.SaveOptions`, of which the writer uses ``codec``,
+            ``staging_mb`` and ``remote`` (another field set is refused); a keyword argument given beside it
+            overrides its field.
+        staging_mb: MiB coded at once per shard (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU;
+            see :func:`lightning_nvcomp.format.snapshot`).
+        remote: how a URL ``path`` is reached (:class:`~lightning_nvcomp.storage.remote.RemoteOptions`).
         policy: the :class:`CodecPolicy` behind ``"auto"`` (default: one per process and mode, with
             ``collective=True``).
         stage_compress: what ``dcp.async_save``'s staging compresses: ``"gpu"`` (CUDA shards, on the GPU; CPU shards
             are copied and compressed in the background), ``"all"`` (every shard at staging: least host memory,
             training waits for CPU compression), ``"none"`` (DCP's staging copies everything; compression runs in
             the background on the CPU).
-        staging_nbytes: GPU scratch bound per shard coding (see :func:`lightning_nvcomp.format.snapshot`; default
-            256 MiB).
-        options: a run's :class:`~lightning_nvcomp.options.SaveOptions` (what the Lightning sharded strategies pass):
-            its ``codec``, ``staging_nbytes`` and ``remote`` are used, and ``codec`` / ``staging_nbytes`` /
-            ``remote`` must then be left out.
-        remote: how a URL ``path`` is reached (:class:`~lightning_nvcomp.storage.remote.RemoteOptions`).
+        staging_nbytes: deprecated: ``staging_mb`` in bytes.
         process_group: the group ``"auto"`` broadcasts its decision in and :meth:`gather_stats` gathers over
             (default: the default group; must be the group DCP saves with).
         Other arguments are ``FileSystemWriter``'s; ``_extensions`` is refused (stream transforms would
         re-encode compressed bytes).
 
     Raises:
-        ValueError: an unknown codec or ``stage_compress``, a ``staging_nbytes`` or ``thread_count`` that is not
-            positive, stream extensions. CodecUnavailableError: the codec cannot run on this machine (``"ans"``
-            without a CUDA GPU and nvCOMP). Checked here, as :class:`~lightning_nvcomp.options.SaveOptions` checks
-            every integration's options, before anything is written.
+        ValueError: an unknown codec or ``stage_compress``, a ``staging_mb`` or ``thread_count`` that is not
+            positive, a save option the writer does not use, stream extensions. CodecUnavailableError: the codec
+            cannot run on this machine (``"ans"`` without a CUDA GPU and nvCOMP). Checked here, as
+            :class:`~lightning_nvcomp.options.SaveOptions` checks every entry point's options, before anything is
+            written.
     """
 
     def __init__(
         self,
         path: str | os.PathLike,
-        codec: str = "auto",
+        codec: Codec | str | None = None,
         *,
+        options: SaveOptions | None = None,
+        staging_mb: float | None = None,
+        remote: RemoteOptions | None = None,
         policy: CodecPolicy | None = None,
         stage_compress: str = "gpu",
         staging_nbytes: int | None = None,
-        options: SaveOptions | None = None,
-        remote: RemoteOptions | None = None,
         process_group: dist.ProcessGroup | None = None,
         single_file_per_rank: bool = True,
         sync_files: bool = True,
@@ -154,12 +159,11 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         overwrite: bool = True,
         _extensions: Sequence[Any] | None = None,
     ) -> None:
-        if options is not None:
-            if codec != "auto" or staging_nbytes is not None or remote is not None:
-                raise ValueError("NvcompFileSystemWriter takes options= or codec=/staging_nbytes=/remote=, not both")
-        else:  # checked as every integration checks its options: an unknown codec, one this machine cannot run
-            staging = SaveOptions.staging_nbytes if staging_nbytes is None else staging_nbytes  # (the default)
-            options = SaveOptions(Codec.parse(codec), staging_nbytes=staging, remote=remote)
+        owner = type(self).__name__
+        staging_mb = mb_of_nbytes(owner, "staging_nbytes", staging_nbytes, staging_mb)
+        options = SaveOptions.merged(
+            owner, options, uses=WRITER_OPTIONS, codec=codec, staging_mb=staging_mb, remote=remote
+        )
         if stage_compress not in STAGE_COMPRESS:
             raise ValueError(f"stage_compress must be one of {STAGE_COMPRESS}, not {stage_compress!r}")
         if type(thread_count) is not int or thread_count < 1:
@@ -175,9 +179,11 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
             cache_staged_state_dict=cache_staged_state_dict,
             overwrite=overwrite,
         )
+        #: The :class:`~lightning_nvcomp.options.SaveOptions` this writer saves with.
+        self.options = options
         self.remote = options.remote
         self._use_storage(path, self.remote)
-        self.codec = options.codec.value
+        self.codec = options.codec
         self.policy = policy
         self.stage_compress = stage_compress
         self.staging_nbytes = options.staging_nbytes
@@ -189,7 +195,7 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         #: Device types (``"cuda"``, ``"cpu"``) of the tensor shards of this rank's last save, 0-d ones (an
         #: optimizer's ``step``) left out; for an async save, where they were staged from.
         self.shard_devices: frozenset[str] = frozenset()
-        self._chosen: tuple[str, Prediction | None] | None = None  # decided while staging, used by the next write
+        self._chosen: tuple[Codec, Prediction | None] | None = None  # decided while staging, used by the next write
         self._stage_s = 0.0
         self._staged: dict[int, StagedShard] = {}  # placeholder storage data_ptr -> shard compressed at staging
         self._planning = PauseBetweenCalls(self)  # the collector, from set_up_storage_writer to write_data's end
@@ -208,10 +214,10 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         """The directory the storage is measured in: the checkpoint's URL, or its nearest existing local directory."""
         return str(self.path) if self.remote_path else _existing_dir(Path(self.path))
 
-    def _agree_codec(self, tensors: list[torch.Tensor], mode: str) -> tuple[str, Prediction | None]:
+    def _agree_codec(self, tensors: list[torch.Tensor], mode: str) -> tuple[Codec, Prediction | None]:
         """The codec of this save, and for ``auto`` the prediction behind it: every rank probes the storage together,
         rank 0 decides, and its prediction is broadcast (every rank must call this at the same point)."""
-        if self.codec != "auto":
+        if self.codec is not Codec.AUTO:
             return self.codec, None
         policy = self.policy or default_policy(mode)
         directory = self._directory()
@@ -228,10 +234,10 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         prediction = cast(Prediction, choice[0])
         return prediction.codec, prediction
 
-    def _write_codec(self, plan: SavePlan, planner: SavePlanner) -> tuple[str, Prediction | None]:
+    def _write_codec(self, plan: SavePlan, planner: SavePlanner) -> tuple[Codec, Prediction | None]:
         """The codec of a ``dcp.save`` (``dcp.async_save`` chose it while staging); ``auto`` decides on the plan's
         tensors, and a rank that cannot resolve them still takes part in the collective choice before failing."""
-        if self.codec != "auto":
+        if self.codec is not Codec.AUTO:
             return self.codec, None
         error: BaseException | None = None
         tensors: list[torch.Tensor] = []
@@ -262,7 +268,7 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
             if _compat.STAGE_COPIES and not any(t.device.type in devices for t in tensors):
                 staged = super().stage(state_dict)
             else:
-                stager = Stager(self._chosen[0], devices)
+                stager = Stager(self._chosen[0].value, devices)
                 staged = stager.stage(state_dict)
                 self._staged = stager.shards
         self._stage_s = time.perf_counter() - begin
@@ -309,7 +315,7 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         files = DataFiles(
             self.fs,
             self.path,
-            codec,
+            codec.value,  # the name the files record
             staged,
             self.staging_nbytes,
             fsync=self.sync_files and not self.remote_path,  # a remote file is durable once its upload completes
@@ -334,7 +340,7 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
             stage_s=stage_s,
             items=items,
         )
-        if self.codec == "auto":
+        if self.codec is Codec.AUTO:
             (self.policy or default_policy("sync")).observe_write(self._directory(), stored_nbytes, seconds)
         return results
 

@@ -27,7 +27,7 @@ from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.codec import pinned
 from lightning_nvcomp.integrations.dcp.staging import local_tensors_named
 from lightning_nvcomp.integrations.lightning.config import one_line_errors
-from lightning_nvcomp.options import SaveOptions
+from lightning_nvcomp.options import Codec, Durability, SaveOptions
 from lightning_nvcomp.saving.writer import CheckpointWriter
 from lightning_nvcomp.storage import storage_for
 from lightning_nvcomp.storage.remote.options import RemoteOptions
@@ -41,17 +41,16 @@ class NvcompCheckpointIO(CheckpointIO):
     ``--ckpt_path`` and plain ``torch.load`` all read them once ``lightning_nvcomp`` is imported.
 
     Args:
-        codec: ``"auto"`` (measured fastest save, see :mod:`lightning_nvcomp.auto.policy`), ``"ans"``, ``"zstd"`` or
-            ``"none"``.
+        codec: ``"auto"`` (default: the measured fastest save, see :mod:`lightning_nvcomp.auto.policy`), ``"ans"``,
+            ``"zstd"`` or ``"none"`` (a :class:`~lightning_nvcomp.options.Codec` or its name).
         async_save: if True, training waits only until the compressed snapshot is in host memory; the file is
             written on a background thread. A later save, ``remove_checkpoint`` and ``teardown`` wait for it, and a
             failed background write is raised there.
-        staging_mb: GPU memory a save borrows is about three times this (records and segments are coded in
-            pieces of this size); never a clone of the whole state.
-        gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
-        probe_mb: largest size of the write-bandwidth probe run once per file system (it sets the baseline that
-            savings are measured against, and feeds ``auto``); never more than the first checkpoint or a quarter of
-            the free space, skipped (a bandwidth assumed until the first real write) where that is too little.
+        staging_mb: MiB coded at once (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU); the GPU memory
+            a save borrows is about three times this, never a clone of the whole state.
+        gpu_hour_usd: price of a GPU-hour in USD, for the saved-dollars metric.
+        probe_mb: largest size in MiB of the write-bandwidth probe run once per file system (default 256; it sets the
+            baseline that savings are measured against, and feeds ``auto``).
         interval_s: seconds between saves, used by ``auto`` in async mode.
         remote: how checkpoints at URLs are reached (:class:`~lightning_nvcomp.storage.remote.RemoteOptions`: fsspec
             storage options, upload part size, parallelism); default: the backend's own configuration and
@@ -64,11 +63,14 @@ class NvcompCheckpointIO(CheckpointIO):
             (a logger that uploads it, a copy), when ``save_checkpoint`` returns.
         host_buffer_mb: async saves: most MiB of compressed snapshots held in host memory while earlier ones are
             written (default: two checkpoints); a save past it waits, with a warning.
+        options: all of the above in one :class:`~lightning_nvcomp.options.SaveOptions` (a config's
+            ``init_args: {options: {codec: zstd}}``); a keyword argument given beside it overrides its field.
 
-    Raises: ValueError for an unknown codec or a size that is not positive, CodecUnavailableError for a codec that
-    cannot run here (``ans`` without a GPU and nvCOMP), at once. Made by a LightningCLI config (jsonargparse), the
-    same error ends the command with one line on stderr, exit status 2 (see :mod:`.config`). Each save's
-    summary line is written above the progress bar when one is shown (the savings callback sets where it goes).
+    Raises: as :class:`~lightning_nvcomp.options.SaveOptions`, at once: ValueError for an unknown codec or a size that
+    is not a positive number of MiB, CodecUnavailableError for a codec that cannot run here (``ans`` without a GPU and
+    nvCOMP). Made by a LightningCLI config (jsonargparse), the same error ends the command with one line on stderr,
+    exit status 2 (see :mod:`.config`). Each save's summary line is written above the progress bar when one is shown
+    (the savings callback sets where it goes).
 
     ``load_checkpoint`` (a Trainer's resume) puts compressed tensors saved from a GPU back on this process's GPU,
     decoded there, where the model and optimizer adopt them; pass ``map_location`` to choose otherwise.
@@ -83,18 +85,30 @@ class NvcompCheckpointIO(CheckpointIO):
 
     def __init__(
         self,
-        codec: str = "auto",
-        async_save: bool = False,
-        staging_mb: int = 256,
+        codec: Codec | str | None = None,
+        async_save: bool | None = None,
+        staging_mb: float | None = None,
         gpu_hour_usd: float | None = None,
-        probe_mb: int = 256,
+        probe_mb: float | None = None,
         interval_s: float | None = None,
         remote: RemoteOptions | None = None,
-        durable: str = "background",
-        host_buffer_mb: int | None = None,
+        durable: Durability | str | None = None,
+        host_buffer_mb: float | None = None,
+        *,
+        options: SaveOptions | None = None,
     ) -> None:
-        options = SaveOptions.of(
-            codec, async_save, staging_mb, probe_mb, interval_s, gpu_hour_usd, remote, durable, host_buffer_mb
+        options = SaveOptions.merged(
+            type(self).__name__,
+            options,
+            codec=codec,
+            async_save=async_save,
+            staging_mb=staging_mb,
+            gpu_hour_usd=gpu_hour_usd,
+            probe_mb=probe_mb,
+            interval_s=interval_s,
+            remote=remote,
+            durable=durable,
+            host_buffer_mb=host_buffer_mb,
         )
         self.writer = CheckpointWriter(options, report=self._report)
         self.logger_attached = False

@@ -48,7 +48,7 @@ from lightning_nvcomp._compat.lightning import (
 )
 from lightning_nvcomp.errors import MissingExtraError
 from lightning_nvcomp.integrations.lightning.config import one_line_errors
-from lightning_nvcomp.options import SaveOptions
+from lightning_nvcomp.options import Codec, SaveOptions
 
 try:
     import lightning.fabric.strategies.model_parallel as model_parallel_loader
@@ -64,6 +64,10 @@ from lightning_nvcomp.integrations.dcp import DcpCheckpointStats, NvcompFileSyst
 from lightning_nvcomp.integrations.dcp.writer import new_policy
 from lightning_nvcomp.telemetry import savings as telemetry
 from lightning_nvcomp.telemetry.stats import SaveStats
+
+#: The :class:`~lightning_nvcomp.options.SaveOptions` fields the compressed strategies act on (their sharded saves are
+#: synchronous ``dcp.save`` calls to local directories).
+STRATEGY_OPTIONS = ("codec", "staging_mb", "gpu_hour_usd")
 
 
 @dataclass(frozen=True)
@@ -113,14 +117,23 @@ class CompressedShardedSaves(abc.ABC):
     def __init__(
         self,
         *args: Any,
-        codec: str = "auto",
+        codec: Codec | str | None = None,
+        staging_mb: float | None = None,
         gpu_hour_usd: float | None = None,
+        options: SaveOptions | None = None,
         state_on_gpu: bool = True,
         **kwargs: Any,
     ) -> None:
         # The same options object as the checkpoint IO's: an unknown codec, or one this machine cannot run, fails
         # here, before the strategy is built and anything is written.
-        options = SaveOptions.of(codec, gpu_hour_usd=gpu_hour_usd)
+        options = SaveOptions.merged(
+            type(self).__name__,
+            options,
+            uses=STRATEGY_OPTIONS,
+            codec=codec,
+            staging_mb=staging_mb,
+            gpu_hour_usd=gpu_hour_usd,
+        )
         super().__init__(*args, **kwargs)
         self.options = options
         self.policy = new_policy()  # this strategy's saves: the storage probed, the codecs calibrated once
@@ -181,7 +194,8 @@ class CompressedShardedSaves(abc.ABC):
         offloaded, self._offloaded = self._offloaded, []
 
         def compressed_save(converted_state: dict[str, Any], path: Path) -> None:
-            writers.append(NvcompFileSystemWriter(path, options=self.options, policy=self.policy))
+            o = self.options
+            writers.append(NvcompFileSystemWriter(path, o.codec, staging_mb=o.staging_mb, policy=self.policy))
             dcp.save(converted_state, storage_writer=writers[-1])
             self.last_state = CollectedState(any(offloaded) if offloaded else None, writers[-1].shard_devices)
 
@@ -249,12 +263,22 @@ class NvcompFSDPStrategy(CompressedShardedSaves, FSDPStrategy):
     """``FSDPStrategy`` whose sharded checkpoints (``state_dict_type="sharded"``) are compressed per rank on the GPU.
 
     Args:
-        codec: ``"auto"``, ``"ans"``, ``"zstd"`` or ``"none"`` (see :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter`).
-        gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
+        codec: ``"auto"`` (default), ``"ans"``, ``"zstd"`` or ``"none"``, a :class:`~lightning_nvcomp.options.Codec`
+            or its name (see :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter`).
+        staging_mb: MiB coded at once per shard (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU).
+        gpu_hour_usd: price of a GPU-hour in USD, for the saved-dollars metric.
+        options: the :class:`~lightning_nvcomp.options.SaveOptions` every entry point takes, of which the strategy
+            uses ``codec``, ``staging_mb`` and ``gpu_hour_usd`` (another field set is refused); a keyword argument
+            given beside it overrides its field.
         state_on_gpu: collect the sharded state without CPU offload, so shards are coded on the GPU (FSDP keeps its
             copy of the rank's weights and optimizer state on the GPU until the save ends); False: Lightning's
             offload. Ignored with ``cpu_offload`` and for ``state_dict_type="full"``.
         *args, **kwargs: ``FSDPStrategy``'s.
+
+    Raises:
+        ValueError, CodecUnavailableError: as :class:`~lightning_nvcomp.options.SaveOptions` (an unknown codec, a size
+            that is not a positive number of MiB, a codec this machine cannot run, a field the strategy does not use),
+            before the strategy is built.
     """
 
     _saver_module = _loader_module = fsdp_strategy
@@ -300,12 +324,22 @@ class NvcompModelParallelStrategy(CompressedShardedSaves, ModelParallelStrategy)
     """``ModelParallelStrategy`` whose distributed checkpoints are compressed per rank on the GPU.
 
     Args:
-        codec: ``"auto"``, ``"ans"``, ``"zstd"`` or ``"none"`` (see :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter`).
-        gpu_hour_usd: price of a GPU-hour, for the saved-dollars metric.
+        codec: ``"auto"`` (default), ``"ans"``, ``"zstd"`` or ``"none"``, a :class:`~lightning_nvcomp.options.Codec`
+            or its name (see :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter`).
+        staging_mb: MiB coded at once per shard (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU).
+        gpu_hour_usd: price of a GPU-hour in USD, for the saved-dollars metric.
+        options: the :class:`~lightning_nvcomp.options.SaveOptions` every entry point takes, of which the strategy
+            uses ``codec``, ``staging_mb`` and ``gpu_hour_usd`` (another field set is refused); a keyword argument
+            given beside it overrides its field.
         state_on_gpu: collect the distributed state without CPU offload, so shards are coded on the GPU (no extra
             GPU memory: the writer gets the sharded tensors themselves); False: Lightning's offload. Ignored with
             ``save_distributed_checkpoint=False``.
         *args, **kwargs: ``ModelParallelStrategy``'s.
+
+    Raises:
+        ValueError, CodecUnavailableError: as :class:`~lightning_nvcomp.options.SaveOptions` (an unknown codec, a size
+            that is not a positive number of MiB, a codec this machine cannot run, a field the strategy does not use),
+            before the strategy is built.
     """
 
     _saver_module = model_parallel_strategy
