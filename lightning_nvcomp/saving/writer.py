@@ -181,17 +181,16 @@ class CheckpointWriter:
         directory = storage.parent(path)
         storage.makedirs(directory)
         begin = time.perf_counter()
-        with collector_paused():  # as in every save (see single_file.save_file)
+        with collector_paused():  # the whole save, as single_file.save_file's
             contents = find_contents(obj)
-        begin += self._measure_once(obj, contents, storage, directory)  # not the save's time: reported as probe_s
-        if not self._group:  # a checkpoint's first file: auto learns the interval between checkpoints
-            self.policy.save_started(begin)
-        if self.options.async_save or self.options.durable is Durability.BACKGROUND:
-            self.steps.start()
-        self.steps.save_started()
-        self.policy.observe_slowdown(self.steps.slowdown())
-        self._make_room(path)
-        with collector_paused():
+            begin += self._measure_once(obj, contents, storage, directory)  # not the save's time: probe_s
+            if not self._group:  # a checkpoint's first file: auto learns the interval between checkpoints
+                self.policy.save_started(begin)
+            if self.options.async_save or self.options.durable is Durability.BACKGROUND:
+                self.steps.start()
+            self.steps.save_started()
+            self.policy.observe_slowdown(self.steps.slowdown())
+            self._make_room(path)
             codec, prediction = resolve_codec(self.options.codec, contents.tensors, directory, self.policy)
             coded = self._code(obj, contents, codec, self.options.staging_nbytes)
             saved = self._run(self._write, coded, path, storage, prediction, begin)
