@@ -10,7 +10,7 @@ import time
 import torch
 from torch.distributed.tensor import DTensor
 
-from lightning_nvcomp.format.tree import leaves
+from lightning_nvcomp.format.contents import leaves
 
 
 def sync() -> None:

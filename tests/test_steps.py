@@ -12,8 +12,8 @@ import torch
 from lightning_nvcomp import NvcompCheckpointIO
 from lightning_nvcomp.auto.calibration import CodecProfile
 from lightning_nvcomp.auto.policy import CodecPolicy
-from lightning_nvcomp.auto.prediction import predict
-from lightning_nvcomp.auto.steps import MIN_STEPS, StepTimer, slowed_seconds
+from lightning_nvcomp.auto.prediction import predict, slowed_seconds
+from lightning_nvcomp.auto.steps import MIN_STEPS, StepTimer
 
 from lightning_models import TinyData, TinyModule, quiet_trainer
 

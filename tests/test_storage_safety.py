@@ -570,7 +570,7 @@ def test_a_full_small_file_system_skips_the_probe_and_saves(small_fs, caplog):
             writer.commit(1, str(small_fs / "a.ckpt"))
         warnings = [r.getMessage() for r in caplog.records if r.name == "lightning_nvcomp.auto.probe"]
         assert len(warnings) == 1 and str(small_fs) in warnings[0] and "MiB" in warnings[0], warnings
-        assert not writer.baseline.measured  # too little space to time a torch.save of it: bandwidth instead
+        assert writer.baseline.measured  # the baseline's fixed costs are timed with a 4 KiB save: it fits
         writer.wait()  # durable: flushed behind the save, and then observed
         assert not writer.policy.bandwidth_assumed(str(small_fs))  # the real write replaced the assumption
         assert writer.policy.write_gbps(str(small_fs)) != FALLBACK_GBPS

@@ -99,6 +99,9 @@ class CodecPolicy:
         self._bandwidth: dict[Hashable, float] = {}  # by file system or bucket (StorageBackend.bandwidth_key)
         self._assumed: set[Hashable] = set()  # those whose bandwidth is FALLBACK_GBPS, not measured
         self._fixed_profiles = profiles
+        #: The seconds spent probing file systems' bandwidth and calibrating codecs so far: one-off measurements,
+        #: which a save reports apart from its own time (``probe_s``).
+        self.measuring_s = 0.0
         self.collective, self.per_tensor = collective, per_tensor
         self._profiles: dict[tuple, list[CodecProfile]] = {}
         #: The last :meth:`decide`'s result (the chosen codec's prediction, every candidate's): why auto chose.
@@ -156,7 +159,9 @@ class CodecPolicy:
         storage = self.storage_of(directory)
         key = storage.bandwidth_key(directory)
         if key not in self._bandwidth:
+            begin = time.perf_counter()
             measured = measure_bandwidth(directory, self.probe_nbytes, storage, self.collective, raw_nbytes)
+            self.measuring_s += time.perf_counter() - begin
             if measured is None:
                 self._assumed.add(key)
             self._bandwidth[key] = FALLBACK_GBPS if measured is None else measured
@@ -202,8 +207,11 @@ class CodecPolicy:
             tensors = [t for t in tensors if t.device == device]  # e.g. AdamW's CPU step counters: too small to matter
             key = (str(device), tuple(sorted({str(t.dtype) for t in tensors})))
             if key not in self._profiles:
+                begin = time.perf_counter()
+                codecs = candidate_codecs(device)
                 samples = sample_state(tensors, per_tensor=self.per_tensor)
-                self._profiles[key] = calibrate(samples, candidate_codecs(device))
+                self._profiles[key] = calibrate(samples, codecs)
+                self.measuring_s += time.perf_counter() - begin
         self._calibrated.setdefault(key, {p.codec: p for p in self._profiles[key]})
         self._last_key = key
         return self._profiles[key]
@@ -363,5 +371,6 @@ def resolve_codec(
     """
     if codec is not Codec.AUTO:
         return codec, None
-    chosen, _ = (policy or default_policy()).decide(tensors, directory)
+    policy = policy or default_policy()
+    chosen, _ = policy.decide(tensors, directory)
     return chosen.codec, chosen

@@ -25,7 +25,6 @@ import math
 from dataclasses import dataclass, replace
 
 from lightning_nvcomp.auto.calibration import CodecProfile
-from lightning_nvcomp.auto.steps import slowed_seconds
 from lightning_nvcomp.options import Codec
 
 #: Predicted losses within TIE_FRACTION of the least, or within TIE_S when that is at most TIE_INTERVAL_FRACTION of
@@ -36,6 +35,12 @@ TIE_S = 0.1
 TIE_INTERVAL_FRACTION = 0.01
 #: Ratios within this fraction count as equal (a sample's ratios are not more precise than that).
 _RATIO_TIE = 0.01
+
+
+def slowed_seconds(slowdown: float, behind_s: float) -> float:
+    """Training time lost over ``behind_s`` seconds of writing behind it when its steps take ``1 + slowdown`` times
+    as long meanwhile: the steps it would have run in that time, less those it ran."""
+    return behind_s * slowdown / (1 + slowdown)
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,6 @@ WINDOW = 64
 MIN_STEPS = 5
 
 
-def slowed_seconds(slowdown: float, behind_s: float) -> float:
-    """Training time lost over ``behind_s`` seconds of writing behind it when its steps take ``1 + slowdown`` times
-    as long meanwhile: the steps it would have run in that time, less those it ran."""
-    return behind_s * slowdown / (1 + slowdown)
-
-
 class StepTimer:
     """Times the steps of the run's optimizers (:meth:`watch`: the Trainer's, the Accelerator's) and tells how much
     longer a step takes while a background write is in progress.

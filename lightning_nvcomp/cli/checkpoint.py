@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.format import DTYPES, TensorInfo
-from lightning_nvcomp.format.tree import leaves
+from lightning_nvcomp.format.contents import leaves
 from lightning_nvcomp.telemetry.stats import ratio
 
 

@@ -1,9 +1,12 @@
-"""What ``torch.save`` would store of an object: the dense tensors stored through ``decode_tensor`` and the
+"""What a state holds: its leaves, found through its containers (:func:`leaves`: the writer's tensor names, the DCP
+writer's local shards, the CLI's listing and the benchmarks' comparisons all see the same tensors in the same
+order), and what ``torch.save`` would store of it: the dense tensors stored through ``decode_tensor`` and the
 storages of everything else, found by a dry-run pickle (:func:`find_contents`)."""
 
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -11,7 +14,6 @@ import torch
 
 from lightning_nvcomp._compat.torch import tensor_state
 from lightning_nvcomp.errors import CheckpointError
-from lightning_nvcomp.format.tree import leaves
 
 _DTYPE_NAMES = (
     "float64 float32 float16 bfloat16 float8_e4m3fn float8_e5m2 float8_e4m3fnuz float8_e5m2fnuz float8_e8m0fnu "
@@ -21,6 +23,37 @@ _DTYPE_NAMES = (
 
 #: The dtypes this format stores, by name (those the installed torch knows).
 DTYPES = {name: getattr(torch, name) for name in _DTYPE_NAMES if hasattr(torch, name)}
+
+
+def leaves(
+    obj: object, accept: Callable[[object], bool], *, sort_keys: bool = False, once: bool = True
+) -> Iterator[tuple[str, Any]]:
+    """Each item of ``obj`` that ``accept`` takes, found through dicts (any mapping), lists and tuples, depth first
+    in their order, with its dotted path (``"optimizer.state.0.exp_avg"``; ``"<root>"`` for ``obj`` itself).
+
+    Args:
+        obj: the state to walk; a container reached twice (or through itself) is walked once.
+        accept: which items are leaves; an accepted item is not walked into, even if it is a container.
+        sort_keys: visit mapping keys in sorted order (by ``str``) instead of insertion order, so two states built in
+            different orders give their leaves in the same order.
+        once: yield an item reached through several paths once, at the first; ``False`` yields it at every path.
+    """
+    seen: set[int] = set()
+    stack: list[tuple[object, str]] = [(obj, "")]
+    while stack:
+        item, path = stack.pop()
+        if accept(item):
+            if not once or id(item) not in seen:
+                seen.add(id(item))
+                yield path or "<root>", item
+        elif isinstance(item, (Mapping, list, tuple)) and id(item) not in seen:
+            seen.add(id(item))
+            if isinstance(item, Mapping):
+                keys = sorted(item, key=str) if sort_keys else list(item)
+                pairs = [(item[key], key) for key in keys]
+            else:
+                pairs = [(value, index) for index, value in enumerate(item)]
+            stack.extend((value, f"{path}.{key}" if path else str(key)) for value, key in reversed(pairs))
 
 
 def _eligible(obj: object) -> TypeGuard[torch.Tensor]:

@@ -18,7 +18,7 @@ from lightning_nvcomp._process import collector_paused
 from lightning_nvcomp.auto.policy import CodecPolicy, resolve_codec
 from lightning_nvcomp.auto.prediction import Prediction
 from lightning_nvcomp.auto.steps import StepTimer
-from lightning_nvcomp.format.contents import Contents, find_contents
+from lightning_nvcomp.format.contents import find_contents
 from lightning_nvcomp.options import Codec, Durability, SaveOptions
 from lightning_nvcomp.saving.single_file import Coded, Held, Streamed, finish_for, flushes, write_file
 from lightning_nvcomp.storage import StorageBackend, absolute_path, is_url, storage_for
@@ -132,7 +132,7 @@ class CheckpointWriter:
         self.storage: StorageBackend = Storage(fsync=options.durable is not Durability.OS)
         self.savings = telemetry.Savings(options.gpu_hour_usd)
         #: What the savings are measured against: an uncompressed ``torch.save`` with the same durability.
-        self.baseline = Baseline(fsync=options.durable is not Durability.OS, max_nbytes=options.probe_nbytes)
+        self.baseline = Baseline()
         self.report = report or log.info
         # The save path's strategies: where the coded segments land (into the file as it is written, or host memory
         # for an async save), where the write runs (in the save, or on the writer thread), how it is finished.
@@ -171,11 +171,10 @@ class CheckpointWriter:
         the writer thread).
 
         The first save to a file system (or bucket) probes its bandwidth, with a probe no larger than this
-        checkpoint and never failing the save (see :func:`lightning_nvcomp.auto.probe.measure_bandwidth`), and on a
-        local file system times the savings baseline on this checkpoint
+        checkpoint and never failing the save (see :func:`lightning_nvcomp.auto.probe.measure_bandwidth`), the
+        first on a local file system times the fixed costs of the savings baseline
         (:class:`~lightning_nvcomp.telemetry.baseline.Baseline`), and the first ``auto`` save calibrates the codecs
-        on this state, all on the contents the save found; their time is not the save's: it is reported once, as
-        ``probe_s``."""
+        on the contents the save found; their time is not the save's: it is reported once, as ``probe_s``."""
         storage = self.storage_for(path)
         path = _resolved(path)
         directory = storage.parent(path)
@@ -183,15 +182,20 @@ class CheckpointWriter:
         begin = time.perf_counter()
         with collector_paused():  # the whole save, as single_file.save_file's
             contents = find_contents(obj)
-            begin += self._measure_once(obj, contents, storage, directory)  # not the save's time: probe_s
+            measured_s = self.policy.measuring_s
+            self.policy.write_gbps(directory, contents.nbytes)  # a first save to a file system probes it
+            probe_s = self.baseline.measure(directory, storage)
             if not self._group:  # a checkpoint's first file: auto learns the interval between checkpoints
-                self.policy.save_started(begin)
+                self.policy.save_started()
             if self.options.async_save or self.options.durable is Durability.BACKGROUND:
                 self.steps.start()
             self.steps.save_started()
             self.policy.observe_slowdown(self.steps.slowdown())
             self._make_room(path)
             codec, prediction = resolve_codec(self.options.codec, contents.tensors, directory, self.policy)
+            probe_s += self.policy.measuring_s - measured_s  # the one-off measurements are not the save's time
+            self._probe_s += probe_s
+            begin += probe_s
             coded = self._code(obj, contents, codec, self.options.staging_nbytes)
             saved = self._run(self._write, coded, path, storage, prediction, begin)
         if isinstance(saved, Future):
@@ -199,23 +203,6 @@ class CheckpointWriter:
         else:
             self._group.append(saved)
         self._blocked += time.perf_counter() - begin
-
-    def _measure_once(self, obj: object, contents: Contents, storage: StorageBackend, directory: str) -> float:
-        """The one-off measurements of a first save (see :meth:`save`), on the contents it found; the seconds they
-        took (0 when there were none), added to ``probe_s``."""
-        begin = time.perf_counter()
-        measured = False
-        if not self.policy.knows_bandwidth(directory):
-            self.policy.write_gbps(directory, contents.nbytes)
-            if isinstance(storage, Storage):
-                self.baseline.measure(obj, contents.nbytes, directory, storage.free_nbytes(directory))
-            measured = True
-        if self.options.codec is Codec.AUTO and not self.policy.calibrated():
-            self.policy.profiles(contents.tensors)
-            measured = True
-        seconds = time.perf_counter() - begin if measured else 0.0
-        self._probe_s += seconds
-        return seconds
 
     def discard(self, path: str | os.PathLike) -> None:
         """Delete the checkpoint file ``path`` (pruning): at once when nothing is being written, else on the writer

@@ -166,8 +166,8 @@ def stage_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> S
     The temporary file is never readable by more users than the file it becomes, not even for a moment: it is
     created with a new file's bits (``0o666`` less the umask), or with the owner's bits of the file it replaces
     until it has that file's owner, group and bits; a scratch file of ours (a name of
-    :func:`~lightning_nvcomp.storage.temp_names.own_name`'s pattern: the storage probe, the savings baseline's copy of a
-    checkpoint) is owner-only (``0o600``)."""
+    :func:`~lightning_nvcomp.storage.temp_names.own_name`'s pattern: the storage probe, the savings baseline's timed
+    ``torch.save``) is owner-only (``0o600``)."""
     path = check_local(path)
     final = _link_target(absolute_path(path))
     directory = target_directory(final)

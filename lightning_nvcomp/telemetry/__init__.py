@@ -1,5 +1,5 @@
 """What saves cost and saved: one save's figures (:mod:`.stats`), the savings a run logs (:mod:`.savings`) against the
-uncompressed baseline measured on its own state (:mod:`.baseline`), and the cost model behind
+uncompressed baseline, a ``torch.save`` with the same durability (:mod:`.baseline`), and the cost model behind
 ``lightning-nvcomp estimate`` (:mod:`.estimate`, with what a checkpoint holds and the ratios measured on it in
 :mod:`.components`)."""
 

@@ -1,12 +1,12 @@
-"""The savings baseline: what the save a run would make without lightning_nvcomp costs, measured on its own state.
+"""The savings baseline: what the save a run would make without lightning_nvcomp costs.
 
 That save is ``torch.save`` of the same checkpoint (what Lightning's ``TorchCheckpointIO`` and Accelerate's
-``save_state`` do) with the same durability: followed by an fsync of the file and its directory, unless
-durability is ``os`` (see :class:`~lightning_nvcomp.options.Durability`). :class:`Baseline` times one such save of
-the first checkpoint into the directory it goes to, when it is no larger than the probe size (a real save's fixed
-costs, pickling, file creation, fsync latency, are most of a small save's time, which raw bytes over bandwidth
-would miss), and scales it by the bytes of each later checkpoint. A larger first checkpoint is not saved twice:
-its baseline is its raw bytes over the file system's measured write bandwidth, where fixed costs do not matter.
+``save_state`` do) with the same durability: followed by an fsync of the file and its directory, unless durability is
+``os`` (see :class:`~lightning_nvcomp.options.Durability`). It costs a save's fixed costs (creating the file, its zip
+structure, the fsyncs: most of a small save's time) plus its bytes over the file system's write bandwidth.
+:class:`Baseline` times the fixed costs once, with a small ``torch.save`` through the storage the checkpoints are
+written with, and takes the bandwidth from the probe ``auto`` uses too: the state itself is never saved twice. What
+pickling a state's many objects costs beyond that is left out, so the baseline, and the savings, err low.
 """
 
 from __future__ import annotations
@@ -17,55 +17,58 @@ import time
 
 import torch
 
-from lightning_nvcomp.storage.local import atomic_write
+from lightning_nvcomp.storage.backend import StorageBackend
+from lightning_nvcomp.storage.local import Storage
 from lightning_nvcomp.storage.temp_names import own_name
 
 log = logging.getLogger(__name__)
 
+#: The bytes of the tensor the fixed costs are timed with, and how many times (the least counts: first-write noise).
+SAMPLE_NBYTES, TIMINGS = 4096, 3
+
 
 class Baseline:
-    """The seconds an uncompressed ``torch.save`` of a checkpoint takes here, with the same durability.
+    """The seconds an uncompressed ``torch.save`` of a checkpoint takes here, with the same durability."""
 
-    Args:
-        fsync: whether that save flushes the file to the disk (durability ``sync`` and ``background``), or leaves it
-            to the page cache (``os``).
-        max_nbytes: the largest checkpoint timed (the probe size): larger ones use the write bandwidth.
-    """
-
-    def __init__(self, fsync: bool, max_nbytes: int) -> None:
-        self.fsync, self.max_nbytes = fsync, max_nbytes
-        self._per_byte: float | None = None  # seconds per raw byte of the timed save, fixed costs included
+    def __init__(self) -> None:
+        self._fixed_s: float | None = None  # a save's fixed costs, timed (None: not yet, or not local storage)
 
     @property
     def measured(self) -> bool:
-        """Whether a save was timed (else :meth:`seconds` is raw bytes over bandwidth)."""
-        return self._per_byte is not None
+        """Whether the fixed costs were timed (else :meth:`seconds` is raw bytes over bandwidth alone)."""
+        return self._fixed_s is not None
 
-    def measure(self, obj: object, raw_nbytes: int, directory: str, free_nbytes: int | None) -> None:
-        """Time ``torch.save(obj)`` into a temporary file in the local ``directory`` (removed after), once, if
-        ``raw_nbytes`` is at most :attr:`max_nbytes` and a quarter of ``free_nbytes`` (as the probe is bounded).
+    def measure(self, directory: str, storage: StorageBackend) -> float:
+        """Time a ``torch.save`` of :data:`SAMPLE_NBYTES` into a temporary file in ``directory``, written by
+        ``storage`` as a checkpoint is (its durability, its file object) and removed after, once, where ``storage``
+        is local (a remote baseline is raw bytes over bandwidth). Returns the seconds this took (0 when nothing was
+        timed).
+
         Never fails the save: a failed write (a full disk, say) leaves the baseline to the bandwidth, with a
-        warning. The file, a copy of the checkpoint, is readable by its owner only, from its creation on, and has a
-        name that the next save there removes if this process dies before it does (see
+        warning. The file has a name that the next save there removes if this process dies before it does (see
         :mod:`lightning_nvcomp.storage.local`)."""
-        fits = free_nbytes is None or raw_nbytes <= free_nbytes // 4
-        if self.measured or not 0 < raw_nbytes <= self.max_nbytes or not fits:
-            return
-        path = os.path.join(directory, own_name("lightning-nvcomp-baseline-torch-save", ".tmp"))
-        begin = time.perf_counter()
+        if self.measured or not isinstance(storage, Storage):
+            return 0.0
+        sample = torch.zeros(SAMPLE_NBYTES, dtype=torch.uint8)
+        begin, fixed_s = time.perf_counter(), float("inf")
         try:
-            atomic_write(path, lambda f: torch.save(obj, f), fsync=self.fsync)
+            for _ in range(TIMINGS):
+                path = os.path.join(directory, own_name("lightning-nvcomp-baseline-torch-save", ".tmp"))
+                start = time.perf_counter()
+                storage.write(path, lambda f: torch.save(sample, f))
+                fixed_s = min(fixed_s, time.perf_counter() - start)
+                storage.remove(path)
         except OSError as err:
             log.warning(
-                "lightning_nvcomp: the savings baseline was not timed in %s (%s): raw bytes / bandwidth", directory, err
+                "lightning_nvcomp: the savings baseline's fixed costs were not timed in %s (%s): raw bytes / bandwidth",
+                directory,
+                err,
             )
-            return
-        self._per_byte = (time.perf_counter() - begin) / raw_nbytes
-        os.unlink(path)
+        else:
+            self._fixed_s = fixed_s
+        return time.perf_counter() - begin
 
     def seconds(self, raw_nbytes: int, write_gbps: float) -> float:
-        """The baseline save's seconds for a checkpoint of ``raw_nbytes``: the timed save scaled by bytes, else
-        ``raw_nbytes`` over ``write_gbps``."""
-        if self._per_byte is not None:
-            return self._per_byte * raw_nbytes
-        return raw_nbytes / (write_gbps * 1e9)
+        """The baseline save's seconds for a checkpoint of ``raw_nbytes``: the fixed costs timed (0 where they were
+        not) plus ``raw_nbytes`` over ``write_gbps``."""
+        return (self._fixed_s or 0.0) + raw_nbytes / (write_gbps * 1e9)

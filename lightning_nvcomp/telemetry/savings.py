@@ -5,8 +5,8 @@ Metric names (all under :data:`PREFIX`): ``raw_gb``, ``stored_gb``, ``ratio``, `
 ``blocked_s`` (training waited; ``waited_s`` of it for earlier saves still being written: storage slower than the
 saves), ``write_s``, ``durable_s`` (from the save's start until the checkpoint was on stable storage, its slowest
 file; absent with durability ``os``), ``baseline_s`` (an uncompressed ``torch.save`` of the checkpoint with the same
-durability, timed on the first checkpoint: see :mod:`lightning_nvcomp.telemetry.baseline`), ``probe_s`` (0 but on a save that
-probed: the one-off bandwidth probe, baseline timing and ``auto``'s codec calibration, which training waited for
+durability: its fixed costs timed once, plus its bytes over the write bandwidth; see :mod:`lightning_nvcomp.telemetry.baseline`), ``probe_s`` (0 but on a save that
+probed: the one-off bandwidth probe, the baseline's timing and ``auto``'s codec calibration, which training waited for
 besides ``blocked_s``),
 ``predicted_blocked_s`` (auto only), ``slowdown`` (how much longer training steps took while writes ran behind them
 than while none did, measured on the run's optimizer steps: :mod:`lightning_nvcomp.auto.steps`; absent until measured),
@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lightning_nvcomp.auto.prediction import Prediction, format_seconds
-from lightning_nvcomp.auto.steps import slowed_seconds
+from lightning_nvcomp.auto.prediction import Prediction, format_seconds, slowed_seconds
 from lightning_nvcomp.options import Codec
 from lightning_nvcomp.telemetry.stats import SaveStats
 

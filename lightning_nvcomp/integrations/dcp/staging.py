@@ -15,8 +15,8 @@ from lightning_nvcomp import format as fileformat
 from lightning_nvcomp._compat import dcp as _compat
 from lightning_nvcomp._compat.dcp import DTensor, Shard, ShardedTensor
 from lightning_nvcomp.codec import pinned
+from lightning_nvcomp.format.contents import leaves
 from lightning_nvcomp.format.item_batches import CodedTensor, code_tensors, storable
-from lightning_nvcomp.format.tree import leaves
 
 #: One shard is coded at a time per process (writer threads share the GPU coder; files are still written in parallel).
 ENCODE_LOCK = threading.Lock()
