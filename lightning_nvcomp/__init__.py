@@ -13,6 +13,7 @@ imported by name: ``lightning_nvcomp.dcp`` (torch.distributed.checkpoint), ``lig
 import importlib as _importlib
 import typing as _typing
 
+from lightning_nvcomp import _moved
 from lightning_nvcomp.errors import (
     CheckpointError,
     CodecUnavailableError,
@@ -32,6 +33,8 @@ if _typing.TYPE_CHECKING:  # for type checkers; at run time these come from __ge
     from lightning_nvcomp.integrations.lightning.sharded import NvcompFSDPStrategy, NvcompModelParallelStrategy
 
 __version__ = "0.1.0"
+
+_moved.install()  # the import paths of 0.1, for one release
 
 
 #: Lazy attributes: the integration module each comes from. Those modules import their framework (the

@@ -21,10 +21,9 @@ from pathlib import Path
 PACKAGE = "lightning_nvcomp"
 ROOT = Path(__file__).resolve().parent.parent
 #: The layers, lowest first, each with the top-level modules and folders of the package it holds. A module may
-#: import its own layer and lower ones. Whatever else is at the package's root is a public face or a deprecated
-#: shim: the top layer.
+#: import its own layer and lower ones. Whatever else is at the package's root is a public face: the top layer.
 LAYERS = [
-    ("base", ["errors", "_process", "_compat"]),
+    ("base", ["errors", "_process", "_compat", "_moved"]),
     ("codec", ["codec"]),
     ("storage", ["storage"]),
     ("format", ["format", "options"]),

@@ -4,6 +4,7 @@ the sharded strategies (:mod:`.sharded`). Importing it imports Lightning (the ``
 from lightning_nvcomp.integrations.lightning.checkpoint_io import (
     NvcompCheckpointIO,
     NvcompSavings,
+    gpu_state_nbytes,
     lightning_callbacks,
     pytorch_lightning_callbacks,
 )
@@ -14,6 +15,7 @@ __all__ = [
     "NvcompFSDPStrategy",
     "NvcompModelParallelStrategy",
     "NvcompSavings",
+    "gpu_state_nbytes",
     "lightning_callbacks",
     "pytorch_lightning_callbacks",
 ]
