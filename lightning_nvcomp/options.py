@@ -208,6 +208,16 @@ class SaveOptions:
         return None if self.host_buffer_mb is None else int(self.host_buffer_mb * MiB)
 
     @classmethod
+    def of(cls, **fields: Any) -> SaveOptions:
+        """Deprecated since 0.2, removed in 0.3: ``SaveOptions(...)`` takes the same MiB keywords."""
+        warnings.warn(
+            "SaveOptions.of(...) is deprecated: SaveOptions(...) takes the same keywords",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return cls(**fields)
+
+    @classmethod
     def merged(
         cls, owner: str, options: SaveOptions | None = None, uses: Collection[str] | None = None, **given: Any
     ) -> SaveOptions:

@@ -387,3 +387,10 @@ def test_the_old_default_spelling_warns(small_file) -> None:
     with pytest.warns(DeprecationWarning, match=r"max_decoded_nbytes=False\) is deprecated"):
         loaded = lightning_nvcomp.load(small_file, max_decoded_nbytes=False)
     assert loaded["w"].numel() == 1 << 14
+
+
+def test_save_options_of_warns_and_makes_the_same_options() -> None:
+    with pytest.warns(DeprecationWarning, match=r"SaveOptions\.of\(\.\.\.\) is deprecated") as caught:
+        made = SaveOptions.of(codec="zstd", staging_mb=64, durable="sync")
+    assert caught[0].filename == __file__
+    assert made == SaveOptions(codec="zstd", staging_mb=64, durable="sync")

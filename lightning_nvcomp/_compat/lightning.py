@@ -3,7 +3,7 @@
 ``lightning.pytorch.strategies.fsdp._distributed_checkpoint_save`` and its ``model_parallel`` twin (Lightning 2.4-2.6):
 the one module-level helper through which ``FSDPStrategy(state_dict_type="sharded")`` and ``ModelParallelStrategy``
 write a sharded checkpoint (``dcp.save(state, checkpoint_id=path)``, no storage writer to pass). The compressed
-strategies point it at their writer while their own ``save_checkpoint`` runs (see ``lightning_sharded``).
+strategies point it at their writer while their own ``save_checkpoint`` runs (see :mod:`lightning_nvcomp.integrations.lightning.sharded`).
 ``_distributed_checkpoint_load`` of ``lightning.pytorch.strategies.fsdp`` and ``lightning.fabric.strategies.
 model_parallel`` (Lightning 2.4-2.6), its reading twin (``dcp.load(state, checkpoint_id=path)``): pointed at the
 compressed reader while ``load_checkpoint`` runs, so loads decode in bulk (DCP's default reader decodes item by

@@ -293,7 +293,7 @@ def snapshot(
         contents: what :func:`find_contents` found in ``obj`` (found here unless given).
         isolate: copy the rest of ``obj`` too (saves written while training goes on).
         staging_nbytes: a multiple of 512 bounding the records and segments coded at once, so a GPU save borrows
-            about three times that much GPU memory (default: 256 MiB).
+            about three times that much GPU memory (default: the coder's own, see :mod:`lightning_nvcomp.codec.engines`).
         sink: where the segments go (:mod:`.sink`); by default the snapshot keeps them in host memory (fresh copies)
             and writes them with the rest.
     """

@@ -3,7 +3,7 @@ registered objects compressed; ``load_state`` reads them back (the files are ``t
 
 Why it hooks where it does: Accelerate's save-state pre-hooks see only the model weights, and the optimizer - the
 largest part - never passes through a hook. Every file ``save_state`` writes with ``torch.save``, though, goes
-through one function, ``accelerate.checkpointing.save`` (see ``_accelerate_compat``). While an attached Accelerator
+through one function, ``accelerate.checkpointing.save`` (see ``lightning_nvcomp._compat.accelerate``). While an attached Accelerator
 runs ``save_state``, that name points to the shared :class:`~lightning_nvcomp.saving.writer.CheckpointWriter`; everything else (file names that
 ``load_state`` parses, automatic checkpoint naming, ``total_limit`` pruning, RNG states) stays Accelerate's own.
 ``load_state`` reads through ``accelerate.checkpointing.load`` likewise, with ``mmap=True``.
@@ -25,7 +25,7 @@ Accelerate's FSDP functions write them with ``torch.distributed.checkpoint`` and
 themselves (directories ``pytorch_model_fsdp_<i>`` and ``optimizer_<i>``). While the attached ``save_state`` runs,
 that writer is :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter` with the attachment's options, and while
 ``load_state`` runs, the reader is :class:`~lightning_nvcomp.dcp.NvcompFileSystemReader` (see
-``_accelerate_compat``); DCP's default reader reads the files too. Every rank writes its shards, synchronously
+``lightning_nvcomp._compat.accelerate``); DCP's default reader reads the files too. Every rank writes its shards, synchronously
 (``dcp.save``, also with ``async_save=True``). Accelerate's plugin collects that state with CPU offload by default
 (``FullyShardedDataParallelPlugin.state_dict_config = ShardedStateDictConfig(offload_to_cpu=True)`` and the same in
 ``optim_state_dict_config``; FSDP2 takes its ``StateDictOptions(cpu_offload=...)`` from the former): for the
