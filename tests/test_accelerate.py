@@ -25,13 +25,14 @@ from lightning_nvcomp.format import TensorInfo, describe
 from lightning_nvcomp.integrations.accelerate.attach import attach
 from lightning_nvcomp.storage import ThrottledStorage
 
-import accelerate_runs as R
-from conftest import REPO_ROOT, assert_tree_bit_exact, child_json, python_child, torchrun
+from tests.helpers import accelerate_runs as R
+from tests.helpers.paths import HELPERS, REPO_ROOT
+from tests.helpers.processes import child_json, python_child, torchrun
+from tests.helpers.states import assert_tree_bit_exact
 
-TESTS_DIR = Path(__file__).resolve().parent
 #: The children import this checkout's package (the PYTHONPATH this run has, if any) and the test helpers.
 CHILD_ENV = {
-    "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])),
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
     "OMP_NUM_THREADS": "1",
 }
 #: What ``save_state`` writes for one model, optimizer, scheduler and registered object on one process.
@@ -145,7 +146,8 @@ def test_files_are_compressed_torch_zips_that_plain_torch_load_reads(tmp_path):
     # A fresh interpreter: plain torch.load (weights_only=True, torch's default) once lightning_nvcomp is imported.
     code = """
         import json, sys, torch
-        import lightning_nvcomp, accelerate_runs as R
+        import lightning_nvcomp
+        from tests.helpers import accelerate_runs as R
         out = {n: R.tree_digest(torch.load(f"{sys.argv[1]}/{n}", weights_only=True)) for n in sys.argv[2:]}
         print(json.dumps(out))
     """
@@ -163,7 +165,7 @@ def test_files_are_compressed_torch_zips_that_plain_torch_load_reads(tmp_path):
 
 RESUME_IN_CHILD = """
     import json, sys, torch
-    import accelerate_runs as R
+    from tests.helpers import accelerate_runs as R
     from lightning_nvcomp.integrations.accelerate.attach import attach
     torch.set_num_threads(int(sys.argv[5]))  # the parent's (one_intra_op_thread): float sums depend on the split
     run = R.build(seed=99)  # other initial weights and RNG: everything must come from the checkpoint
@@ -451,7 +453,7 @@ def test_detach_restores_accelerates_own_save_and_load(tmp_path):
 
 ATTACH_TWICE = """
     import faulthandler, os, sys
-    import accelerate_runs as R
+    from tests.helpers import accelerate_runs as R
     from lightning_nvcomp.integrations.accelerate.attach import attach
     run = R.build(seed=16)
     attach(run.accelerator, codec="zstd", probe_mb=4)
@@ -481,7 +483,7 @@ def test_attaching_twice_does_not_deadlock(tmp_path):
 def _launch_two_ranks(tmp_path: Path, timeout_s: int) -> subprocess.CompletedProcess:
     env = dict(os.environ, **CHILD_ENV, PYTHONDONTWRITEBYTECODE="1")
     args = [str(tmp_path), str(tmp_path / "ck"), str(timeout_s)]
-    return torchrun(2, TESTS_DIR / "accelerate_ddp_child.py", args, env, timeout_s * 6 + 60, "2-process")
+    return torchrun(2, HELPERS / "accelerate_ddp_child.py", args, env, timeout_s * 6 + 60, "2-process")
 
 
 @pytest.mark.slow  # 7-10 s on 2 cores: torch.distributed.run and two ranks importing torch

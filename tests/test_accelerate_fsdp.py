@@ -25,10 +25,10 @@ from lightning_nvcomp._compat.dcp import TORCH
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompStorageInfo
 
-import accelerate_runs as R
-from conftest import torchrun
+from tests.helpers import accelerate_runs as R
+from tests.helpers.paths import HELPERS, REPO_ROOT
+from tests.helpers.processes import torchrun
 
-TESTS_DIR = Path(__file__).resolve().parent
 #: Accelerate runs FSDP2 from torch 2.6 ("FSDP2 requires PyTorch >= 2.6.0"); FSDP1 runs on every torch we support.
 NEEDS_FSDP2 = pytest.mark.skipif(TORCH < (2, 6), reason="Accelerate's FSDP2 needs torch 2.6")
 #: FSDP2 itself runs on CPU ranks from torch 2.7 (2.4-2.5 call torch.cuda's streams, 2.6's CPU stream has no
@@ -39,10 +39,10 @@ PARTS = ["pytorch_model_fsdp_0", "optimizer_0"]  # Accelerate's DCP directories 
 
 def _launch(mode: str, nproc: int, out: Path, timeout_s: int = 30) -> list[dict]:
     """``accelerate_fsdp_child.py MODE`` on ``nproc`` ranks; each rank's JSON result."""
-    path = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))  # keep where the package is
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))  # keep where the package is
     env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
     proc = torchrun(
-        nproc, TESTS_DIR / "accelerate_fsdp_child.py", [mode, str(out), str(timeout_s)], env, timeout_s * 6 + 60, mode
+        nproc, HELPERS / "accelerate_fsdp_child.py", [mode, str(out), str(timeout_s)], env, timeout_s * 6 + 60, mode
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]

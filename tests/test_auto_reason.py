@@ -19,7 +19,7 @@ from lightning_nvcomp.auto.prediction import TIE_FRACTION, TIE_S, format_seconds
 from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.saving.writer import CheckpointWriter
 
-from conftest import trained_like
+from tests.helpers.states import trained_like
 
 NONE = CodecProfile("none", 1.0, float("inf"))
 RAW = 1 << 22  # the bytes of STATE's tensor
@@ -113,7 +113,7 @@ def test_accelerate_save_state_says_why_for_its_largest_file(
     largest and the rule that chose it there."""
     from lightning_nvcomp.integrations.accelerate.attach import attach
 
-    import accelerate_runs as R
+    from tests.helpers import accelerate_runs as R
 
     monkeypatch.chdir(tmp_path)
     run = R.build(seed=3)

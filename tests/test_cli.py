@@ -16,16 +16,10 @@ from lightning_nvcomp.cli import main
 from lightning_nvcomp.codec import record
 from lightning_nvcomp.errors import CodecUnavailableError
 
-from conftest import (
-    CHILD_DIGEST_SRC,
-    REPO_ROOT,
-    assert_tree_bit_exact,
-    child_json,
-    python_child,
-    tensor_data_entries,
-    tensor_digest,
-    trained_like,
-)
+from tests.helpers.files import tensor_data_entries
+from tests.helpers.paths import REPO_ROOT
+from tests.helpers.processes import CHILD_DIGEST_SRC, child_json, python_child, tensor_digest
+from tests.helpers.states import assert_tree_bit_exact, trained_like
 
 #: The tensors of the training state below: 4 of the model, 3 per parameter in AdamW's state.
 STATE_TENSORS = 16

@@ -32,11 +32,12 @@ from lightning_nvcomp.errors import CodecUnavailableError
 from lightning_nvcomp.integrations.accelerate.attach import attach
 from lightning_nvcomp.options import SaveOptions
 
-import accelerate_runs as R
-import dcp_workers
-from conftest import REPO_ROOT, tensor_data_entries, trained_like
+from tests.helpers import accelerate_runs as R
+from tests.helpers import dcp_workers
+from tests.helpers.files import tensor_data_entries
+from tests.helpers.paths import FIXTURES, REPO_ROOT
+from tests.helpers.states import trained_like
 
-FIXTURES = Path(__file__).parent / "fixtures"
 # dcp.save takes no_dist= from torch 2.7; torch 2.4-2.6 infer it (no process group: one process)
 NO_DIST = {"no_dist": True} if "no_dist" in inspect.signature(dcp.save).parameters else {}
 #: The files ``save_state`` writes for one model, optimizer, scheduler and registered object on one process.

@@ -22,7 +22,7 @@ from lightning_nvcomp.errors import (
 )
 from lightning_nvcomp.format import DTYPES
 
-from conftest import (
+from tests.helpers.states import (
     FLOAT_DTYPES_WITH_SPECIALS,
     assert_bit_exact,
     random_tensor,

@@ -31,19 +31,10 @@ from lightning_nvcomp.storage import local as storage
 from lightning_nvcomp.storage import temp_names
 from lightning_nvcomp.telemetry.stats import SaveStats
 
-from conftest import (
-    CHILD_DIGEST_SRC,
-    assert_bit_exact,
-    assert_tree_bit_exact,
-    child_json,
-    collections_within,
-    python_child,
-    random_tensor,
-    special_floats,
-    tensor_data_entries,
-    tensor_digest,
-    trained_like,
-)
+from tests.helpers.collector import collections_within
+from tests.helpers.files import tensor_data_entries
+from tests.helpers.processes import CHILD_DIGEST_SRC, child_json, python_child, tensor_digest
+from tests.helpers.states import assert_bit_exact, assert_tree_bit_exact, random_tensor, special_floats, trained_like
 
 
 def _weights_only_loads_bytes() -> bool:

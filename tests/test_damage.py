@@ -26,18 +26,10 @@ from lightning_nvcomp.errors import (
     UnsupportedFormatError,
 )
 
-from conftest import (
-    REPO_ROOT,
-    assert_bit_exact,
-    assert_tree_bit_exact,
-    child_json,
-    python_child,
-    temp_files,
-    tensor_bytes,
-    tensor_data_entries,
-    trained_like,
-    zip_entries,
-)
+from tests.helpers.files import temp_files, tensor_data_entries, zip_entries
+from tests.helpers.paths import REPO_ROOT
+from tests.helpers.processes import child_json, python_child
+from tests.helpers.states import assert_bit_exact, assert_tree_bit_exact, tensor_bytes, trained_like
 
 no_gpu = pytest.mark.skipif(gpu_available(), reason="checks the behaviour of a machine without a usable GPU")
 

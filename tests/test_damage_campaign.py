@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from damage_campaign import (
+from tests.helpers.damage_campaign import (
     EQUAL,
     ERROR,
     FILE_KINDS,

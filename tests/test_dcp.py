@@ -25,17 +25,10 @@ from torch.distributed.checkpoint.api import CheckpointException
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter, NvcompStorageInfo
 
-import dcp_workers as W
-from conftest import (
-    assert_bit_exact,
-    assert_state_equal,
-    collections_within,
-    python_child,
-    trained_like,
-    zeros_like_state,
-)
-
-TESTS_DIR = Path(__file__).resolve().parent
+from tests.helpers import dcp_workers as W
+from tests.helpers.collector import collections_within
+from tests.helpers.processes import python_child
+from tests.helpers.states import assert_bit_exact, assert_state_equal, trained_like, zeros_like_state
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
 

@@ -39,8 +39,8 @@ from lightning_nvcomp.dcp import (
 )
 from lightning_nvcomp.errors import CorruptCheckpointError
 
-import dcp_damage_workers as D
-from conftest import assert_state_equal, trained_like, zeros_like_state
+from tests.helpers import dcp_damage_workers as D
+from tests.helpers.states import assert_state_equal, trained_like, zeros_like_state
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
 

@@ -35,14 +35,14 @@ from lightning_nvcomp.errors import (
 )
 from lightning_nvcomp.format import DECODE_ALLOWANCE, DECODE_MULTIPLE
 
-import dcp_workers as W
-from conftest import assert_state_equal, trained_like, zeros_like_state
+from tests.helpers import dcp_workers as W
+from tests.helpers.paths import FIXTURES
+from tests.helpers.states import assert_state_equal, trained_like, zeros_like_state
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
 
 # dcp.save/load take no_dist= from torch 2.7; torch 2.4-2.6 infer it (no process group: one process), with a warning
 NO_DIST = {"no_dist": True} if "no_dist" in inspect.signature(dcp.load).parameters else {}
-FIXTURES = Path(__file__).parent / "fixtures"
 NO_GPU = pytest.mark.skipif(gpu_available(), reason="checks the refusal on a machine without a GPU")
 
 
@@ -135,7 +135,7 @@ def test_the_sharded_strategies_refuse_at_construction_and_write_nothing(tmp_pat
 def test_accelerate_attach_refuses_at_construction_and_writes_nothing(tmp_path, monkeypatch, kwargs, error):
     from lightning_nvcomp.integrations.accelerate.attach import attach
 
-    import accelerate_runs as R
+    from tests.helpers import accelerate_runs as R
 
     monkeypatch.chdir(tmp_path)
     run = R.build(seed=5, project_dir="run")

@@ -22,7 +22,7 @@ from lightning_nvcomp.options import Durability, SaveOptions
 from lightning_nvcomp.saving.writer import CheckpointWriter
 from lightning_nvcomp.storage import ThrottledStorage
 
-from conftest import assert_tree_bit_exact
+from tests.helpers.states import assert_tree_bit_exact
 
 
 class FsyncSpy:

@@ -21,7 +21,9 @@ import lightning_nvcomp
 from lightning_nvcomp import _process
 from lightning_nvcomp import format as fileformat
 
-from conftest import REPO_ROOT, assert_tree_bit_exact, tensor_data_entries, trained_like
+from tests.helpers.files import tensor_data_entries
+from tests.helpers.paths import REPO_ROOT
+from tests.helpers.states import assert_tree_bit_exact, trained_like
 
 PACKAGE = REPO_ROOT / "lightning_nvcomp"
 
@@ -136,7 +138,7 @@ def test_attach_hooks_the_accelerators_optimizers_and_detach_removes_everything(
 
     from lightning_nvcomp.integrations.accelerate.attach import attach
 
-    import accelerate_runs as R
+    from tests.helpers import accelerate_runs as R
 
     monkeypatch.chdir(tmp_path)
     run = R.build(seed=3)
@@ -159,7 +161,7 @@ def test_a_fit_hooks_only_its_own_optimizers_and_the_hooks_end_with_it(tmp_path,
     global step hook; after the fit (the checkpoint IO's teardown) no hook is left."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from lightning_models import TinyData, TinyModule, quiet_trainer
+    from tests.helpers.lightning_models import TinyData, TinyModule, quiet_trainer
 
     seen: list[tuple[int, int]] = []
 
@@ -328,7 +330,7 @@ def test_a_config_made_plugin_with_a_bad_option_ends_the_command_with_one_line(t
     command line it rejects, in one line naming the class and the option."""
     from lightning.pytorch.cli import LightningCLI
 
-    from lightning_models import TinyData, TinyModule
+    from tests.helpers.lightning_models import TinyData, TinyModule
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.argv", ["train.py"])

@@ -24,11 +24,11 @@ import lightning_nvcomp
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import CodecUnavailableError, RefusedObjectsError
 
-from conftest import REPO_ROOT, python_child
+from tests.helpers.paths import REPO_ROOT
+from tests.helpers.processes import python_child
 
 EXAMPLES = REPO_ROOT / "examples"
 CONFIGS = REPO_ROOT / "configs"
-TESTS_DIR = Path(__file__).resolve().parent
 #: The example GPT made tiny (configs/demo_cpu.yaml's model and data are already small; this is smaller still).
 TINY = [
     "--model.dim=32",
@@ -103,7 +103,7 @@ warnings.filterwarnings("ignore")
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_nvcomp import NvcompCheckpointIO
-from lightning_models import TinyData, TinyModule
+from tests.helpers.lightning_models import TinyData, TinyModule
 
 for mode in ("sync", "async"):
     trainer = L.Trainer(
@@ -129,7 +129,7 @@ def terminal_lines(output: str) -> list[str]:
 
 @pytest.mark.slow
 def test_console_line_has_human_units_and_a_line_of_its_own(tmp_path: Path) -> None:
-    path = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
     # one stream, as a terminal shows both: the progress bar (stdout) and Lightning's log (stderr)
     proc = subprocess.run(
@@ -380,7 +380,7 @@ def test_accelerate_metrics_are_logged_at_the_runs_step(tmp_path: Path, async_sa
 
     from lightning_nvcomp.accelerate import attach
 
-    import accelerate_runs as R
+    from tests.helpers import accelerate_runs as R
 
     run = R.build(seed=3, log_with="tensorboard", project_dir=str(tmp_path / "project"))
     run.accelerator.init_trackers("run")
@@ -406,7 +406,7 @@ def test_accelerate_metrics_without_a_logged_step_stay_at_the_save_index(tmp_pat
 
     from lightning_nvcomp.accelerate import attach
 
-    import accelerate_runs as R
+    from tests.helpers import accelerate_runs as R
 
     run = R.build(seed=4, log_with="tensorboard", project_dir=str(tmp_path / "project"))
     run.accelerator.init_trackers("run")

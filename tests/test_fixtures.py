@@ -9,7 +9,6 @@ import hashlib
 import inspect
 import json
 import pickletools
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,12 +17,12 @@ import torch.distributed.checkpoint as dcp
 import lightning_nvcomp
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
 
-from conftest import tensor_bytes
+from tests.helpers.paths import FIXTURES
+from tests.helpers.states import tensor_bytes
 
 # dcp.save/load take no_dist= from torch 2.7; torch 2.4-2.6 infer it (no process group: one process), with a warning
 NO_DIST = {"no_dist": True} if "no_dist" in inspect.signature(dcp.load).parameters else {}
 
-FIXTURES = Path(__file__).parent / "fixtures"
 V01 = FIXTURES / "v0.1"
 EXPECTED = json.loads((V01 / "state.json").read_text())
 

@@ -27,7 +27,6 @@ from pathlib import Path
 import fsspec
 import pytest
 import torch
-from fixtures.make_v0_3_dev import digest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.testing._internal.two_tensor import TwoTensor
@@ -42,10 +41,12 @@ from lightning_nvcomp.format.decode import Placement, decode_tensor, tensor_chec
 from lightning_nvcomp.format.writer import _ArchivePickler, _StorageKey
 from lightning_nvcomp.format.zip import ArchiveWriter
 
-from conftest import python_child, random_tensor, tensor_bytes, tensor_data_entries
-from lightning_models import TinyData, TinyModule, quiet_trainer
-
-FIXTURES = Path(__file__).parent / "fixtures"
+from tests.fixtures.make_v0_3_dev import digest
+from tests.helpers.files import tensor_data_entries
+from tests.helpers.lightning_models import TinyData, TinyModule, quiet_trainer
+from tests.helpers.paths import FIXTURES
+from tests.helpers.processes import python_child
+from tests.helpers.states import random_tensor, tensor_bytes
 
 
 def flip(path: str | os.PathLike, offset: int, bit: int = 0) -> None:

@@ -301,11 +301,11 @@ def test_ans_fixtures_load_bit_exactly(version):
     """gANS files written on an H200 by v0.1 and by the code before the reshape (format 2, commit 327f5fe) load."""
     import hashlib
     import json
-    from pathlib import Path
 
-    from conftest import tensor_bytes
+    from tests.helpers.paths import FIXTURES
+    from tests.helpers.states import tensor_bytes
 
-    fixtures = Path(__file__).parent / "fixtures"
+    fixtures = FIXTURES
     path = fixtures / version / "ans.pt"
     expected = json.loads((fixtures / "v0.1" / "state.json").read_text())  # both were written from its state
     for obj in (lightning_nvcomp.load(path), torch.load(path, weights_only=True)):
@@ -396,7 +396,7 @@ def test_accelerate_save_state_with_ans_on_gpu(tmp_path, async_save):
 
 @pytest.mark.parametrize("codec", ["ans", "zstd"])
 def test_encode_batch_on_gpu_gives_each_buffer_its_own_record(codec):
-    from test_codec import assert_batch_matches_encoder
+    from tests.test_codec import assert_batch_matches_encoder
 
     for dtype in (torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int64):
         sizes = [0, 1, 7, 1000, 70_000, 300_000, 5]
@@ -407,10 +407,10 @@ def test_encode_batch_on_gpu_gives_each_buffer_its_own_record(codec):
 @pytest.mark.parametrize("codec", ["ans", "zstd"])
 def test_items_read_back_onto_the_gpu_together(codec):
     """Items coded in batches on the GPU and read a window at once decode on the GPU, bit-exactly."""
-    from test_items import archives
-
     from lightning_nvcomp.format import LoadState
     from lightning_nvcomp.format import items as tensor_items
+
+    from tests.test_items import archives
 
     tensors = [(f"l{i}.weight", _trained_like(n, torch.float32)) for i, n in enumerate([0, 7, 1000, 300_000])]
     tensors += [("e.bias", _trained_like(999, torch.bfloat16)), ("ids", torch.arange(50, device="cuda"))]

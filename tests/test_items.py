@@ -16,7 +16,7 @@ from lightning_nvcomp.format import LoadState, item_batches
 from lightning_nvcomp.format import items as tensor_items
 from lightning_nvcomp.format.zip import ArchiveWriter
 
-from conftest import assert_bit_exact, special_floats, tensor_bytes, trained_like
+from tests.helpers.states import assert_bit_exact, special_floats, tensor_bytes, trained_like
 
 SETTINGS = settings(deadline=None, max_examples=30, suppress_health_check=[HealthCheck.too_slow])
 CPU = torch.device("cpu")

@@ -29,10 +29,10 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 import lightning_nvcomp
 from lightning_nvcomp import NvcompCheckpointIO
 
-from conftest import CHILD_DIGEST_SRC, assert_tree_bit_exact, child_json, python_child, run_killable, tensor_digest
-from lightning_models import TinyData, TinyModule, make_classes, quiet_trainer
-
-TESTS_DIR = Path(__file__).resolve().parent
+from tests.helpers.lightning_models import TinyData, TinyModule, make_classes, quiet_trainer
+from tests.helpers.paths import REPO_ROOT
+from tests.helpers.processes import CHILD_DIGEST_SRC, child_json, python_child, run_killable, tensor_digest
+from tests.helpers.states import assert_tree_bit_exact
 
 #: Every metric a save logs (``predicted_blocked_s`` only with codec="auto", ``saved_usd_total`` only with a price,
 #: ``durable_s`` unless durability is "os").
@@ -358,9 +358,12 @@ def _cli_config(path: Path, root: Path, ckdir: Path, max_epochs: int) -> Path:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    path = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     proc = python_child(
-        "import lightning_models; lightning_models.cli_main()", *args, timeout=180, env={"PYTHONPATH": path}
+        "from tests.helpers import lightning_models; lightning_models.cli_main()",
+        *args,
+        timeout=180,
+        env={"PYTHONPATH": path},
     )
     assert proc.returncode == 0, f"LightningCLI failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return proc
@@ -893,7 +896,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
 from lightning_nvcomp import NvcompCheckpointIO
-from lightning_models import TinyData, TinyModule
+from tests.helpers.lightning_models import TinyData, TinyModule
 exec(sys.argv[4])  # tensor_digest
 
 out, epochs, async_save = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "async"
@@ -926,7 +929,7 @@ def _run_ddp(tmp_path: Path, epochs: int, mode: str) -> tuple[dict[int, dict], P
     ckdir = tmp_path / "ckpts"
     env = dict(
         os.environ,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
         PYTHONDONTWRITEBYTECODE="1",
     )
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK"):

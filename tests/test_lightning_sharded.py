@@ -23,9 +23,10 @@ from lightning_nvcomp._compat.dcp import TORCH
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.dcp import NvcompStorageInfo
 
-from conftest import REPO_ROOT, assert_tree_bit_exact
+from tests.helpers.paths import HELPERS, REPO_ROOT
+from tests.helpers.states import assert_tree_bit_exact
 
-SCRIPT = Path(__file__).with_name("lightning_sharded_run.py")
+SCRIPT = HELPERS / "lightning_sharded_run.py"
 
 
 def _run(

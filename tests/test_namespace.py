@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import child_json, python_child
+from tests.helpers.processes import child_json, python_child
 
 #: What a child reports about ``lightning_nvcomp`` right after importing it, then after ``from ... import *``.
 INSPECT = """

@@ -31,9 +31,9 @@ from lightning_nvcomp.format import DECODE_LIMIT_ENV
 from lightning_nvcomp.integrations.lightning.sharded import NvcompFSDPStrategy, NvcompModelParallelStrategy
 from lightning_nvcomp.options import MiB
 
-import accelerate_runs as R
-from conftest import assert_state_equal, assert_tree_bit_exact, trained_like, zeros_like_state
-from lightning_models import TinyData, TinyModule
+from tests.helpers import accelerate_runs as R
+from tests.helpers.lightning_models import TinyData, TinyModule
+from tests.helpers.states import assert_state_equal, assert_tree_bit_exact, trained_like, zeros_like_state
 
 _OPTIONS_MODULE = b"lightning_nvcomp.options"
 

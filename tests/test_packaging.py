@@ -11,7 +11,8 @@ import pytest
 
 import lightning_nvcomp
 
-from conftest import REPO_ROOT, child_json, python_child
+from tests.helpers.paths import REPO_ROOT
+from tests.helpers.processes import child_json, python_child
 
 try:
     import tomllib

@@ -25,7 +25,6 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from test_storage_safety import small_fs  # noqa: F401  (the real 16 MiB tmpfs fixture)
 
 import lightning_nvcomp
 from lightning_nvcomp import NvcompCheckpointIO
@@ -34,8 +33,9 @@ from lightning_nvcomp.options import SaveOptions
 from lightning_nvcomp.saving.writer import CheckpointWriter
 from lightning_nvcomp.storage import local as storage
 
-from conftest import assert_tree_bit_exact
-from lightning_models import TinyData, TinyModule, quiet_trainer
+from tests.helpers.lightning_models import TinyData, TinyModule, quiet_trainer
+from tests.helpers.states import assert_tree_bit_exact
+from tests.test_storage_safety import small_fs  # noqa: F401  (the real 16 MiB tmpfs fixture)
 
 PAGE = 4096
 

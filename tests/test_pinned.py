@@ -209,7 +209,7 @@ def test_a_lightning_fit_pins_ahead_of_its_first_save(tmp_path):
     from lightning_nvcomp import NvcompCheckpointIO
     from lightning_nvcomp.integrations.lightning.checkpoint_io import gpu_state_nbytes
 
-    from lightning_models import TinyData, TinyModule
+    from tests.helpers.lightning_models import TinyData, TinyModule
 
     seen: dict[str, int] = {}
 

@@ -186,7 +186,7 @@ def test_bench_command_on_a_real_directory(tmp_path, capsys):
 def test_bench_on_a_real_checkpoint_says_nothing_about_synthetic_state(tmp_path, capsys):
     from lightning_nvcomp.cli import main
 
-    from conftest import trained_like
+    from tests.helpers.states import trained_like
 
     lightning_nvcomp.save({"w": trained_like(1 << 18, torch.float32)}, tmp_path / "real.ckpt", codec="zstd")
     (tmp_path / "dir").mkdir()
@@ -239,7 +239,7 @@ def test_cpu_state_candidates(tmp_path):
     """CPU state is calibrated for gANS too where a GPU is there to code it (after a copy), else zstd and none."""
     from lightning_nvcomp.codec.gpu import gpu_available
 
-    from conftest import trained_like
+    from tests.helpers.states import trained_like
 
     state = [trained_like(1 << 20, torch.float32, 3), trained_like(1 << 20, torch.bfloat16, 4)]
     _, predictions = CodecPolicy(write_gbps=1.0).decide(state, str(tmp_path))
@@ -254,7 +254,7 @@ def test_a_wrong_calibration_corrects_itself_within_two_saves(tmp_path):
     """zstd calibrated 300x too fast: auto picks it on a fast disk; the real saves' coding time corrects the profile,
     and the decision after the second is the right one (none): a run's first save only corrects a calibration that
     was too slow (it pays the run's one-off costs), the second corrects this one."""
-    from conftest import trained_like
+    from tests.helpers.states import trained_like
 
     wrong = [CodecProfile("zstd", 1.15, 100.0), CodecProfile("none", 1.0, math.inf)]
     policy = CodecPolicy(write_gbps=5.0, profiles=wrong)
@@ -501,7 +501,7 @@ def test_the_first_auto_saves_calibration_is_reported_as_probe_time_not_as_block
     from lightning_nvcomp.options import SaveOptions
     from lightning_nvcomp.saving.writer import CheckpointWriter
 
-    from conftest import trained_like
+    from tests.helpers.states import trained_like
 
     writer = CheckpointWriter(SaveOptions(codec="auto"))
     writer.policy = CodecPolicy(write_gbps=1.0)  # a known bandwidth: nothing to probe, only the codecs to calibrate

@@ -26,15 +26,16 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from test_paths import hold_writer_thread_fsyncs
 
 from lightning_nvcomp import NvcompCheckpointIO
 from lightning_nvcomp.integrations.accelerate.attach import attach
 from lightning_nvcomp.storage import ThrottledStorage
 
-import accelerate_runs as R
-from conftest import REPO_ROOT, assert_tree_bit_exact
-from lightning_models import TinyData, TinyModule, quiet_trainer
+from tests.helpers import accelerate_runs as R
+from tests.helpers.lightning_models import TinyData, TinyModule, quiet_trainer
+from tests.helpers.paths import REPO_ROOT
+from tests.helpers.states import assert_tree_bit_exact
+from tests.test_paths import hold_writer_thread_fsyncs
 
 
 def state(seed: int, n: int = 4096) -> dict:

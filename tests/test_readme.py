@@ -22,8 +22,8 @@ import pytest
 
 from lightning_nvcomp.codec.gpu import gpu_available
 
-import doc_blocks
-from conftest import REPO_ROOT
+from tests.helpers import doc_blocks
+from tests.helpers.paths import REPO_ROOT
 
 try:
     import tomllib

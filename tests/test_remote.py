@@ -40,7 +40,8 @@ from lightning_nvcomp.storage import storage_for  # noqa: E402
 from lightning_nvcomp.storage.remote import RemoteOptions  # noqa: E402
 from lightning_nvcomp.storage.remote.multipart import retry_failed_aborts  # noqa: E402
 
-from conftest import assert_tree_bit_exact, python_child, trained_like  # noqa: E402
+from tests.helpers.processes import python_child  # noqa: E402
+from tests.helpers.states import assert_tree_bit_exact, trained_like  # noqa: E402
 
 MiB = 1 << 20
 #: The smallest S3 part: a few MB of state makes multipart uploads of several parts.
@@ -351,7 +352,7 @@ def _trainer(root: str, **kwargs):
 
     from lightning_nvcomp import NvcompCheckpointIO
 
-    from lightning_models import quiet_trainer
+    from tests.helpers.lightning_models import quiet_trainer
 
     checkpoint = ModelCheckpoint(filename="{epoch}-{step}", monitor="step", mode="max", save_top_k=2, save_last=True)
     options = dict(max_epochs=3, plugins=[NvcompCheckpointIO(codec="zstd", probe_mb=4)], callbacks=[checkpoint])
@@ -365,7 +366,7 @@ def _is_compressed(url: str) -> bool:
 
 
 def test_lightning_fit_on_s3_prunes_resumes_and_loads_bit_exactly(bucket, tmp_path, monkeypatch, capsys):
-    from lightning_models import TinyData, TinyModule
+    from tests.helpers.lightning_models import TinyData, TinyModule
 
     name, fs = bucket
     monkeypatch.chdir(tmp_path)
@@ -462,7 +463,7 @@ def _dcp_rank(rank: int, world_size: int, port: int, url: str, out: str) -> None
 
     import torch.distributed as dist
 
-    import dcp_workers as D
+    from tests.helpers import dcp_workers as D
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
@@ -521,7 +522,7 @@ def test_accelerate_save_state_to_s3_and_back(bucket, tmp_path, monkeypatch):
 
     from lightning_nvcomp.integrations.accelerate.attach import attach
 
-    import accelerate_runs as R
+    from tests.helpers import accelerate_runs as R
 
     name, fs = bucket
     monkeypatch.chdir(tmp_path)

@@ -26,8 +26,6 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
 import s3fs  # noqa: E402
-import test_remote  # noqa: E402
-from test_remote import _free_port, object_bytes, objects, state, uploads  # noqa: E402
 
 import lightning_nvcomp  # noqa: E402
 from lightning_nvcomp import cli  # noqa: E402
@@ -43,7 +41,9 @@ from lightning_nvcomp.storage.remote.errors import (  # noqa: E402
 )
 from lightning_nvcomp.storage.remote.multipart import retry_failed_aborts  # noqa: E402
 
-from conftest import assert_tree_bit_exact, trained_like  # noqa: E402
+from tests import test_remote  # noqa: E402
+from tests.helpers.states import assert_tree_bit_exact, trained_like  # noqa: E402
+from tests.test_remote import _free_port, object_bytes, objects, state, uploads  # noqa: E402
 
 #: The S3 server of tests/test_remote.py, and a fresh bucket on it.
 s3_endpoint, bucket = test_remote.s3_endpoint, test_remote.bucket

@@ -21,7 +21,7 @@ import lightning_nvcomp
 from lightning_nvcomp.options import Codec, SaveOptions
 from lightning_nvcomp.storage import Storage, storage_for
 
-from conftest import assert_tree_bit_exact, trained_like
+from tests.helpers.states import assert_tree_bit_exact, trained_like
 
 PACKAGE = Path(lightning_nvcomp.__file__).parent
 

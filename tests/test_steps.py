@@ -15,7 +15,7 @@ from lightning_nvcomp.auto.policy import CodecPolicy
 from lightning_nvcomp.auto.prediction import predict
 from lightning_nvcomp.auto.steps import MIN_STEPS, StepTimer, slowed_seconds
 
-from lightning_models import TinyData, TinyModule, quiet_trainer
+from tests.helpers.lightning_models import TinyData, TinyModule, quiet_trainer
 
 
 def _optimizer() -> torch.optim.Optimizer:

@@ -44,9 +44,8 @@ from lightning_nvcomp.storage import local as storage
 from lightning_nvcomp.storage.local import Storage
 from lightning_nvcomp.storage.temp_names import HOST_ID
 
-from conftest import REPO_ROOT
+from tests.helpers.paths import REPO_ROOT
 
-TESTS_DIR = Path(__file__).resolve().parent
 MiB = 1 << 20
 URLS = [
     "s3://bucket/run/x.ckpt",
@@ -141,7 +140,7 @@ def test_accelerate_refuses_automatic_naming_into_a_url_project_dir(tmp_path, mo
 
     from lightning_nvcomp.integrations.accelerate.attach import attach
 
-    import accelerate_runs as R
+    from tests.helpers import accelerate_runs as R
 
     monkeypatch.chdir(tmp_path)
     config = ProjectConfiguration(project_dir="s3://bucket/run", automatic_checkpoint_naming=True)

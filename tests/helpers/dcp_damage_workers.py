@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-import dcp_workers as W
+from tests.helpers import dcp_workers as W
 
 # -- processes ----------------------------------------------------------------------------------------------------
 

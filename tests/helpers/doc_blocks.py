@@ -16,8 +16,8 @@ A block runs as written, with three documented exceptions:
 * **Markers**: a block preceded (blank lines aside) by an HTML comment ``<!-- not run: why -->`` is not run, and
   says why (a multi-node launch, storage that needs credentials); nothing else is skipped.
 
-Tracebacks name the markdown file and its line numbers. By hand: ``python tests/doc_blocks.py README.md 48`` runs
-the block whose opening fence is on line 48 in the current directory, substituted (``--gpu``: as written).
+Tracebacks name the markdown file and its line numbers. By hand: ``python tests/helpers/doc_blocks.py README.md 48``
+runs the block whose opening fence is on line 48 in the current directory, substituted (``--gpu``: as written).
 """
 
 from __future__ import annotations

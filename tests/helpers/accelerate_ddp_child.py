@@ -19,7 +19,7 @@ from accelerate.utils import InitProcessGroupKwargs
 
 from lightning_nvcomp.integrations.accelerate.attach import attach
 
-import accelerate_runs as R
+from tests.helpers import accelerate_runs as R
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """A tiny, deterministic LightningModule and DataModule for the Lightning integration tests.
 
-Importable by child processes (LightningCLI, DDP scripts): put this directory on ``PYTHONPATH``. Imports only the
-``lightning`` namespace, so it must not be used with a ``pytorch_lightning`` Trainer (see :func:`make_classes`).
+Importable by child processes (LightningCLI, DDP scripts) as ``tests.helpers.lightning_models``: put the repository
+root on ``PYTHONPATH``. Imports only the ``lightning`` namespace, so it must not be used with a ``pytorch_lightning``
+Trainer (see :func:`make_classes`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A tiny, deterministic Accelerate training run for the Accelerate integration tests.
 
-Importable by child processes (resume in a fresh interpreter, ``torch.distributed.run`` scripts): put this
-directory on ``PYTHONPATH``. Imports neither pytest nor conftest.
+Importable by child processes (resume in a fresh interpreter, ``torch.distributed.run`` scripts) as
+``tests.helpers.accelerate_runs``: put the repository root on ``PYTHONPATH``. Imports neither pytest nor conftest.
 
 Everything random in a training step (the batch, dropout) comes from the global torch RNG, so a resumed run
 only matches an uninterrupted one if ``load_state`` restored the RNG states along with the weights, the AdamW

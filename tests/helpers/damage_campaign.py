@@ -36,7 +36,7 @@ import lightning_nvcomp
 import lightning_nvcomp.cli
 from lightning_nvcomp.errors import CheckpointError
 
-from conftest import random_tensor, tensor_bytes, trained_like
+from tests.helpers.states import random_tensor, tensor_bytes, trained_like
 
 #: The three file types of the campaign: what writes them.
 FILE_KINDS = ("none", "zstd", "torch.save")

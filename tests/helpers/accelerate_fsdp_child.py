@@ -35,7 +35,7 @@ from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
 from lightning_nvcomp.integrations.accelerate.attach import attach
 from lightning_nvcomp.options import SaveOptions
 
-import accelerate_runs as R
+from tests.helpers import accelerate_runs as R
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=False)
 
