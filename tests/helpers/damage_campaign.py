@@ -1,4 +1,4 @@
-"""The damage campaign of tests/test_damage_campaign.py: file regions, sampled damage, loaders and outcomes.
+"""The damage campaign of tests/safety/test_damage_campaign.py: file regions, sampled damage, loaders and outcomes.
 
 A checkpoint file is cut into regions by parsing its zip (local headers, ``data.pkl``, each ``data/N``, the small
 metadata entries, the central directory, the end records, and whatever lies between: torch.save's data

@@ -1,6 +1,6 @@
-"""Multi-process jobs for tests/test_dcp_damage.py: real processes (spawn), a gloo process group, real files.
+"""Multi-process jobs for tests/safety/test_dcp_damage.py: real processes (spawn), a gloo process group, real files.
 
-The helpers of tests/dcp_workers.py (states, bit comparisons, ``scenario``) are reused; this module has its own
+The helpers of tests/helpers/dcp_workers.py (states, bit comparisons, ``scenario``) are reused; this module has its own
 entry point and ``spawn`` because its jobs need a process-group timeout, a rank that kills itself (``os._exit``) and
 results that are not only "ok" or a traceback.
 

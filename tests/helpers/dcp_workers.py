@@ -1,4 +1,4 @@
-"""Multi-process jobs for tests/test_dcp.py: real processes (spawn), a gloo process group, real files.
+"""Multi-process jobs for tests/integration/test_dcp.py: real processes (spawn), a gloo process group, real files.
 
 Each job runs named scenarios on every rank and writes, per rank, ``{scenario: "ok" | traceback}`` to
 ``<out>/rank<r>.json``: the tests assert on those. Every comparison of tensors is of their bits.

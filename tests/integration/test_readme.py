@@ -2,7 +2,7 @@
 
 Every ```` ```python ```` block of README.md runs in a fresh interpreter whose working directory is a fresh empty
 directory (:mod:`doc_blocks`), so a block that crashes fails here. What "as written" allows, all of it documented in
-``tests/doc_blocks.py`` and in the README's *Development* section:
+``tests/helpers/doc_blocks.py`` and in the README's *Development* section:
 
 * without a CUDA GPU and nvCOMP, ``map_location="cuda"`` -> ``map_location="cpu"`` and ``codec="ans"`` ->
   ``codec="zstd"`` (``doc_blocks.SUBSTITUTIONS``);

@@ -326,7 +326,8 @@ def test_rank_killed_mid_save_keeps_previous_checkpoint(tmp_path):
 
 def test_a_pathlib_path_made_from_a_url_is_refused(tmp_path, monkeypatch):
     """``Path("s3://b/k")`` (which pathlib collapses to ``s3:/b/k``) is refused at construction and as DCP's
-    checkpoint_id, naming it; no local directory appears. (URLs themselves are remote storage: tests/test_remote.py.)"""
+    checkpoint_id, naming it; no local directory appears. (URLs themselves are remote storage:
+    tests/integration/test_remote.py.)"""
     monkeypatch.chdir(tmp_path)
     url = Path("s3://b/k")
     for make in (NvcompFileSystemWriter, NvcompFileSystemReader):

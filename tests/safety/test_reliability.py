@@ -20,7 +20,7 @@ from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, Dec
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.processes import python_child
 from tests.helpers.states import assert_bit_exact, tensor_bytes, trained_like
-from tests.test_damage import Reduce, good_args  # noqa: F401  (a fixture)
+from tests.safety.test_damage import Reduce, good_args  # noqa: F401  (a fixture)
 
 
 def test_two_dtypes_on_one_storage_are_refused_for_every_codec(tmp_path):
@@ -90,7 +90,7 @@ def test_a_load_racing_atomic_saves_reads_one_whole_file(tmp_path, codec):
 
 def test_copies_of_one_record_decode_once(good_args, tmp_path):
     """8 copies of one record (distinct dicts, the same blobs) decode to one storage: no 8x memory."""
-    from tests.test_damage import decode_args
+    from tests.safety.test_damage import decode_args
 
     copies = {f"t{i}": Reduce(*decode_args(good_args, f"t{i}", rec=dict(good_args[2]))) for i in range(8)}
     path = tmp_path / "copies.pt"
@@ -138,7 +138,7 @@ def test_a_record_with_a_start_offset_places_its_storage_there(good_args, tmp_pa
     data, blobs, meta = good_args
     rec = dict(meta, storages=[[64, 192]])
     rec["check"] = schema.record_check(rec)
-    from tests.test_damage import decode_args
+    from tests.safety.test_damage import decode_args
 
     path = tmp_path / "offset.pt"
     torch.save({"t": Reduce(*decode_args(good_args, "t", rec=rec, size=(48,)))}, path)
@@ -146,7 +146,7 @@ def test_a_record_with_a_start_offset_places_its_storage_there(good_args, tmp_pa
 
 
 def test_two_tensors_sharing_one_record_dict_each_have_their_blobs_checked(good_args, tmp_path):
-    from tests.test_damage import decode_args
+    from tests.safety.test_damage import decode_args
 
     data, blobs, meta = good_args
     damaged = [b.clone() for b in blobs]

@@ -1,6 +1,6 @@
 """torch.distributed.checkpoint integration (lightning_nvcomp.dcp) on the CPU: real processes (spawn), gloo, real
 files. DTensor (Shard(0) and Replicate on a "cpu" device mesh), ShardedTensor, plain tensors and non-tensor values;
-every comparison is of bits. The multi-rank scenarios live in tests/dcp_workers.py; one job per world size runs
+every comparison is of bits. The multi-rank scenarios live in tests/helpers/dcp_workers.py; one job per world size runs
 them all (each process start costs seconds) and each test below asserts on its scenarios.
 """
 
@@ -501,7 +501,7 @@ def test_writer_takes_the_runs_save_options(tmp_path):
     loaded = zeros_like_state(state)
     dcp.load(loaded, checkpoint_id=tmp_path)
     assert_state_equal(loaded, state)
-    # a keyword given beside options= overrides its field (tests/test_options.py has the rest)
+    # a keyword given beside options= overrides its field (tests/unit/test_options.py has the rest)
     assert NvcompFileSystemWriter(tmp_path, codec="zstd", options=SaveOptions(codec="none")).codec == "zstd"
 
 

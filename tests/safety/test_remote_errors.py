@@ -1,5 +1,5 @@
 """Remote storage that names its URL and knows its outcome (issue 32, part E), against the real S3 server on localhost
-that tests/test_remote.py runs (moto over HTTP, the s3fs client); no mocks.
+that tests/integration/test_remote.py runs (moto over HTTP, the s3fs client); no mocks.
 
 What is shown: without credentials, every save, load, probe, listing, removal and CLI check names the URL and says
 how to give credentials (a ``PermissionError``, never botocore's ``NoCredentialsError``); a storage that cannot be
@@ -41,11 +41,11 @@ from lightning_nvcomp.storage.remote.errors import (  # noqa: E402
 )
 from lightning_nvcomp.storage.remote.multipart import retry_failed_aborts  # noqa: E402
 
-from tests import test_remote  # noqa: E402
 from tests.helpers.states import assert_tree_bit_exact, trained_like  # noqa: E402
-from tests.test_remote import _free_port, object_bytes, objects, state, uploads  # noqa: E402
+from tests.integration import test_remote  # noqa: E402
+from tests.integration.test_remote import _free_port, object_bytes, objects, state, uploads  # noqa: E402
 
-#: The S3 server of tests/test_remote.py, and a fresh bucket on it.
+#: The S3 server of tests/integration/test_remote.py, and a fresh bucket on it.
 s3_endpoint, bucket = test_remote.s3_endpoint, test_remote.bucket
 MiB = 1 << 20
 #: A client that gives up quickly: botocore tries once, s3fs retries a dropped connection a few times (~2 s).

@@ -35,7 +35,7 @@ from lightning_nvcomp.storage import local as storage
 
 from tests.helpers.lightning_models import TinyData, TinyModule, quiet_trainer
 from tests.helpers.states import assert_tree_bit_exact
-from tests.test_storage_safety import small_fs  # noqa: F401  (the real 16 MiB tmpfs fixture)
+from tests.safety.test_storage_safety import small_fs  # noqa: F401  (the real 16 MiB tmpfs fixture)
 
 PAGE = 4096
 

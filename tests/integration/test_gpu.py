@@ -396,7 +396,7 @@ def test_accelerate_save_state_with_ans_on_gpu(tmp_path, async_save):
 
 @pytest.mark.parametrize("codec", ["ans", "zstd"])
 def test_encode_batch_on_gpu_gives_each_buffer_its_own_record(codec):
-    from tests.test_codec import assert_batch_matches_encoder
+    from tests.unit.test_codec import assert_batch_matches_encoder
 
     for dtype in (torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int64):
         sizes = [0, 1, 7, 1000, 70_000, 300_000, 5]
@@ -410,7 +410,7 @@ def test_items_read_back_onto_the_gpu_together(codec):
     from lightning_nvcomp.format import LoadState
     from lightning_nvcomp.format import items as tensor_items
 
-    from tests.test_items import archives
+    from tests.unit.test_items import archives
 
     tensors = [(f"l{i}.weight", _trained_like(n, torch.float32)) for i, n in enumerate([0, 7, 1000, 300_000])]
     tensors += [("e.bias", _trained_like(999, torch.bfloat16)), ("ids", torch.arange(50, device="cuda"))]

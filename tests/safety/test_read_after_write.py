@@ -35,7 +35,7 @@ from tests.helpers import accelerate_runs as R
 from tests.helpers.lightning_models import TinyData, TinyModule, quiet_trainer
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.states import assert_tree_bit_exact
-from tests.test_paths import hold_writer_thread_fsyncs
+from tests.safety.test_paths import hold_writer_thread_fsyncs
 
 
 def state(seed: int, n: int = 4096) -> dict:
