@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the test suite on the oldest torch pyproject claims (torch>=2.4: 2.4.1, the last 2.4 release), on the CPU, in a
 # venv of its own outside the repository (.venv keeps the current torch). Arguments go to pytest (default: the whole
-# suite; e.g. `bash scripts/test_oldest_torch.sh tests/test_dcp.py`).
+# suite; e.g. `bash scripts/test_oldest_torch.sh tests/integration/test_dcp.py`).
 #
 # PyPI's Linux wheels of torch 2.4 are CUDA builds: they import only with the nvidia-* packages, so the venv takes
 # ~2.9 GB of downloads and ~5 GB of disk (~3.5 minutes to build here; a second run reuses it). GPU tests skip.

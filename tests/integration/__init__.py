@@ -1,0 +1,2 @@
+"""Integration tests: the package with the frameworks, processes, servers and files users run it with (see
+tests/README.md)."""
