@@ -14,6 +14,7 @@ import importlib as _importlib
 import typing as _typing
 
 from lightning_nvcomp import _moved
+from lightning_nvcomp._version import __version__ as __version__
 from lightning_nvcomp.errors import (
     CheckpointError,
     CodecUnavailableError,
@@ -32,7 +33,6 @@ if _typing.TYPE_CHECKING:  # for type checkers; at run time these come from __ge
     from lightning_nvcomp.integrations.lightning.checkpoint_io import NvcompCheckpointIO, NvcompSavings
     from lightning_nvcomp.integrations.lightning.sharded import NvcompFSDPStrategy, NvcompModelParallelStrategy
 
-__version__ = "0.1.0"
 
 _moved.install()  # the import paths of 0.1, for one release
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The layers, lowest first, each with the top-level modules and folders of the package it holds. A module may
 #: import its own layer and lower ones. Whatever else is at the package's root is a public face: the top layer.
 LAYERS = [
-    ("base", ["errors", "_process", "_compat", "_moved"]),
+    ("base", ["errors", "_process", "_compat", "_moved", "_version"]),
     ("codec", ["codec"]),
     ("storage", ["storage"]),
     ("format", ["format", "options"]),

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import argparse
 
-from lightning_nvcomp import __version__
+from lightning_nvcomp._version import __version__
 from lightning_nvcomp.cli import bench, convert, env, estimate, inspect, verify
 from lightning_nvcomp.cli.common import PROG, explain, fail, serial_torch
 

@@ -10,7 +10,7 @@ import platform
 
 import torch
 
-from lightning_nvcomp import __version__
+from lightning_nvcomp._version import __version__
 from lightning_nvcomp.cli.common import PROG, add_command
 from lightning_nvcomp.cli.table import table
 from lightning_nvcomp.codec.gpu import NVCOMP_PACKAGES, GpuSupport, gpu_support

@@ -25,11 +25,11 @@ MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 MAX_ROOT_MODULES = 12
 
-#: The layers, lowest first: errors/_process/_compat -> codec -> storage -> format, options -> auto -> telemetry ->
+#: The layers, lowest first: errors/_process/_compat/_moved/_version -> codec -> storage -> format, options -> auto -> telemetry ->
 #: saving -> integrations -> cli -> the root faces. A module may import from its own layer and lower ones only. A
 #: layer is named by the first part of its modules' names under the package: a folder or a root module.
 LAYERS = [
-    ("errors", "_process", "_compat"),
+    ("errors", "_process", "_compat", "_moved", "_version"),
     ("codec",),
     ("storage",),
     ("format", "options"),
@@ -38,9 +38,9 @@ LAYERS = [
     ("saving",),
     ("integrations",),
     ("cli",),
-    # the faces (the package itself, python -m, the DCP and Accelerate faces) and the deprecated shims: they may
-    # import anything, and nothing below them imports them
-    ("__init__", "__main__", "dcp", "accelerate", "locations", "policy", "remote"),
+    # the faces (the package itself, python -m, the DCP and Accelerate faces): they may import anything, and nothing
+    # below them imports them
+    ("__init__", "__main__", "dcp", "accelerate"),
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 
