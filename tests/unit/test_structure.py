@@ -226,10 +226,10 @@ WITHIN = {
     "saving/writer.py": "from ..codec import record\n\ndef save():\n    from lightning_nvcomp.storage import local\n",
     "storage/local.py": "x = 1\n" * MAX_MODULE_LINES,
     "auto/policy.py": function_of(MAX_FUNCTION_LINES),
-    "remote/__init__.py": "from lightning_nvcomp.storage import local\n",
+    "integrations/__init__.py": "from lightning_nvcomp.storage import local\n",
     "_compat/__init__.py": "",
-    **{f"{name}.py": "" for name in ("__main__", "errors", "_process", "options", "cli", "dcp", "accelerate")},
-    **{f"{name}.py": "import lightning_nvcomp.auto.policy\n" for name in ("locations", "policy")},
+    **{f"{name}.py": "" for name in ("__main__", "errors", "_process", "_moved", "_version", "options", "cli")},
+    **{f"{name}.py": "import lightning_nvcomp.auto.policy\n" for name in ("dcp", "accelerate")},
 }
 
 BREAKS = [
