@@ -148,10 +148,14 @@ def markdown(report: dict) -> str:
         f"- date: {report['date']}; machine: {report['machine']}; Python {report['python']}",
         f"- before: `{report['before']['tree']}` ({report['before']['describe']}); after: `{report['after']['tree']}` "
         f"({report['after']['describe']})",
-        f"- {report['rounds']} rounds, in each round before then after, every run a fresh process; before those, "
-        f"{report['warmup']} uncounted run(s) of each benchmark on the after tree (the trained state is made there "
-        f"once and loaded by every run); load average (1 min) as runs began: {min(loads):.2f}-{max(loads):.2f} on "
-        f"{os.cpu_count()} cores",
+        f"- {report['rounds']} rounds, in each round before then after, every run a fresh process; "
+        + (
+            f"before those, {report['warmup']} uncounted run(s) of each benchmark on the after tree"
+            if report["warmup"]
+            else "no warm-up"
+        )
+        + "; the first run trains the state, every later one loads it; load average (1 min) as runs began: "
+        f"{min(loads):.2f}-{max(loads):.2f} on {os.cpu_count()} cores",
         "- the same script text runs on both trees (this tree's benchmarks/)"
         + (
             "; the before tree has these modules the scripts import only under their old names, imported from there: "
@@ -161,14 +165,19 @@ def markdown(report: dict) -> str:
         ),
         "- each figure: the median (min-max) of the rounds; after/before: the median (min-max) of each round's "
         "after/before ratio. GB/s: higher is better; s: lower is better; MB (file size): should not change",
+        "- `torch.save`, `TorchCheckpointIO` and `AsyncCheckpointIO` run torch's and Lightning's code, the same for "
+        "both trees: their after/before ratios show how far this machine's noise alone moves a ratio",
     ]
     if report["stopped"]:
         lines.append(f"- {report['stopped']}")
     for bench, result in report["benchmarks"].items():
         lines += ["", f"## {SCRIPTS[bench].name} `{shlex.join(result['args'])}`", ""]
         for side in ("before", "after"):
-            info = next((run["info"] for run in result["runs"] if run["tree"] == side and "info" in run), {})
-            lines.append(f"- {side}'s first run: " + "; ".join(f"{k}: {v}" for k, v in info.items() if k != "metrics"))
+            info = next((run["info"] for run in result["runs"] if run["tree"] == side and "info" in run), None)
+            if info:
+                lines.append(
+                    f"- {side}'s first run: " + "; ".join(f"{k}: {v}" for k, v in info.items() if k != "metrics")
+                )
         for run in result["runs"]:
             if "failed" in run:
                 lines.append(f"- FAILED: round {run['round']}, {run['tree']}: {run['failed']} (see the JSON)")
@@ -180,6 +189,18 @@ def markdown(report: dict) -> str:
                 f"{spread(row['ratios'], 3)} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def write(report: dict, out: pathlib.Path, name: str) -> str:
+    """Write ``report`` as ``<out>/<name>.json`` and ``.md`` (after each round: a run cut short keeps the rounds
+    done); return the Markdown."""
+    for result in report["benchmarks"].values():
+        result["summary"] = summary(result["runs"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    text = markdown(report)
+    (out / f"{name}.md").write_text(text)
+    return text
 
 
 def machine() -> str:
@@ -212,6 +233,8 @@ def main() -> None:
     benches = {b: shlex.split(a) for b, a in (("codec", args.codec_args), ("lightning", args.lightning_args)) if a}
     if not benches:
         parser.error("give --codec-args, --lightning-args or both")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
     report = {
         "name": args.name,
@@ -225,12 +248,14 @@ def main() -> None:
         },
         "benchmarks": {bench: {"args": bench_args, "runs": []} for bench, bench_args in benches.items()},
         "stopped": None,
+        "rounds": 0,
     }
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="before-after-", dir=args.work_dir) as work:
         for bench, bench_args in [(b, a) for b, a in benches.items() for _ in range(args.warmup)]:
             warm = run_once(trees["after"], bench, bench_args, pathlib.Path(work), args.run_timeout_s)
-            print(f"warm-up {bench}: {warm['seconds']} s" + (f", FAILED {warm['failed']}" if "failed" in warm else ""))
+            note = f", FAILED {warm['failed']}:\n{warm['output_tail']}" if "failed" in warm else ""
+            print(f"warm-up {bench}: {warm['seconds']} s{note}", flush=True)
         rounds, longest = 0, 0.0
         while rounds < args.rounds:
             elapsed = time.perf_counter() - began
@@ -248,16 +273,9 @@ def main() -> None:
                         flush=True,
                     )
             longest = max(longest, time.perf_counter() - round_began)
-            rounds += 1
-    report["rounds"] = rounds
-    for result in report["benchmarks"].values():
-        result["summary"] = summary(result["runs"])
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps(report, indent=1) + "\n")
-    text = markdown(report)
-    (out / f"{args.name}.md").write_text(text)
-    print(text)
+            rounds = report["rounds"] = rounds + 1
+            write(report, pathlib.Path(args.out), args.name)
+    print(write(report, pathlib.Path(args.out), args.name))
     failed = any("failed" in run for result in report["benchmarks"].values() for run in result["runs"])
     sys.exit(1 if failed else 0)
 
