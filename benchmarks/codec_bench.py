@@ -1,5 +1,6 @@
 """Codec benchmark on a GPT trained on real text: ratio per tensor class against the order-0 byte-plane bound,
-against gANS on raw bytes and CPU zstd, and encode/decode throughput. Writes a Markdown report.
+against gANS on raw bytes and CPU zstd, and encode/decode throughput. Writes a Markdown report (and with --json the
+whole state's figures, for benchmarks/before_after.py).
 
     python benchmarks/codec_bench.py --steps 300 --out benchmarks/results/codec.md          # on a GPU
     python benchmarks/codec_bench.py --device cpu --dim 256 --layers 4 --steps 100           # CPU only
@@ -8,7 +9,9 @@ against gANS on raw bytes and CPU zstd, and encode/decode throughput. Writes a M
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
+import json
 import os
 import pathlib
 import platform
@@ -26,8 +29,8 @@ from lightning_nvcomp.codec import engines, planes, record
 from lightning_nvcomp.codec.gpu import gpu_available, nvcomp_version
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
-from common import sync  # noqa: E402
-from gpt import GPT, state_by_class, stdlib_corpus, train  # noqa: E402
+from common import sync, trained_gpt  # noqa: E402
+from gpt import state_by_class  # noqa: E402
 
 
 def timed(fn, repeat: int = 3) -> tuple[float, object]:
@@ -92,6 +95,21 @@ def ans_raw_bytes(data: torch.Tensor) -> tuple[float, float]:
     return data.numel() / sum(c.numel() for c in coded), data.numel() / secs / 1e9
 
 
+class Throughput:
+    """Encode and decode GB/s of a whole state, from its classes' rows: raw bytes over the seconds summed."""
+
+    def __init__(self) -> None:
+        self.nbytes, self.enc_s, self.dec_s = 0, 0.0, 0.0
+
+    def add(self, nbytes: int, row: dict) -> None:
+        self.nbytes += nbytes
+        self.enc_s += nbytes / row["enc"] / 1e9
+        self.dec_s += nbytes / row["dec"] / 1e9
+
+    def gbps(self) -> tuple[float, float]:
+        return self.nbytes / self.enc_s / 1e9, self.nbytes / self.dec_s / 1e9
+
+
 def cpu_rows(data_cpu: torch.Tensor, dtype: torch.dtype, threads: int) -> dict:
     os.environ["LIGHTNING_NVCOMP_THREADS"] = str(threads)
     resources.reset()  # a CPU engine with the new thread count
@@ -139,34 +157,38 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--cpu-sample-mb", type=int, default=256, help="bytes of each class coded on the CPU")
     parser.add_argument("--out", default=None, help="write the Markdown report here too")
+    parser.add_argument("--json", default=None, help="write the whole state's figures here as JSON")
+    parser.add_argument("--state-cache", default=None, help="folder keeping the trained state between runs")
     parser.add_argument("--sweep", action="store_true", help="also sweep GPU chunk sizes")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of one end-to-end encode")
     args = parser.parse_args()
     device = args.device
     gpu = device == "cuda" and gpu_available()
 
-    torch.manual_seed(0)
-    corpus = stdlib_corpus()
-    model = GPT(dim=args.dim, layers=args.layers, heads=max(1, args.dim // 64)).to(device)
+    model, opt = trained_gpt(args.dim, args.layers, args.steps, args.batch, device, args.state_cache)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"GPT {n_params / 1e6:.1f}M params on {corpus.numel() / 1e6:.1f} MB of stdlib source, {args.steps} steps")
-    opt = train(model, corpus, args.steps, args.batch, device)
+    print(f"GPT {n_params / 1e6:.1f}M params, {args.steps} steps on the standard library's sources")
     classes = {name: torch.cat([t.reshape(-1) for t in ts]) for name, ts in state_by_class(model, opt).items()}
 
     if args.profile and gpu:
         profile_encode(classes["adam m"].view(torch.uint8), torch.float32, "ans")
         profile_encode(classes["bf16 w"].view(torch.uint8), torch.bfloat16, "ans")
     sweep = chunk_sweep(classes) if args.sweep and gpu else []
+    info = {
+        "device": f"{torch.cuda.get_device_name() if device == 'cuda' else platform.processor() or 'cpu'}; "
+        f"host cores: {os.cpu_count()}",
+        "versions": f"torch {torch.__version__}, nvCOMP {nvcomp_version()}, zstandard {zstandard.__version__}, "
+        f"lightning_nvcomp {lightning_nvcomp.__version__}",
+        "state": f"byte-level GPT, {n_params / 1e6:.1f}M params, trained {args.steps} AdamW steps on the Python "
+        "standard library's sources",
+    }
     lines = [
         "# Codec benchmark",
         "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
-        f"- device: {torch.cuda.get_device_name() if device == 'cuda' else platform.processor() or 'cpu'}; "
-        f"host cores: {os.cpu_count()}",
-        f"- torch {torch.__version__}, nvCOMP {nvcomp_version()}, zstandard {zstandard.__version__}, "
-        f"lightning_nvcomp {lightning_nvcomp.__version__}",
-        f"- state: byte-level GPT, {n_params / 1e6:.1f}M params, trained {args.steps} AdamW steps on the Python "
-        "standard library's sources",
+        f"- device: {info['device']}",
+        f"- {info['versions']}",
+        f"- state: {info['state']}",
         "",
         "Ratio = raw bytes / stored bytes; % bound = our gANS ratio / order-0 byte-plane bound. GB/s are of raw "
         "bytes. GPU kernel GB/s = byte planes + nvCOMP over the whole class buffer in one batch; end-to-end adds "
@@ -180,7 +202,7 @@ def main() -> None:
         "gANS e2e enc/dec GB/s | zstd e2e enc/dec GB/s | CPU zstd 1 thread GB/s | CPU zstd all threads GB/s |",
         "|" + "---|" * 10,
     ]
-    totals: dict[str, float] = {"bytes": 0, "ans_enc_s": 0, "ans_dec_s": 0, "zstd_enc_s": 0, "zstd_dec_s": 0}
+    whole: dict[str, Throughput] = collections.defaultdict(Throughput)  # per codec path, over the classes
     cctx = zstandard.ZstdCompressor(level=1)
     for name, data_typed in classes.items():
         dtype = data_typed.dtype
@@ -193,17 +215,22 @@ def main() -> None:
         cpu1 = cpu_rows(data_cpu, dtype, 1)
         cpun = cpu_rows(data_cpu, dtype, os.cpu_count() or 1)
         zstd_raw = cpu_n / len(cctx.compress(data_cpu.numpy()))
+        whole["CPU zstd 1 thread"].add(cpu_n, cpu1)
+        whole["CPU zstd all threads"].add(cpu_n, cpun)
         if gpu:
             ans = gpu_codec_rows(data, dtype, "ans")
             zst = gpu_codec_rows(data, dtype, "zstd")
             ans_e2e = end_to_end(data, dtype, "ans")
             zst_e2e = end_to_end(data, dtype, "zstd")
             raw_ratio, _ = ans_raw_bytes(data)
-            totals["bytes"] += data.numel()
-            totals["ans_enc_s"] += data.numel() / ans["enc"] / 1e9
-            totals["ans_dec_s"] += data.numel() / ans["dec"] / 1e9
-            totals["zstd_enc_s"] += data.numel() / zst["enc"] / 1e9
-            totals["zstd_dec_s"] += data.numel() / zst["dec"] / 1e9
+            kernel_and_e2e = {
+                "gANS kernel": ans,
+                "zstd kernel": zst,
+                "gANS end-to-end": ans_e2e,
+                "zstd end-to-end": zst_e2e,
+            }
+            for path, row in kernel_and_e2e.items():
+                whole[f"GPU {path}"].add(data.numel(), row)
             rows.append(
                 f"| {name} | {mb:.0f} | {bound:.3f} | {ans['ratio']:.3f} | {100 * ans['ratio'] / bound:.1f}% | "
                 f"{raw_ratio:.3f} | {zst['ratio']:.3f} | {cpu1['ratio']:.3f} | {zstd_raw:.3f} |"
@@ -222,11 +249,10 @@ def main() -> None:
     if sweep:
         lines += ["GPU chunk-size sweep (kernel level):", ""] + sweep + [""]
     if gpu:
-        gb = totals["bytes"]
+        (ans_enc, ans_dec), (zstd_enc, zstd_dec) = whole["GPU gANS kernel"].gbps(), whole["GPU zstd kernel"].gbps()
         lines.append(
-            f"Whole state ({gb / 1e9:.2f} GB): gANS encode {gb / totals['ans_enc_s'] / 1e9:.0f} GB/s, decode "
-            f"{gb / totals['ans_dec_s'] / 1e9:.0f} GB/s; GPU zstd encode {gb / totals['zstd_enc_s'] / 1e9:.1f} GB/s, "
-            f"decode {gb / totals['zstd_dec_s'] / 1e9:.1f} GB/s."
+            f"Whole state ({whole['GPU gANS kernel'].nbytes / 1e9:.2f} GB): gANS encode {ans_enc:.0f} GB/s, decode "
+            f"{ans_dec:.0f} GB/s; GPU zstd encode {zstd_enc:.1f} GB/s, decode {zstd_dec:.1f} GB/s."
         )
     state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
@@ -263,6 +289,13 @@ def main() -> None:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             f.write(report)
+    if args.json:
+        figures = {}
+        for path, speed in whole.items():
+            figures[f"{path} encode GB/s"], figures[f"{path} decode GB/s"] = speed.gbps()
+        for writer, nbytes, seconds, *_ in sizes:
+            figures[f"{writer} s"], figures[f"{writer} file MB"] = seconds, nbytes / 1e6
+        pathlib.Path(args.json).write_text(json.dumps({"figures": figures, "info": info}, indent=1))
 
 
 if __name__ == "__main__":
