@@ -36,10 +36,12 @@ SCRIPTS = {"codec": HERE / "codec_bench.py", "lightning": HERE / "lightning_benc
 #: Modules the scripts import that issue 33 moved: the name now -> the name before.
 MOVED = {
     "lightning_nvcomp._process": "lightning_nvcomp.resources",
-    "lightning_nvcomp.format.tree": "lightning_nvcomp.tree",
     "lightning_nvcomp.auto.probe": "lightning_nvcomp.probe",
     "lightning_nvcomp.storage.local": "lightning_nvcomp.storage",
 }
+#: Names the scripts import from a module both trees have, which the tree before issue 33 held elsewhere:
+#: (new module, name) -> old module.
+MOVED_NAMES = {("lightning_nvcomp.format.contents", "leaves"): "lightning_nvcomp.tree"}
 CHILD = "--run-script"  # argv[1] of the process that runs one benchmark on one tree
 
 
@@ -49,7 +51,8 @@ def has_module(tree: pathlib.Path, name: str) -> bool:
 
 
 def aliases_for(tree: pathlib.Path) -> dict[str, str]:
-    """The modules of ``MOVED`` that ``tree`` has only under their old names: new name -> old name."""
+    """The modules of ``MOVED`` that ``tree`` has only under their old names (new name -> old name), and the names of
+    ``MOVED_NAMES`` it holds in their old modules (``"module:name"`` -> old module)."""
     if not has_module(tree, "lightning_nvcomp"):
         raise SystemExit(f"{tree}: no lightning_nvcomp/ package there; give the folder that holds it")
     aliases = {}
@@ -58,6 +61,9 @@ def aliases_for(tree: pathlib.Path) -> dict[str, str]:
             if not has_module(tree, old):
                 raise SystemExit(f"{tree}: has neither {new} nor {old}, which the benchmark scripts import")
             aliases[new] = old
+    for (new, name), old in MOVED_NAMES.items():
+        if has_module(tree, old):
+            aliases[f"{new}:{name}"] = old
     return aliases
 
 
@@ -65,7 +71,11 @@ def run_script(tree: str, aliases: str, script: str, *args: str) -> None:
     """In a run's own process: run ``script`` as ``python script args`` would, on the package in ``tree``."""
     sys.path[0] = os.path.dirname(script)
     for new, old in json.loads(aliases).items():
-        sys.modules[new] = importlib.import_module(old)
+        module, _, name = new.partition(":")
+        if name:
+            setattr(importlib.import_module(module), name, getattr(importlib.import_module(old), name))
+        else:
+            sys.modules[new] = importlib.import_module(old)
     import lightning_nvcomp
 
     origin = pathlib.Path(lightning_nvcomp.__file__).resolve()
