@@ -1,4 +1,4 @@
-"""The model behind ``codec="auto"`` (see README "Choosing the codec"): what a save with each codec costs, and which
+"""The model behind ``codec="auto"`` (see docs/guides/codec-and-durability.md): what a save with each codec costs, and which
 one wins (:class:`~lightning_nvcomp.auto.policy.CodecPolicy` measures the inputs and learns them from real saves). A save
 of ``R`` raw bytes with a codec of ratio ``r`` and encode throughput ``E`` to storage that takes ``W`` bytes/s per
 writer costs
