@@ -1,7 +1,7 @@
-"""The model behind ``codec="auto"`` (see README "Choosing the codec"): what a save with each codec costs, and which
-one wins (:class:`~lightning_nvcomp.auto.policy.CodecPolicy` measures the inputs and learns them from real saves). A save
-of ``R`` raw bytes with a codec of ratio ``r`` and encode throughput ``E`` to storage that takes ``W`` bytes/s per
-writer costs
+"""The model behind ``codec="auto"`` (see docs/guides/codec-and-durability.md): what a save with each codec costs,
+and which one wins (:class:`~lightning_nvcomp.auto.policy.CodecPolicy` measures the inputs and learns them from real
+saves). A save of ``R`` raw bytes with a codec of ratio ``r`` and encode throughput ``E`` to storage that takes ``W``
+bytes/s per writer costs
 
 * ``encode = R / E`` and ``write = R / r / W``; ``E`` covers what training waits for: GPU coding and the copy of
   the compressed bytes to host memory (their CRC-32 runs on CPU threads while the next bytes are coded and written);
