@@ -14,17 +14,22 @@ checked, and the guides that list the package's commands, metrics and errors lis
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import io
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import lightning_nvcomp.errors
 from lightning_nvcomp.auto.prediction import Prediction
-from lightning_nvcomp.cli import build_parser
+from lightning_nvcomp.cli import build_parser, main
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.integrations.dcp.stats import DcpCheckpointStats
 from lightning_nvcomp.integrations.lightning.sharded import rank_metrics
@@ -76,6 +81,66 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     reference = (tmp_path / "site" / "reference" / "lightning_nvcomp" / "index.html").read_text()
     assert "max_decoded_nbytes" in reference  # load's docstring, rendered
     assert ":class:" not in reference  # the docstrings' Sphinx roles became links (scripts/griffe_roles.py)
+
+
+# the command line's guides: their commands run, and estimate's outputs are what it prints ------------------------
+
+#: The guides whose ```bash blocks hold only ``lightning-nvcomp`` commands, each run in the directory where the
+#: guide's Python blocks ran; a command exits 0 unless its comment says ``# exit N``.
+CLI_GUIDES = ["cli.md", "estimate.md"]
+#: The guides where a ```text block right after a one-command ```bash block is that command's whole output, exactly
+#: (``estimate`` is arithmetic; the other commands print timings).
+EXACT_OUTPUT = ["estimate.md"]
+
+
+def _command(line: str) -> tuple[list[str], int]:
+    """A guide's command line as argv for ``python -m lightning_nvcomp``, and the exit status it expects."""
+    command, _, comment = line.partition("  #")
+    argv = shlex.split(command)
+    assert argv[0] == "lightning-nvcomp", f"not a lightning-nvcomp command: {line}"
+    expected = re.search(r"\bexit (\d)\b", comment)
+    return argv[1:], int(expected.group(1)) if expected else 0
+
+
+def _cli(argv: list[str]) -> tuple[int, str, str]:
+    """Run the command line in this process (in the working directory): its exit status, stdout and stderr. The
+    commands leave torch on one thread (``lightning_nvcomp.cli.common.serial_torch``): put back here."""
+    out, err = io.StringIO(), io.StringIO()
+    threads = torch.get_num_threads()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = main(argv)
+    except SystemExit as stopped:  # argparse's
+        status = int(stopped.code or 0)
+    finally:
+        torch.set_num_threads(threads)
+    return status, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("name", CLI_GUIDES)
+def test_the_command_line_guides_commands_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    page = DOCS / "guides" / name
+    monkeypatch.chdir(tmp_path)
+    for block in doc_blocks.blocks(page, "python"):
+        proc = doc_blocks.run(block, tmp_path, gpu=gpu_available())
+        assert proc.returncode == 0, f"{_name(block)}: {proc.stderr[-4000:]}"
+    found = doc_blocks.blocks(page)
+    commands = 0
+    for i, block in enumerate(found):
+        if block.language != "bash":
+            continue
+        lines = [line for line in block.code.splitlines() if line.strip()]
+        for line in lines:
+            argv, expected = _command(line)
+            status, out, err = _cli(argv)
+            assert status == expected, f"{_name(block)}: {line} exited {status}\n{out[-2000:]}\n{err[-4000:]}"
+            commands += 1
+        after = found[i + 1] if i + 1 < len(found) else None
+        if name in EXACT_OUTPUT and after is not None and after.language == "text" and len(lines) == 1:
+            between = page.read_text().splitlines()[block.line + len(block.code.splitlines()) + 1 : after.line - 1]
+            if not any(line.strip() for line in between):  # the text block follows the command directly
+                assert out == after.code, f"{_name(after)} is not what `{lines[0]}` prints:\n{out}"
+    assert commands >= 3, name
 
 
 # the guides that list what the package has ---------------------------------------------------------------------
