@@ -83,6 +83,15 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert ":class:" not in reference  # the docstrings' Sphinx roles became links (scripts/griffe_roles.py)
 
 
+def test_the_home_page_states_the_readmes_measured_figure() -> None:
+    # one figure, stated in two places: the home page repeats the README's, word for word
+    marker = "<!-- the measured figure, as README.md states it"
+    home = (DOCS / "index.md").read_text()
+    assert marker in home
+    figure = " ".join(home.split(marker, 1)[1].split("-->", 1)[1].strip().split("\n\n", 1)[0].split())
+    assert "**" in figure and figure in " ".join((REPO_ROOT / "README.md").read_text().split()), figure
+
+
 # the command line's guides: their commands run, and estimate's outputs are what it prints ------------------------
 
 #: The guides whose ```bash blocks hold only ``lightning-nvcomp`` commands, each run in the directory where the
