@@ -66,21 +66,63 @@ def test_the_guides_have_examples_that_run_and_markers_that_say_why() -> None:
     assert all(block.not_run for block in PYTHON_BLOCKS if block.not_run is not None), "a marker without a reason"
 
 
-def test_the_site_builds_strictly(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=REPO_ROOT,
+def _mkdocs_build(root: Path, site: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=root,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    proc = _mkdocs_build(REPO_ROOT, tmp_path / "site")
     assert proc.returncode == 0, proc.stderr[-6000:]
     for page in ("index.html", "guides/cli/index.html", "reference/lightning_nvcomp/index.html"):
         assert (tmp_path / "site" / page).is_file(), page
     reference = (tmp_path / "site" / "reference" / "lightning_nvcomp" / "index.html").read_text()
     assert "max_decoded_nbytes" in reference  # load's docstring, rendered
     assert ":class:" not in reference  # the docstrings' Sphinx roles became links (scripts/griffe_roles.py)
+
+
+def test_a_page_showing_a_root_file_keeps_its_links_working(tmp_path: Path) -> None:
+    # BENCHMARKS.md and CHANGELOG.md link relative to the repository root; shown on docs/benchmarks.md and
+    # docs/changelog.md (scripts/mkdocs_hooks.py), each kind of link still leads where it did
+    for path, text in {
+        "docs/index.md": "# Home\n",
+        "docs/benchmarks.md": '--8<-- "BENCHMARKS.md"\n',
+        "benchmarks/codec_bench.py": "print()\n",
+        "tests/README.md": "# Tests\n",
+        "BENCHMARKS.md": "# Benchmarks\n\n![ratio](benchmarks/results/plots/ratio.png)\n\n[the script](benchmarks/"
+        "codec_bench.py), [home](docs/index.md#home), [the tests](tests/README.md), [the results](benchmarks/"
+        "results/), [this](#benchmarks).\n",
+        "mkdocs.yml": f"site_name: t\nrepo_url: https://example.org/r\nnav: [index.md, benchmarks.md]\n"
+        f"validation: {{anchors: warn}}\nhooks: [{REPO_ROOT / 'scripts' / 'mkdocs_hooks.py'}]\n",
+    }.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    plot = tmp_path / "benchmarks" / "results" / "plots" / "ratio.png"
+    plot.parent.mkdir(parents=True)
+    plot.write_bytes(bytes(range(256)))
+    proc = _mkdocs_build(tmp_path, tmp_path / "site")
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    page = (tmp_path / "site" / "benchmarks" / "index.html").read_text()
+    for link in (
+        'src="results/plots/ratio.png"',  # a plot, copied into the site
+        'href="codec_bench.py"',  # a script, copied too
+        'href="../#home"',  # a page of the site
+        'href="https://example.org/r/blob/main/tests/README.md"',  # Markdown outside docs/: the repository's page
+        'href="https://example.org/r/tree/main/benchmarks/results"',  # a folder: the repository's page
+        'href="#benchmarks"',
+    ):
+        assert link in page, link
+    assert (tmp_path / "site" / "benchmarks" / "results" / "plots" / "ratio.png").read_bytes() == plot.read_bytes()
+
+    (tmp_path / "BENCHMARKS.md").write_text("# Benchmarks\n\n[gone](benchmarks/results/gone.json)\n")
+    proc = _mkdocs_build(tmp_path, tmp_path / "site")
+    assert proc.returncode != 0 and "benchmarks/results/gone.json" in proc.stderr, proc.stderr[-3000:]
 
 
 def test_the_home_page_states_the_readmes_measured_figure() -> None:
