@@ -232,8 +232,8 @@ class SaveOptions:
             **given: the entry point's keyword arguments, by field name (None: not given).
 
         Raises:
-            ValueError, TypeError, CodecUnavailableError: as :class:`SaveOptions`; ValueError also for a field that
-            ``owner`` does not use, TypeError for ``options`` that is not a SaveOptions.
+            ValueError, TypeError, CodecUnavailableError: as :class:`SaveOptions`; ValueError also for a field
+                that ``owner`` does not use, TypeError for ``options`` that is not a SaveOptions.
         """
         if options is not None and not isinstance(options, SaveOptions):
             raise TypeError(f"{owner}: options must be a SaveOptions, not {options!r}")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (Python >= 3.10) with a CPU build of torch and lightning-nvcomp installed editable with its `dev`
-# extra (the test suite's needs: both frameworks, the loggers, ruff and mypy). Idempotent: a second run only checks.
+# extra (the test suite's needs: both frameworks, the loggers, ruff and mypy, and the `docs` extra: MkDocs and
+# mkdocstrings for the documentation site). Idempotent: a second run only checks.
 # Real users install the framework they use and nvCOMP, e.g. `pip install ".[lightning,cu12]"` from a clone (README).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -128,8 +128,9 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         staging_nbytes: deprecated: ``staging_mb`` in bytes.
         process_group: the group ``"auto"`` broadcasts its decision in and :meth:`gather_stats` gathers over
             (default: the default group; must be the group DCP saves with).
-        Other arguments are ``FileSystemWriter``'s; ``_extensions`` is refused (stream transforms would
-        re-encode compressed bytes).
+
+    Other arguments are ``FileSystemWriter``'s; ``_extensions`` is refused (stream transforms would re-encode
+    compressed bytes).
 
     Raises:
         ValueError: an unknown codec or ``stage_compress``, a ``staging_mb`` or ``thread_count`` that is not

@@ -273,7 +273,8 @@ class NvcompFSDPStrategy(CompressedShardedSaves, FSDPStrategy):
         state_on_gpu: collect the sharded state without CPU offload, so shards are coded on the GPU (FSDP keeps its
             copy of the rank's weights and optimizer state on the GPU until the save ends); False: Lightning's
             offload. Ignored with ``cpu_offload`` and for ``state_dict_type="full"``.
-        *args, **kwargs: ``FSDPStrategy``'s.
+        *args: ``FSDPStrategy``'s positional arguments.
+        **kwargs: ``FSDPStrategy``'s keyword arguments.
 
     Raises:
         ValueError, CodecUnavailableError: as :class:`~lightning_nvcomp.options.SaveOptions` (an unknown codec, a size
@@ -334,7 +335,8 @@ class NvcompModelParallelStrategy(CompressedShardedSaves, ModelParallelStrategy)
         state_on_gpu: collect the distributed state without CPU offload, so shards are coded on the GPU (no extra
             GPU memory: the writer gets the sharded tensors themselves); False: Lightning's offload. Ignored with
             ``save_distributed_checkpoint=False``.
-        *args, **kwargs: ``ModelParallelStrategy``'s.
+        *args: ``ModelParallelStrategy``'s positional arguments.
+        **kwargs: ``ModelParallelStrategy``'s keyword arguments.
 
     Raises:
         ValueError, CodecUnavailableError: as :class:`~lightning_nvcomp.options.SaveOptions` (an unknown codec, a size
