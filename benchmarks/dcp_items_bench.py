@@ -3,8 +3,7 @@ bias-sized) trained on the standard library's sources, model + AdamW state saved
 DCP's ``FileSystemWriter``/``Reader`` and ours, next to our single-file save of the same state and to DCP's own cost
 (a writer that writes no item: planning, resolving and the metadata file). Per-item costs show here: the bytes are
 few, the items many. Median of ``--repeat`` runs after a warm-up; files fsynced; each ``dcp.save`` into a fresh
-directory, emptied before its timing (until round 14 the timing included removing the previous one). Then the
-target's own figure, as a ratio that a machine's drifting speed does not skew: our ``dcp.save`` against our
+directory, emptied before its timing. Then the target's own figure, as a ratio that a machine's drifting speed does not skew: our ``dcp.save`` against our
 single-file save in ``--pairs`` alternating pairs, the median of the pairs' ratios.
 
     python benchmarks/dcp_items_bench.py --json benchmarks/results/dcp_items/latest-cpu.json            # CPU: zstd
