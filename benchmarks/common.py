@@ -112,6 +112,7 @@ def environment() -> dict:
         "gpu_memory_gb": round(torch.cuda.get_device_properties(0).total_memory / 1e9, 1) if gpu else None,
         "cpu": cpu,
         "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
         "memory_gb": round(mem_kb / 1e6, 1),
         "load_1min": round(os.getloadavg()[0], 2),  # other work on the machine as the run began
     }
@@ -130,15 +131,19 @@ def environment() -> dict:
     return {"hardware": hardware, "versions": versions}
 
 
+#: Options naming where a benchmark writes (its result, its report, its scratch folders): left out of its command.
+WHERE_OPTIONS = ("--json", "--out", "--dir", "--log", "--state-cache")
+
+
 def command_line() -> str:
-    """The command that ran this benchmark, as run from the repository's root, without its output options (``--json``,
-    ``--out``): under torchrun, torchrun's."""
+    """The command that ran this benchmark, as run from the repository's root, without the options of ``WHERE_OPTIONS``;
+    under torchrun, torchrun's."""
     args, skip = [], False
     for arg in sys.argv[1:]:
-        if skip or arg in ("--json", "--out"):
+        if skip or arg in WHERE_OPTIONS:
             skip = not skip
             continue
-        if not arg.startswith(("--json=", "--out=")):
+        if not arg.startswith(tuple(f"{option}=" for option in WHERE_OPTIONS)):
             args.append(arg)
     script = pathlib.Path(sys.argv[0]).resolve()
     shown = str(script.relative_to(REPO)) if script.is_relative_to(REPO) else str(script)
