@@ -1,7 +1,7 @@
 """Accelerate benchmark: ``accelerator.save_state`` time and size, plain vs with lightning_nvcomp attached (sync and
 async), and ``load_state`` time, on a GPT trained on real text, in one run.
 
-    python benchmarks/accelerate_bench.py --steps 100 --out benchmarks/results/accelerate.md
+    python benchmarks/accelerate_bench.py --steps 100 --out /tmp/accelerate.md
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ zeroed model and optimizer through ``load_state``, its time and whether every ra
 Accelerate runs FSDP only on an accelerator: this needs a GPU per process.
 
     torchrun --nproc_per_node 1 benchmarks/accelerate_fsdp_bench.py --dim 1024 --layers 20 --repeat 3 --out a.md
+    torchrun --nproc_per_node 2 benchmarks/accelerate_fsdp_bench.py --json benchmarks/results/accelerate_fsdp/latest-gpu.json
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from lightning_nvcomp.codec.gpu import nvcomp_version
 from lightning_nvcomp.integrations.accelerate.attach import attach
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
-from common import local_tensors, publish, same_bytes, sync  # noqa: E402
+from common import local_tensors, publish, same_bytes, sync, write_result  # noqa: E402
 from gpt import GPT, Block, stdlib_corpus  # noqa: E402
 
 
@@ -71,6 +72,7 @@ def main() -> None:
     parser.add_argument("--dir", default="/tmp/accelerate-fsdp-bench")
     parser.add_argument("--label", default="the local disk", help="where --dir is, for the report")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--json", default=None, help="write the result here as JSON (benchmarks/report.py)")
     args = parser.parse_args()
     gpu = torch.cuda.is_available()  # else a smoke test: Accelerate then ignores the FSDP plugin
 
@@ -159,10 +161,26 @@ def main() -> None:
         "extra GPU GB | load_state s (rep 0, 1, ...) | bit-exact |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    rows = []
     for name, _ in methods:
         blocked = [b for b, *_ in saves[name]]
         median = statistics.median(blocked[1:] or blocked)
         nbytes, extra, chose = saves[name][-1][1], max(e for _, _, e, _ in saves[name]), saves[name][-1][3]
+        rows.append(
+            {
+                "method": name,
+                "codec": chose,
+                "save_s": median,
+                "save_s_reps": blocked,
+                "vs_accelerate": median / own_blocked,
+                "gb": nbytes / 1e9,
+                "ratio": own_bytes / nbytes,
+                "extra_gpu_gb": extra,
+                "load_s": statistics.median(s for s, _ in loads[name]),
+                "load_s_reps": [s for s, _ in loads[name]],
+                "exact": all(ok for _, ok in loads[name]),
+            }
+        )
         lines.append(
             f"| {name} | {chose} | {' / '.join(f'{b:.2f}' for b in blocked)} | {median:.2f} | "
             f"{median / own_blocked:.2f}x | {nbytes / 1e9:.3f} | {own_bytes / nbytes:.3f} | {extra:.2f} | "
@@ -170,6 +188,19 @@ def main() -> None:
             f"{'yes' if all(ok for _, ok in loads[name]) else 'NO'} |"
         )
     publish(lines, args.out)
+    write_result(
+        args.json,
+        "accelerate_fsdp",
+        setup=f"{accelerator.num_processes} process(es), {accelerator.distributed_type}; byte-level GPT, "
+        f"{n_params / 1e6:.1f}M params, {args.steps} AdamW steps (bf16 mixed) on the Python standard library's sources; "
+        f"rank 0's model shards + optimizer state {raw / 1e9:.2f} GB; saved to {args.label}, files fsynced",
+        repetitions=args.repeat,
+        statistic=f"save_state: median of reps 1 to {args.repeat - 1} (rep 0 is each method's first save); "
+        f"load_state: median of {args.repeat}; methods in turn, in reverse order every other repetition",
+        rows=rows,
+        processes=accelerator.num_processes,
+        distributed_type=str(accelerator.distributed_type),
+    )
     shutil.rmtree(args.dir, ignore_errors=True)
 
 

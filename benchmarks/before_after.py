@@ -3,7 +3,7 @@ package trees, before, after, before, after ... for N rounds in one run, each ru
 ``PYTHONPATH=<tree>``. Writes every run's figures and, per figure, each tree's median (min-max) and the median of the
 rounds' after/before ratios, as ``<out>/<name>.json`` and a Markdown table ``<out>/<name>.md``.
 
-    python benchmarks/before_after.py --before ../main --after . --rounds 7 --name cpu --out benchmarks/results/house \\
+    python benchmarks/before_after.py --before ../main --after . --rounds 7 --name cpu --out /tmp/before-after \\
         --codec-args "--device cpu --dim 384 --layers 4 --steps 20 --batch 2" \\
         --lightning-args "--dim 384 --layers 4 --steps 20 --batch 2 --codec zstd --probe-mb 64 --repeat 3"
 

@@ -1,9 +1,10 @@
 """Codec benchmark on a GPT trained on real text: ratio per tensor class against the order-0 byte-plane bound,
-against gANS on raw bytes and CPU zstd, and encode/decode throughput. Writes a Markdown report (and with --json the
-whole state's figures, for benchmarks/before_after.py).
+against gANS on raw bytes and CPU zstd, and encode/decode throughput. Writes a Markdown report, and with --json its
+result (each class's figures, the whole file's, and the whole state's for benchmarks/before_after.py), which
+benchmarks/report.py turns into BENCHMARKS.md.
 
-    python benchmarks/codec_bench.py --steps 300 --out benchmarks/results/codec.md          # on a GPU
-    python benchmarks/codec_bench.py --device cpu --dim 256 --layers 4 --steps 100           # CPU only
+    python benchmarks/codec_bench.py --steps 300 --json benchmarks/results/codec/latest-gpu.json     # on a GPU
+    python benchmarks/codec_bench.py --device cpu --dim 256 --layers 4 --steps 100                   # CPU only
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
-import json
 import os
 import pathlib
 import platform
@@ -29,7 +29,7 @@ from lightning_nvcomp.codec import engines, planes, record
 from lightning_nvcomp.codec.gpu import gpu_available, nvcomp_version
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
-from common import sync, trained_gpt  # noqa: E402
+from common import sync, trained_gpt, write_result  # noqa: E402
 from gpt import state_by_class  # noqa: E402
 
 
@@ -157,7 +157,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--cpu-sample-mb", type=int, default=256, help="bytes of each class coded on the CPU")
     parser.add_argument("--out", default=None, help="write the Markdown report here too")
-    parser.add_argument("--json", default=None, help="write the whole state's figures here as JSON")
+    parser.add_argument("--json", default=None, help="write the result here as JSON (benchmarks/report.py)")
     parser.add_argument("--state-cache", default=None, help="folder keeping the trained state between runs")
     parser.add_argument("--sweep", action="store_true", help="also sweep GPU chunk sizes")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of one end-to-end encode")
@@ -202,6 +202,7 @@ def main() -> None:
         "gANS e2e enc/dec GB/s | zstd e2e enc/dec GB/s | CPU zstd 1 thread GB/s | CPU zstd all threads GB/s |",
         "|" + "---|" * 10,
     ]
+    classes_out = []  # each class's figures, for the JSON
     whole: dict[str, Throughput] = collections.defaultdict(Throughput)  # per codec path, over the classes
     cctx = zstandard.ZstdCompressor(level=1)
     for name, data_typed in classes.items():
@@ -217,6 +218,18 @@ def main() -> None:
         zstd_raw = cpu_n / len(cctx.compress(data_cpu.numpy()))
         whole["CPU zstd 1 thread"].add(cpu_n, cpu1)
         whole["CPU zstd all threads"].add(cpu_n, cpun)
+        figures = {
+            "class": name,
+            "mb": mb,
+            "bound": bound,
+            "cpu_sample_mb": cpu_n / 1e6,
+            "cpu_zstd_ratio": cpu1["ratio"],
+            "zstd1_raw_ratio": zstd_raw,
+            "cpu_zstd_1thread_enc_gbps": cpu1["enc"],
+            "cpu_zstd_1thread_dec_gbps": cpu1["dec"],
+            "cpu_zstd_threads_enc_gbps": cpun["enc"],
+            "cpu_zstd_threads_dec_gbps": cpun["dec"],
+        }
         if gpu:
             ans = gpu_codec_rows(data, dtype, "ans")
             zst = gpu_codec_rows(data, dtype, "zstd")
@@ -231,6 +244,20 @@ def main() -> None:
             }
             for path, row in kernel_and_e2e.items():
                 whole[f"GPU {path}"].add(data.numel(), row)
+            figures |= {
+                "ans_ratio": ans["ratio"],
+                "ans_raw_ratio": raw_ratio,
+                "gpu_zstd_ratio": zst["ratio"],
+                "ans_layout": ans["layout"],
+                "ans_enc_gbps": ans["enc"],
+                "ans_dec_gbps": ans["dec"],
+                "gpu_zstd_enc_gbps": zst["enc"],
+                "gpu_zstd_dec_gbps": zst["dec"],
+                "ans_e2e_enc_gbps": ans_e2e["enc"],
+                "ans_e2e_dec_gbps": ans_e2e["dec"],
+                "gpu_zstd_e2e_enc_gbps": zst_e2e["enc"],
+                "gpu_zstd_e2e_dec_gbps": zst_e2e["dec"],
+            }
             rows.append(
                 f"| {name} | {mb:.0f} | {bound:.3f} | {ans['ratio']:.3f} | {100 * ans['ratio'] / bound:.1f}% | "
                 f"{raw_ratio:.3f} | {zst['ratio']:.3f} | {cpu1['ratio']:.3f} | {zstd_raw:.3f} |"
@@ -243,6 +270,7 @@ def main() -> None:
         else:
             rows.append(f"| {name} | {mb:.0f} | {bound:.3f} | - | - | - | - | {cpu1['ratio']:.3f} | {zstd_raw:.3f} |")
             speed.append(f"| {name} | - | - | - | - | - | - | - | {cpu1['enc']:.2f} | {cpun['enc']:.2f} |")
+        classes_out.append(figures)
         print(rows[-1], flush=True)
         print(speed[-1], flush=True)
     lines += rows + [""] + speed + [""]
@@ -289,13 +317,26 @@ def main() -> None:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             f.write(report)
-    if args.json:
-        figures = {}
-        for path, speed in whole.items():
-            figures[f"{path} encode GB/s"], figures[f"{path} decode GB/s"] = speed.gbps()
-        for writer, nbytes, seconds, *_ in sizes:
-            figures[f"{writer} s"], figures[f"{writer} file MB"] = seconds, nbytes / 1e6
-        pathlib.Path(args.json).write_text(json.dumps({"figures": figures, "info": info}, indent=1))
+    figures = {}  # the whole state's, flat: what benchmarks/before_after.py compares
+    for path, speed in whole.items():
+        figures[f"{path} encode GB/s"], figures[f"{path} decode GB/s"] = speed.gbps()
+    for writer, nbytes, seconds, *_ in sizes:
+        figures[f"{writer} s"], figures[f"{writer} file MB"] = seconds, nbytes / 1e6
+    write_result(
+        args.json,
+        "codec",
+        setup=f"{info['state']}; {len(classes)} tensor classes of its checkpoint, each coded as one buffer; CPU rows on "
+        f"the first {args.cpu_sample_mb} MiB of each class",
+        repetitions=3,
+        statistic="median of 3 after a warm-up (CPU zstd: of 5; the whole-file saves: the second of two)",
+        rows=classes_out,
+        files=[
+            {"writer": w, "mb": s / 1e6, "ratio": sizes[0][1] / s, "save_s": t[0], "first_save_s": t[-1]}
+            for w, s, *t in sizes
+        ],
+        figures=figures,
+        info=info,
+    )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ on a GPU, auto), in the same run, on the same state. Measures the ``dcp.save`` t
 run in turn, in reverse order every other repetition (no method always follows the same one); a summary gives each
 method's median. Runs on a GPU (state on the GPU, nvCOMP) or on the CPU.
 
-    python benchmarks/dcp_bench.py --steps 300 --out benchmarks/results/dcp.md
+    python benchmarks/dcp_bench.py --steps 300 --json benchmarks/results/dcp/latest-gpu.json
     python benchmarks/dcp_bench.py --dim 64 --layers 2 --steps 20 --out /tmp/dcp.md   # CPU smoke test
     python benchmarks/dcp_bench.py --methods "FileSystemWriter,Nvcomp ans,Nvcomp auto" --repeat 3   # a subset
 """
@@ -36,7 +36,7 @@ from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from dcp_items_bench import StoresNothing  # noqa: E402
 
-from common import Collections, local_tensors, publish, sync  # noqa: E402
+from common import Collections, local_tensors, publish, sync, write_result  # noqa: E402
 from gpt import GPT, stdlib_corpus, train  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
@@ -260,6 +260,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="measured repetitions per method")
     parser.add_argument("--methods", help="comma-separated method names to run (default: all)")
     parser.add_argument("--out", help="write the Markdown table here")
+    parser.add_argument("--json", help="write the result here as JSON (benchmarks/report.py)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -334,6 +335,37 @@ def main() -> None:
             f"{r['extra_gb']:.2f} / {r['load_gb']:.2f} | {r['pinned_gb']:.2f} | {r['pool_gb']:.2f} | {'yes' if r['exact'] else 'NO'} |"
         )
     publish(lines + summary(rows), args.out)
+    write_result(
+        args.json,
+        "dcp",
+        setup=f"one rank; byte-level GPT, {params / 1e6:.1f}M params, {args.steps} AdamW steps on the Python standard "
+        f"library's sources; state = model + AdamW (get_state_dict), {raw / 1e6:.1f} MB on {args.device}; files fsynced",
+        repetitions=args.repeat,
+        statistic=f"median of {args.repeat} after a warm-up save, the methods in turn (in reverse order every other "
+        "repetition)",
+        rows=medians(rows),
+        raw_mb=raw / 1e6,
+    )
+
+
+def medians(rows: list[dict]) -> list[dict]:
+    """Each method's figures, the median over its repetitions (its sizes and extra memory: the largest)."""
+    by_method: dict[str, list[dict]] = {}
+    for r in rows:
+        by_method.setdefault(r["method"], []).append(r)
+    keys = ("save_s", "blocked_s", "stage_s", "async_s", "load_s")
+    return [
+        {
+            "method": method,
+            "codec": found[-1]["codec"],
+            **{k: statistics.median(r[k] for r in found) for k in keys},
+            "mb": max(r["bytes"] for r in found) / 1e6,
+            "extra_gpu_gb": max(r["extra_gb"] for r in found),
+            "load_extra_gpu_gb": max(r["load_gb"] for r in found),
+            "exact": all(r["exact"] for r in found),
+        }
+        for method, found in by_method.items()
+    ]
 
 
 if __name__ == "__main__":

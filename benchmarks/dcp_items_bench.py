@@ -3,12 +3,11 @@ bias-sized) trained on the standard library's sources, model + AdamW state saved
 DCP's ``FileSystemWriter``/``Reader`` and ours, next to our single-file save of the same state and to DCP's own cost
 (a writer that writes no item: planning, resolving and the metadata file). Per-item costs show here: the bytes are
 few, the items many. Median of ``--repeat`` runs after a warm-up; files fsynced; each ``dcp.save`` into a fresh
-directory, emptied before its timing (until round 14 the timing included removing the previous one). Then the
-target's own figure, as a ratio that a machine's drifting speed does not skew: our ``dcp.save`` against our
+directory, emptied before its timing. Then the target's own figure, as a ratio that a machine's drifting speed does not skew: our ``dcp.save`` against our
 single-file save in ``--pairs`` alternating pairs, the median of the pairs' ratios.
 
-    python benchmarks/dcp_items_bench.py --out benchmarks/results/dcp_items_cpu.md        # CPU: zstd
-    python benchmarks/dcp_items_bench.py --device cuda --codec ans --out ...               # on a GPU
+    python benchmarks/dcp_items_bench.py --json benchmarks/results/dcp_items/latest-cpu.json            # CPU: zstd
+    python benchmarks/dcp_items_bench.py --device cuda --codec ans --json .../latest-gpu.json             # on a GPU
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from lightning_nvcomp._compat.dcp import StorageInfo
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
-from common import local_tensors, publish, same_bytes, sync  # noqa: E402
+from common import local_tensors, publish, same_bytes, sync, write_result  # noqa: E402
 from gpt import GPT, stdlib_corpus, train  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
@@ -157,6 +156,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=12, help="alternating pairs for the ratio (0: none)")
     parser.add_argument("--dir", default="/tmp/dcp-items-bench")
     parser.add_argument("--out", help="write the Markdown table here too")
+    parser.add_argument("--json", help="write the result here as JSON (benchmarks/report.py)")
     args = parser.parse_args()
 
     build = issue_state if args.state == "issue" else many_items_state
@@ -225,6 +225,22 @@ def main() -> None:
             f"**{statistics.median(ratios):.2f}x** (quartiles {low:.2f}-{high:.2f}x).",
         ]
     publish(lines, args.out)
+    write_result(
+        args.json,
+        "dcp_items",
+        setup=f"one process; GPT dim {args.dim}, {args.layers} layers, trained {args.steps} AdamW steps on the standard "
+        f"library's sources{' (issue 14 shape: small vectors, the rest joined into 3 tensors)' if args.state == 'issue' else ''}: "
+        f"{len(tensors)} tensors ({small} under 64 KiB), {raw / 1e6:.0f} MB on {args.device}; codec {args.codec}; "
+        "files fsynced, each dcp.save into a fresh directory",
+        repetitions=args.repeat,
+        statistic=f"median of {args.repeat} after a warm-up; the ratio: median of {len(ratios)} alternating pairs",
+        rows=[{"path": name, "save_s": s, "load_s": ld, "mb": n and n / 1e6} for name, s, ld, n in rows],
+        tensors=len(tensors),
+        small_tensors=small,
+        raw_mb=raw / 1e6,
+        dcp_over_single=statistics.median(ratios) if ratios else None,
+        dcp_over_single_pairs=ratios,
+    )
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ CheckpointIO the way the Trainer calls it. Measures the time training is blocked
 is durable (written and fsynced), the peak extra GPU memory, the file size, and the time to resume from the file
 onto the GPU (checked bit-exact against the saved state).
 
-    python benchmarks/lightning_bench.py --steps 200 --out benchmarks/results/lightning.md
+    python benchmarks/lightning_bench.py --steps 200 --out /tmp/lightning.md
     python benchmarks/lightning_bench.py --dim 256 --layers 4 --steps 20 --batch 4 --codec zstd --probe-mb 64  # CPU
 """
 

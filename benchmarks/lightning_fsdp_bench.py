@@ -7,7 +7,7 @@ zeroed model and optimizer (bit-exact on every rank: Lightning's checkpoint by L
 and both on one process (resharded to 1; Lightning's by DCP's reader, ours by ours), where ours must equal
 Lightning's bit for bit.
 
-    torchrun --nproc_per_node 2 benchmarks/lightning_fsdp_bench.py --out benchmarks/results/lightning_fsdp.md
+    torchrun --nproc_per_node 2 benchmarks/lightning_fsdp_bench.py --out /tmp/lightning_fsdp.md
     torchrun --nproc_per_node 2 benchmarks/lightning_fsdp_bench.py --strategy mp --dim 64 --layers 2 --steps 3 --dir /tmp/lf  # CPU
 """
 

@@ -5,7 +5,7 @@ the save blocked training, write time, peak extra GPU memory; the storage probe'
 the saves achieved; the codec ``auto`` chose and the predictions it chose on. Then the gANS checkpoint is loaded
 back bit-exactly on the same ranks, and on one process (a different number of GPUs).
 
-    torchrun --nproc_per_node 2 benchmarks/multigpu_bench.py --out benchmarks/results/multigpu.md
+    torchrun --nproc_per_node 2 benchmarks/multigpu_bench.py --out /tmp/multigpu.md
     torchrun --nproc_per_node 2 benchmarks/multigpu_bench.py --dim 64 --layers 2 --steps 3 --dir /tmp/mg   # CPU
 """
 

@@ -3,7 +3,7 @@ back through ``NvcompFileSystemReader`` and through DCP's ``FileSystemReader``, 
 median of ``--repeat`` loads each after two warm-ups (the file in the page cache). What a resume from an uncompressed
 sharded checkpoint costs with our reader, which checks every storage's CRC-32 where DCP's reader checks none.
 
-    python benchmarks/plain_read_bench.py --out benchmarks/results/round7/plain_read_cpu.md
+    python benchmarks/plain_read_bench.py --out /tmp/plain_read_cpu.md
 """
 
 from __future__ import annotations

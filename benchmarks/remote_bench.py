@@ -3,7 +3,7 @@ HTTP, through s3fs), ours (zstd and none) against Lightning's TorchCheckpointIO 
 byte-level GPT trained on the standard library's sources (real weights and AdamW moments, not random), and the
 bandwidth the storage probe reports there.
 
-    python benchmarks/remote_bench.py --out benchmarks/results/remote/remote.md
+    python benchmarks/remote_bench.py --json benchmarks/results/remote/latest-cpu.json
 
 The moto server runs in a process of its own (``python -m moto.server``) on the same CPU cores as the coder, so its
 figures are those of a local S3 emulator, not of a real object store: they show the code path (multipart parts in
@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 
-from common import publish, same_bytes  # noqa: E402
+from common import publish, same_bytes, write_result  # noqa: E402
 from gpt import GPT, stdlib_corpus, train  # noqa: E402
 
 
@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--part-mb", type=int, default=16)
     parser.add_argument("--parallel", type=int, default=8)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--json", default=None, help="write the result here as JSON (benchmarks/report.py)")
     args = parser.parse_args()
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
@@ -175,6 +176,29 @@ def main() -> None:
         "link is slower than the coder (see README, *Choosing the codec*).",
     ]
     publish(lines, args.out)
+    write_result(
+        args.json,
+        "remote",
+        setup=f"byte-level GPT, {n_params / 1e6:.1f}M parameters, {args.steps} AdamW steps on the standard library's "
+        f"sources: {raw_mb:.1f} MB of tensors; S3 = moto's server (a process of its own on this machine, HTTP on "
+        f"127.0.0.1) through s3fs; our uploads in {args.part_mb} MiB parts, {args.parallel} at once",
+        repetitions=args.repeats,
+        statistic=f"median of {args.repeats} saves and loads after a warm-up round; every load checked bit-exact",
+        rows=[
+            {
+                "io": name,
+                "mb": size_mb,
+                "ratio": base / size_mb,
+                "save_s": save_s,
+                "load_s": load_s,
+                "first_save_s": first,
+            }
+            for name, size_mb, save_s, load_s, first in rows
+        ],
+        probe_mbps=probe_gbps * 1e3,
+        probe_s=probe_s,
+        multipart_uploads_left=len(uploads),
+    )
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ same-rank load, onto the device and into CPU tensors (``--profile``: a cProfile 
 their state stays on the GPU, so our reader decodes there. Loads are bit-exact: the one-rank loads against the
 trained state, the two-rank loads of our files against those of DCP's.
 
-    python benchmarks/reshard_bench.py --out benchmarks/results/round9/reshard.md             # on a GPU
+    python benchmarks/reshard_bench.py --out /tmp/reshard.md                        # on a GPU
     python benchmarks/reshard_bench.py --dim 64 --layers 2 --steps 3 --device cpu            # CPU smoke test
 """
 

@@ -3,8 +3,11 @@ with AdamW, a checkpoint every N steps (``ModelCheckpoint(every_n_train_steps=N)
 checkpoint IO. Lost time = the fit's wall time over the same fit without checkpoints, both in fresh processes on the
 same storage (the last save's write included: every IO's teardown waits for it).
 
-    python benchmarks/steady_bench.py --out benchmarks/results/steady/disk.md
-    python benchmarks/steady_bench.py --cgroup /sys/fs/cgroup/lnv --label "200 MB/s" --out .../throttled.md
+    python benchmarks/steady_bench.py --json benchmarks/results/steady/latest-gpu.json
+    python benchmarks/steady_bench.py --cgroup /sys/fs/cgroup/lnv --label "200 MB/s" --out /tmp/throttled.md
+
+The result (``--json``) keeps every save's ``nvcomp/`` metrics of our IOs and the step it was made at: the savings
+over the run that ``benchmarks/report.py`` plots.
 
 ``--cgroup DIR``: each fit's process moves itself into that cgroup (v2) first, so an ``io.max`` set there throttles
 its writes, page-cache writeback included. Each fit is its own process: a first save pays what it pays in a real run
@@ -70,6 +73,7 @@ def child(args: argparse.Namespace) -> None:
 
     kind, kwargs = IOS[args.io] if args.io != "no checkpoints" else ("none", None)
     blocked: list[float] = []
+    steps: list[int] = []  # the global step of each save
     spent: dict[str, float] = {"hook": 0.0, "remove": 0.0, "teardown": 0.0}  # the training thread's seconds there
 
     def timed(name: str, method):  # noqa: ANN001, ANN202
@@ -107,6 +111,7 @@ def child(args: argparse.Namespace) -> None:
     for plugin in plugins:
         plugin.remove_checkpoint = timed("remove", plugin.remove_checkpoint)
         plugin.teardown = timed("teardown", plugin.teardown)
+        plugin.save_checkpoint = stepped(plugin.save_checkpoint, steps)
     if kind == "ours":
         callbacks.append(lightning_nvcomp.NvcompSavings())
     trainer = L.Trainer(
@@ -145,8 +150,20 @@ def child(args: argparse.Namespace) -> None:
         "slowdown": [s.get("nvcomp/slowdown") for s in saves],
         "slowed_s": [s.get("nvcomp/slowed_s", 0.0) for s in saves],
         "spent_s": spent,
+        "steps": steps,
+        "metrics": [{k.removeprefix("nvcomp/"): v for k, v in s.items()} for s in saves],
     }
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def stepped(save, steps: list[int]):  # noqa: ANN001, ANN201
+    """``save`` (a CheckpointIO's save_checkpoint), appending each checkpoint's global step to ``steps``."""
+
+    def call(checkpoint, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        steps.append(checkpoint.get("global_step", -1))
+        return save(checkpoint, *args, **kwargs)
+
+    return call
 
 
 def run_fit(io: str, args: argparse.Namespace) -> dict | None:
@@ -155,7 +172,11 @@ def run_fit(io: str, args: argparse.Namespace) -> dict | None:
     cmd += ["--batch", str(args.batch), "--precision", args.precision]
     if args.cgroup:
         cmd += ["--cgroup", args.cgroup]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.fit_timeout_s)
+    except subprocess.TimeoutExpired:
+        print(f"{io}: killed after {args.fit_timeout_s} s", file=sys.stderr)
+        return None
     if args.log:
         with open(args.log, "a") as log:
             kept = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "lightning_nvcomp" in ln or "auto:" in ln]
@@ -188,7 +209,9 @@ def main() -> None:
     parser.add_argument("--label", default="local disk")
     parser.add_argument("--repeat", type=int, default=1, help="rounds of fits (see the table's description)")
     parser.add_argument("--budget-s", type=float, default=1e9, help="start no fit after this many seconds")
+    parser.add_argument("--fit-timeout-s", type=float, default=None, help="kill a fit that runs longer")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--json", default=None, help="write the result here as JSON (benchmarks/report.py)")
     parser.add_argument("--log", default=None, help="append each fit's lightning_nvcomp lines to this file")
     args = parser.parse_args()
     if args.child:
@@ -223,6 +246,8 @@ def main() -> None:
 
     import lightning_nvcomp
     from lightning_nvcomp.codec.gpu import nvcomp_version
+
+    from common import write_result
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
     lines = [
@@ -262,6 +287,32 @@ def main() -> None:
     if args.out:
         pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(args.out).write_text(text)
+    write_result(
+        args.json,
+        "steady",
+        setup=f"byte-level GPT dim {args.dim}, {args.layers} layers, AdamW, {args.precision}, batch {args.batch}x256 "
+        f"bytes of the standard library's sources; {args.steps} steps, a checkpoint every {args.every} "
+        f"(ModelCheckpoint, save_top_k=1); storage: {args.label}",
+        repetitions=len(bases),
+        statistic=f"{len(bases)} round(s) of fresh-process fits, each IO once per round (in reverse order every other "
+        "round); lost = fit time minus the round's fit without checkpoints, the median over the rounds; per-save "
+        "figures of the last round",
+        rows=[
+            {
+                "io": r["io"],
+                "lost_s": statistics.median(lost),
+                "lost_s_rounds": lost,
+                "extra_gpu_gb": r["peak_gb"] - base["peak_gb"],
+                **{k: r[k] for k in ("saves", "steps", "blocked_s", "waited_s", "durable_s", "codecs", "size_gb")},
+                **{k: r[k] for k in ("slowdown", "slowed_s", "spent_s", "metrics")},
+            }
+            for r, lost in rows
+        ],
+        no_checkpoints_fit_s=[b["fit_s"] for b in bases],
+        every=args.every,
+        steps=args.steps,
+        storage=args.label,
+    )
 
 
 if __name__ == "__main__":
