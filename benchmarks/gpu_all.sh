@@ -69,8 +69,8 @@ else
   # slower with two than with one (the coders' threads are the package's own, not these)
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
   part codec 90 "$py" benchmarks/codec_bench.py --device cpu --dim 256 --layers 4 --steps 30 --batch 4 --cpu-sample-mb 16
-  part steady 200 "$py" benchmarks/steady_bench.py --dim 256 --layers 4 --batch 4 --steps 40 --every 10 \
-    --precision 32-true --ios "TorchCheckpointIO,AsyncCheckpointIO,ours zstd async,ours auto async,ours zstd sync" \
+  part steady 200 "$py" benchmarks/steady_bench.py --dim 256 --layers 4 --batch 2 --steps 40 --every 10 \
+    --precision 32-true --ios "TorchCheckpointIO,ours zstd async,AsyncCheckpointIO,ours auto async,ours zstd sync" \
     --budget-s 120 --fit-timeout-s 55 --dir "$work/steady"
   part dcp 90 "$py" benchmarks/dcp_bench.py --dim 256 --layers 4 --steps 20 --batch 4 --repeat 3 --dir "$work/dcp"
   part dcp_items 120 "$py" benchmarks/dcp_items_bench.py --layers 40 --repeat 3 --pairs 6 --dir "$work/items"
