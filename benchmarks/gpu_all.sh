@@ -58,9 +58,9 @@ if "$py" -c "from lightning_nvcomp.codec.gpu import gpu_available; raise SystemE
     --budget-s 90 --fit-timeout-s 50 --dir "$work/steady"
   part dcp 85 "$py" benchmarks/dcp_bench.py --dim 768 --layers 12 --steps 20 --repeat 2 --dir "$work/dcp" \
     --methods "FileSystemWriter,Nvcomp ans,Nvcomp zstd,Nvcomp auto,single file: lightning_nvcomp.save / load,DCP's own cost (a writer that writes no item)"
-  part dcp_items 65 "$py" benchmarks/dcp_items_bench.py --device cuda --codec ans --repeat 3 --pairs 6 \
+  part dcp_items 70 "$py" benchmarks/dcp_items_bench.py --device cuda --codec ans --repeat 2 --pairs 6 \
     --dir "$work/items"
-  part accelerate_fsdp 75 "$py" -m torch.distributed.run --nproc_per_node "$gpus" benchmarks/accelerate_fsdp_bench.py \
+  part accelerate_fsdp 70 "$py" -m torch.distributed.run --nproc_per_node "$gpus" benchmarks/accelerate_fsdp_bench.py \
     --dim 768 --layers 12 --steps 5 --repeat 3 --dir "$work/accelerate"
 else
   variant=cpu deadline=${DEADLINE_S:-660}
