@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Every benchmark of BENCHMARKS.md on one GPU host, within 8 minutes: codec, Lightning steady state (the savings over a
 # run: docs/savings.png), DCP, many items, and Accelerate FSDP (on 2 GPUs where there are 2, else on 1). Each writes
-# its result to $OUT/results/<benchmark>/latest-gpu.json and its output to $OUT/logs/<benchmark>.log; each part has a
-# time limit of its own within the whole run's, and a part that fails or runs out of time is reported and skipped, the
-# others still run (the script exits 0). Without a CUDA GPU and nvCOMP it runs the CPU variants at small sizes instead
+# its result to $OUT/results/<benchmark>/latest-gpu.json; their output goes to $OUT/logs.tgz (logs/<benchmark>.log),
+# packed again after each part: at most 6 files under $OUT. Each part has a time limit of its own within the whole
+# run's, and a part that fails or runs out of time is reported and skipped, the others still run (the script exits 0). Without a CUDA GPU and nvCOMP it runs the CPU variants at small sizes instead
 # (latest-cpu.json; remote storage against a local S3 server in place of Accelerate FSDP, which needs a GPU).
 # From the repository's root, the package importable (an installed wheel, or PYTHONPATH=$PWD):
 #   bash benchmarks/gpu_all.sh
@@ -14,9 +14,11 @@ set -uo pipefail
 OUT=${OUT:-$PWD/bench-out}
 py=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
-mkdir -p "$OUT/logs"
-work=$(mktemp -d /tmp/lnv-bench.XXXXXX)  # the benchmarks' checkpoints, removed at the end
-trap 'rm -rf "$work"' EXIT
+work=$(mktemp -d /tmp/lnv-bench.XXXXXX)  # the benchmarks' checkpoints and logs, removed at the end
+logs=$work/logs
+mkdir -p "$OUT" "$logs"
+pack() { tar czf "$OUT/logs.tgz" -C "$work" logs; }
+trap 'pack; rm -rf "$work"' EXIT
 failed=() done_parts=()
 
 # part NAME SECONDS COMMAND...: run COMMAND --json $OUT/results/NAME/latest-$variant.json, for at most SECONDS and
@@ -34,21 +36,22 @@ part() {
   mkdir -p "$OUT/results/$name"
   rm -f "$json"
   echo "== $name (at most ${limit} s): $*"
-  timeout -k 5 "$limit" "$@" --json "$json" > "$OUT/logs/$name.log" 2>&1
+  timeout -k 5 "$limit" "$@" --json "$json" > "$logs/$name.log" 2>&1
   rc=$?
+  pack
   if [ "$rc" -eq 0 ] && [ -f "$json" ]; then
     done_parts+=("$name")
     echo "   done in $((SECONDS - began)) s: $json"
   else
     failed+=("$name (exit $rc$( [ "$rc" -eq 124 ] && echo ", out of time"))")
-    echo "   FAILED after $((SECONDS - began)) s (exit $rc); the end of $OUT/logs/$name.log:"
-    tail -n 8 "$OUT/logs/$name.log" | sed 's/^/     /'
+    echo "   FAILED after $((SECONDS - began)) s (exit $rc); the end of logs/$name.log:"
+    tail -n 8 "$logs/$name.log" | sed 's/^/     /'
   fi
 }
 
 if "$py" -c "from lightning_nvcomp.codec.gpu import gpu_available; raise SystemExit(not gpu_available())"; then
   variant=gpu deadline=${DEADLINE_S:-465}
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$OUT/logs/env.txt"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$logs/env.txt"
   gpus=$("$py" -c "import torch; print(min(2, torch.cuda.device_count()))")
   part codec 65 "$py" benchmarks/codec_bench.py --steps 100 --cpu-sample-mb 64
   # A 252M GPT (3.0 GB of fp32 weights and AdamW moments), bf16-mixed, a checkpoint every 10 of 40 steps: 6 fits of
@@ -58,9 +61,9 @@ if "$py" -c "from lightning_nvcomp.codec.gpu import gpu_available; raise SystemE
     --budget-s 90 --fit-timeout-s 50 --dir "$work/steady"
   part dcp 85 "$py" benchmarks/dcp_bench.py --dim 768 --layers 12 --steps 20 --repeat 2 --dir "$work/dcp" \
     --methods "FileSystemWriter,Nvcomp ans,Nvcomp zstd,Nvcomp auto,single file: lightning_nvcomp.save / load,DCP's own cost (a writer that writes no item)"
-  part dcp_items 65 "$py" benchmarks/dcp_items_bench.py --device cuda --codec ans --repeat 3 --pairs 6 \
+  part dcp_items 70 "$py" benchmarks/dcp_items_bench.py --device cuda --codec ans --repeat 2 --pairs 6 \
     --dir "$work/items"
-  part accelerate_fsdp 75 "$py" -m torch.distributed.run --nproc_per_node "$gpus" benchmarks/accelerate_fsdp_bench.py \
+  part accelerate_fsdp 70 "$py" -m torch.distributed.run --nproc_per_node "$gpus" benchmarks/accelerate_fsdp_bench.py \
     --dim 768 --layers 12 --steps 5 --repeat 3 --dir "$work/accelerate"
 else
   variant=cpu deadline=${DEADLINE_S:-660}
@@ -69,8 +72,8 @@ else
   # slower with two than with one (the coders' threads are the package's own, not these)
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
   part codec 90 "$py" benchmarks/codec_bench.py --device cpu --dim 256 --layers 4 --steps 30 --batch 4 --cpu-sample-mb 16
-  part steady 200 "$py" benchmarks/steady_bench.py --dim 256 --layers 4 --batch 4 --steps 40 --every 10 \
-    --precision 32-true --ios "TorchCheckpointIO,AsyncCheckpointIO,ours zstd async,ours auto async,ours zstd sync" \
+  part steady 200 "$py" benchmarks/steady_bench.py --dim 256 --layers 4 --batch 2 --steps 40 --every 10 \
+    --precision 32-true --ios "TorchCheckpointIO,ours zstd async,AsyncCheckpointIO,ours auto async,ours zstd sync" \
     --budget-s 120 --fit-timeout-s 55 --dir "$work/steady"
   part dcp 90 "$py" benchmarks/dcp_bench.py --dim 256 --layers 4 --steps 20 --batch 4 --repeat 3 --dir "$work/dcp"
   part dcp_items 120 "$py" benchmarks/dcp_items_bench.py --layers 40 --repeat 3 --pairs 6 --dir "$work/items"
