@@ -162,7 +162,7 @@ def main() -> None:
         "blocked: how long training waited for the save; baseline: an uncompressed synchronous save at the "
         "directory's measured write bandwidth.\nsaved s is negative where coding on this machine costs more than "
         "the bytes it saves take to write (CPU zstd vs a fast local disk);\nGPU codecs (configs/ans.yaml, "
-        "configs/auto_async.yaml) are measured in benchmarks/results/lightning.md."
+        "configs/auto_async.yaml) are measured in BENCHMARKS.md."
     )
     if not all(checks.values()):
         raise SystemExit("resuming was not bit-exact")

@@ -87,7 +87,7 @@ def train(
 
 
 def state_by_class(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, list[torch.Tensor]]:
-    """The checkpoint's tensors by class (benchmarks/results/codec.md): bf16 weights, fp32 weights, Adam m, v."""
+    """The checkpoint's tensors by class (BENCHMARKS.md, Codec): bf16 weights, fp32 weights, Adam m, v."""
     params = [p.detach() for p in model.parameters()]
     states = [opt.state[p] for p in model.parameters() if p in opt.state]
     return {

@@ -130,7 +130,7 @@ class PauseBetweenCalls:
     """A pause of the collector (as :func:`collector_paused`, on the main thread only) that one call begins and a
     later one ends: DCP plans a save between its storage writer's ``set_up_storage_writer`` and ``write_data`` (a load
     between ``set_up_storage_reader`` and ``read_data``), and the plan of thousands of items sets off full
-    collections too (``benchmarks/results/round10``), as do the items written or read then. The later call runs in
+    collections too (``round10 of benchmarks/results/ in git history``), as do the items written or read then. The later call runs in
     :meth:`through`: the pause lasts to its end, however long. A plan that fails never reaches ``write_data``, and
     its error holds the writer in a reference cycle: the pause then ends at the owner's next :meth:`begin`, when the
     owner is collected, or ``longest_s`` after it began, whichever comes first.

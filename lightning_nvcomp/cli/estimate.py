@@ -80,7 +80,7 @@ def arg_ratio(text: str) -> tuple[str, float]:
 SUMMARY = "estimate idle GPU time and dollars spent on checkpoints, uncompressed vs gANS / zstd"
 DESCRIPTION = (
     "Estimate the checkpoint size by component, the GPU time a synchronous save leaves idle and what it costs per "
-    "month, uncompressed and with each codec (ratios measured on an H200, benchmarks/results/codec.md), and with "
+    "month, uncompressed and with each codec (ratios measured on an H200 by benchmarks/codec_bench.py), and with "
     "--mtbf-hours the Young/Daly interval and the work lost to failures. Units: sizes in GiB (2^30 bytes), storage "
     "bandwidth in GiB/s. The defaults are the published case (70B, bf16-mixed, AdamW, gradients included: ~782 GiB, "
     "~156 s at 5 GiB/s). Assumes a sharded save (each GPU compresses its own shard) with compression hidden behind "
@@ -266,7 +266,7 @@ def _components(est: Estimate) -> list[str]:
             "* not measured: borrowed from a similar measured class (see lightning_nvcomp/telemetry/components.py); "
             "--ratio overrides"
         )
-    return [*lines, "Default ratios: measured on an H200, benchmarks/results/codec.md (2026-11-29).", ""]
+    return [*lines, "Default ratios: measured on an H200 by benchmarks/codec_bench.py (2026-11-29).", ""]
 
 
 def _synchronous(est: Estimate) -> list[str]:

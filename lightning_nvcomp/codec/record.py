@@ -32,7 +32,7 @@ from lightning_nvcomp.codec.schema import (
 )
 from lightning_nvcomp.errors import CorruptCheckpointError
 
-#: Uncompressed chunk size per (codec, device type), measured best on an H200 (benchmarks/results), within nvCOMP's
+#: Uncompressed chunk size per (codec, device type), measured best on an H200 (benchmarks/codec_bench.py), within nvCOMP's
 #: limits (gANS <= 16 MiB); typed gANS (``<f4``) runs fastest on larger chunks.
 CHUNK_NBYTES = {("ans", "cuda"): 1 << 20, ("zstd", "cuda"): 64 << 10, ("zstd", "cpu"): 1 << 20, ("raw", "cpu"): 1 << 20}
 TYPED_ANS_CHUNK_NBYTES = 4 << 20

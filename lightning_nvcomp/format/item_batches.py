@@ -24,7 +24,7 @@ from lightning_nvcomp.format.writer import _LayoutCache
 #: Raw bytes coded per batch, by the tensors' device type (and so the scratch and pinned host memory one batch
 #: borrows: on a GPU the peak measured 3.6-3.7x this). On a GPU what a batch
 #: costs is its calls, not its bytes: 128 MiB staged a 3 GB state in 0.15-0.18 s against 0.19-0.25 s at 64 MiB
-#: (benchmarks/results/round8), with 0.48 GB of extra GPU memory.
+#: (round8 of benchmarks/results/ in git history), with 0.48 GB of extra GPU memory.
 BATCH_NBYTES = {"cpu": 64 << 20, "cuda": 128 << 20}
 #: Tensors smaller than this are stored raw (checksummed, not coded): a codec call per byte plane costs them more
 #: time than the few bytes it could save (LayerNorm and bias vectors, optimizer steps).
@@ -33,7 +33,7 @@ RAW_NBYTES = 4 << 10
 #: meanwhile); one per four cores (a batch's zstd runs on all of them): on a machine of fewer than eight cores,
 #: batches are coded one after another (on two cores, coding them ahead competed with the writer thread and the
 #: zstd threads and made the save slower), but for batches of tiny tensors, whose coding is Python work, not codec
-#: calls: a pool thread codes them beside the next batch (benchmarks/results/round14).
+#: calls: a pool thread codes them beside the next batch (round14 of benchmarks/results/ in git history).
 BATCHES_AHEAD = 4
 
 

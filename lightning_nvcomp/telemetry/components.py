@@ -13,7 +13,7 @@ Optimizers: ``adamw``: fp32 exp_avg (m) and exp_avg_sq (v), 4 + 4; ``sgd``: one 
 ``none``: no optimizer state.
 
 Compression ratios (raw bytes / stored bytes) per tensor class, measured with this package on an H200
-(benchmarks/results/codec.md, run of 2026-11-29, nvCOMP 6.0.0, 85.4M-param GPT trained 300 AdamW steps):
+(benchmarks/results/codec.md in git history, run of 2026-11-29, nvCOMP 6.0.0, 85.4M-param GPT trained 300 AdamW steps):
 bf16 weights 1.518 gANS / 1.454 GPU zstd; fp32 weights 1.213 / 1.185; Adam m 1.195 / 1.178; Adam v 1.234 / 1.229.
 Classes that were not measured borrow a measured class and are marked *assumed*: bf16 gradients use bf16 weights
 (same two-byte layout: one noise byte, one sign/exponent byte), fp32 gradients and SGD momentum use Adam m (m is an
@@ -34,7 +34,7 @@ OPTIMIZERS = ("adamw", "sgd", "none")
 CODECS = ("gans", "zstd")
 CODEC_NAMES = {"gans": "gANS", "zstd": "zstd"}
 
-#: Ratios measured on an H200 (benchmarks/results/codec.md, 2026-11-29: "ours gANS" and "ours GPU zstd" columns).
+#: Ratios measured on an H200 (benchmarks/results/codec.md in git history, 2026-11-29: "ours gANS" and "ours GPU zstd" columns).
 MEASURED_RATIOS: dict[str, dict[str, float]] = {
     "bf16 weights": {"gans": 1.518, "zstd": 1.454},
     "fp32 weights": {"gans": 1.213, "zstd": 1.185},

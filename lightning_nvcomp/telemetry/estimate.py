@@ -11,7 +11,7 @@ give 168 s (7% more).
 Model of a checkpoint. A synchronous save stops every GPU until the whole checkpoint is on storage, so the idle
 time per checkpoint is ``checkpoint bytes / aggregate storage bandwidth`` (the bandwidth all GPUs share). The save
 is assumed sharded (FSDP / torch.distributed.checkpoint: each GPU compresses and writes its own shard) and
-compression is assumed hidden behind the write, as the benchmarks measure (benchmarks/results/lightning.md: sync
+compression is assumed hidden behind the write, as the benchmarks measure (benchmarks/results/lightning.md in git history: sync
 save wall time <= 1.05 x compressed bytes / storage bandwidth + 0.2 s), so a compressed checkpoint costs
 ``bytes / ratio / bandwidth``. :func:`compression_hidden` checks that assumption against the slowest end-to-end
 encode rate measured per GPU. A month is 30 days; it holds ``30 * 24 * 60 / interval_min`` checkpoints.

@@ -269,7 +269,7 @@ def test_async_staging_pauses_the_collector_and_restores_it(tmp_path):
 
 def test_metadata_is_written_with_the_collector_paused(tmp_path):
     """The metadata of a save (one entry per item) is built and pickled with no garbage collection: with
-    thousands of items, collections there cost a fifth of a save (benchmarks/results/round9); the collector is on
+    thousands of items, collections there cost a fifth of a save (round9 of benchmarks/results/ in git history); the collector is on
     after it."""
     state = _state(12)
     ours = inspect.getsourcefile(NvcompFileSystemWriter)
@@ -300,7 +300,7 @@ def _in_dcp_planning(frame) -> bool:
 def test_a_save_and_a_load_are_planned_with_the_collector_paused(tmp_path):
     """DCP plans a save (and a load) of thousands of items between our writer's set-up and its ``write_data`` (the
     reader's set-up and ``read_data``); collections there doubled DCP's own cost of a save and cost a load of the
-    many-items state 0.6 s (benchmarks/results/round10). None starts there now, and the collector is on after."""
+    many-items state 0.6 s (round10 of benchmarks/results/ in git history). None starts there now, and the collector is on after."""
     state = {f"layer{i}.bias": trained_like(64, torch.float32, i) for i in range(50)}
     writer = NvcompFileSystemWriter(tmp_path, codec="zstd")
     _, collections = collections_within(_in_dcp_planning, lambda: dcp.save(state, storage_writer=writer))

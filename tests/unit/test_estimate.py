@@ -224,7 +224,7 @@ def test_command_prints_the_published_case(capsys):
         "zstd",
         "uncompressed",
         "saved $/month",
-        "codec.md",
+        "codec_bench.py",
     ):
         assert text in out, text
     assert "Young/Daly" not in out

@@ -119,7 +119,7 @@ def test_decode_batch_checks_every_segment():
 def test_tiny_tensors_come_first(threads, monkeypatch):
     """Tiny tensors' batches are yielded before the coded ones: each costs its writer a record and its coder next
     to nothing, so their writing runs while the large batches are coded (it was the save's tail:
-    benchmarks/results/round10). On few cores a pool thread codes them beside the first coded batch; the order is
+    round10 of benchmarks/results/ in git history). On few cores a pool thread codes them beside the first coded batch; the order is
     the same on any number of cores."""
     monkeypatch.setenv("LIGHTNING_NVCOMP_THREADS", threads)
     tensors = [(f"l{i}.weight", trained_like(4096, torch.float32, i)) for i in range(3)]
@@ -133,7 +133,7 @@ def test_tiny_tensors_come_first(threads, monkeypatch):
 def test_a_large_cpu_tensor_is_streamed_ahead_of_the_other_batches():
     """``streamed`` (the DCP writer's ``write_data``): a CPU tensor larger than a segment is yielded before every
     other batch, as soon as its segments are queued, and its segments come out as each is coded (so that its
-    archive is written meanwhile: issue 14's many-items save, benchmarks/results/round15); its archive reads back
+    archive is written meanwhile: issue 14's many-items save, round15 of benchmarks/results/ in git history); its archive reads back
     bit-exactly. Unstreamed (``dcp.async_save``'s staging, which must hold the coded bytes before training goes
     on), the same tensor's segments are a list, all coded."""
     big = trained_like(5_000_000, torch.float32, 5)  # 20 MB: more than a CPU segment, two segments
@@ -154,7 +154,7 @@ def test_a_large_cpu_tensor_is_streamed_ahead_of_the_other_batches():
 def test_tensors_are_batched_whatever_their_names():
     """Tiny tensors share a batch whatever their names, and so do coded ones whose last name part no other tensor
     has (issue 14's 3,000 small tensors named v0, v1...: each was a batch of its own, a codec call and a record pass
-    per tensor, 2.5-2.8x the single-file save on the CPU: benchmarks/results/round13). Tensors sharing a last name
+    per tensor, 2.5-2.8x the single-file save on the CPU: round13 of benchmarks/results/ in git history). Tensors sharing a last name
     part keep their own batch."""
     tiny = [(f"small.v{i}", trained_like(128, torch.float32, i)) for i in range(50)]
     coded = [(f"big.m{i}", trained_like(2048, torch.float32, 100 + i)) for i in range(4)]
