@@ -160,8 +160,8 @@ def test_pyproject_core_needs_no_framework() -> None:
     assert {_name(r) for r in extras["cu13"]} == {"nvidia-nvcomp-cu13"}
     assert {_name(r) for r in extras["remote"]} == {"fsspec"}
     assert {_name(r) for r in extras["s3"]} == {"lightning-nvcomp", "s3fs"}
-    # the test suite needs both frameworks, and S3 (s3fs against a local moto server)
-    assert "lightning-nvcomp[lightning,accelerate,s3]" in extras["dev"]
+    # the test suite needs both frameworks, S3 (s3fs against a local moto server) and the docs site's tools
+    assert "lightning-nvcomp[lightning,accelerate,s3,docs]" in extras["dev"]
     assert "moto" in {_name(r) for r in extras["dev"]}
 
 
