@@ -9,6 +9,7 @@ Functions:
 * ``files``: what a save leaves on disk (temporary files, zip members of a torch.save file).
 * ``collector``: on whose account the garbage collector ran.
 * ``paths``: the repository root, this folder, the fixtures of earlier versions.
+* ``wandb_run``: the records W&B stored in an offline run file.
 
 Framework runs and their models, imported by tests and by child processes:
 

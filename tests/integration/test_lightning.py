@@ -11,7 +11,6 @@ import glob
 import json
 import logging
 import os
-import struct
 import subprocess
 import sys
 import textwrap
@@ -33,6 +32,7 @@ from tests.helpers.lightning_models import TinyData, TinyModule, make_classes, q
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.processes import CHILD_DIGEST_SRC, child_json, python_child, run_killable, tensor_digest
 from tests.helpers.states import assert_tree_bit_exact
+from tests.helpers.wandb_run import wandb_records
 
 #: Every metric a save logs (``predicted_blocked_s`` only with codec="auto", ``saved_usd_total`` only with a price,
 #: ``durable_s`` unless durability is "os").
@@ -745,31 +745,11 @@ def test_async_checkpoint_holds_the_state_at_save_time_plugin(tmp_path: Path) ->
 
 
 def _wandb_history(run_file: Path) -> list[dict]:
-    """The history rows of an offline W&B run file (``run-*.wandb``: a LevelDB-style log of protobuf records)."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = run_file.read_bytes()
-    assert data[:4] == b":W&B", "not a W&B run file"
-    block, pos, pending, rows = 32768, 7, b"", []
-    while pos + 7 <= len(data):
-        left = block - pos % block
-        if left < 7:
-            pos += left
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if kind == 0 and length == 0:  # block padding
-            pos += left
-            continue
-        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
-        pending = chunk if kind in (1, 2) else pending + chunk
-        if kind in (1, 4):  # full record, or last piece of one
-            record = pb.Record()
-            record.ParseFromString(pending)
-            if record.WhichOneof("record_type") == "history":
-                rows.append(
-                    {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
-                )
-    return rows
+    """The history rows of an offline W&B run file."""
+    return [
+        {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in history.item}
+        for history in wandb_records(run_file, "history")
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import threading
@@ -35,6 +34,7 @@ from tests.helpers import accelerate_runs as R
 from tests.helpers.lightning_models import TinyData, TinyModule, quiet_trainer
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.states import assert_tree_bit_exact
+from tests.helpers.wandb_run import wandb_records
 from tests.safety.test_paths import hold_writer_thread_fsyncs
 
 
@@ -217,31 +217,6 @@ def fit_with_logger(root: Path, logger) -> Path:
     return root / "ckpts"
 
 
-def _wandb_artifacts(run_file: Path) -> list:
-    """The artifact records of an offline W&B run file (``run-*.wandb``: a LevelDB-style log of protobuf records)."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = run_file.read_bytes()
-    block, pos, pending, found = 32768, 7, b"", []
-    while pos + 7 <= len(data):
-        left = block - pos % block
-        if left < 7:
-            pos += left
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if kind == 0 and length == 0:  # block padding
-            pos += left
-            continue
-        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
-        pending = chunk if kind in (1, 2) else pending + chunk
-        if kind in (1, 4):  # a whole record, or the last piece of one
-            record = pb.Record()
-            record.ParseFromString(pending)
-            if record.WhichOneof("record_type") == "artifact":
-                found.append(record.artifact)
-    return found
-
-
 def test_wandb_offline_logs_every_checkpoint_as_saved(tmp_path, monkeypatch):
     import wandb
     from lightning.pytorch.loggers import WandbLogger
@@ -265,7 +240,7 @@ def test_wandb_offline_logs_every_checkpoint_as_saved(tmp_path, monkeypatch):
         wandb.teardown()
     (run_file,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
     uploads = []
-    for artifact in _wandb_artifacts(Path(run_file)):
+    for artifact in wandb_records(Path(run_file), "artifact"):
         (entry,) = artifact.manifest.contents
         staged = Path(entry.local_path)  # W&B's copy of the file, taken when the logger added it
         assert base64.b64encode(hashlib.md5(staged.read_bytes()).digest()).decode() == entry.digest
