@@ -131,3 +131,16 @@ def test_new_dcp_metadata_names_only_lightning_nvcomp_dcp(tmp_path):
     loaded = {k: torch.zeros_like(v) for k, v in state.items()}
     dcp.load(loaded, checkpoint_id=tmp_path, **NO_DIST)
     assert all(torch.equal(loaded[k], state[k]) for k in state)
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+@pytest.mark.parametrize("loader", ["lightning_nvcomp.load", "torch.load"])
+def test_v0_2_0_files_load_bit_exactly(codec, loader):
+    """Files of release 0.2.0 (record format 2: plain byte planes, zlib CRC-32s) of every float width, the specials
+    included, load bit-exactly after the record layout changed (format 3)."""
+    from tests.fixtures.make_v0_3_dev import digest as full_digest
+
+    folder = FIXTURES / "v0.2.0"
+    path = folder / f"{codec}.pt"
+    obj = lightning_nvcomp.load(path) if loader == "lightning_nvcomp.load" else torch.load(path, weights_only=True)
+    assert json.loads(json.dumps(full_digest(obj))) == json.loads((folder / "state.json").read_text())
