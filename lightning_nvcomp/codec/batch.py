@@ -18,6 +18,7 @@ from lightning_nvcomp.codec.checksum import Crc32, crc32_batch
 from lightning_nvcomp.codec.engine import ChunkEngine
 from lightning_nvcomp.codec.engines import codes_on_gpu, default_segment, engine_for, engine_on
 from lightning_nvcomp.codec.record import (
+    CHECKSUM,
     Coding,
     Segment,
     _raw_sizes,
@@ -27,7 +28,7 @@ from lightning_nvcomp.codec.record import (
     raw_layout,
     to_host,
 )
-from lightning_nvcomp.codec.schema import _CHUNK_ALIGN, Layout, _padded, _segments
+from lightning_nvcomp.codec.schema import _CHUNK_ALIGN, Layout, _padded, _segments, checksum_field
 from lightning_nvcomp.errors import CorruptCheckpointError
 
 #: Every buffer's planes (encode) and every record's bytes (decode) start at a multiple of this many bytes.
@@ -90,8 +91,9 @@ def encode_batch(
         nbytes = sum(_padded(n) for n in item_sizes)
         blobs.append(host[at : at + nbytes])
         at += nbytes
-    crcs = iter(crc32_batch([b for b, n in zip(blobs, sizes) if n], ready))
-    segments = [[Segment(b, n, next(crcs))] if n else [] for b, n in zip(blobs, sizes)]
+    nonempty = [b for b, n in zip(blobs, sizes) if n]
+    crcs, entry_crcs = iter(crc32_batch(nonempty, ready, CHECKSUM)), iter(crc32_batch(nonempty, ready))
+    segments = [[Segment(b, n, next(crcs), next(entry_crcs))] if n else [] for b, n in zip(blobs, sizes)]
     return list(zip(codings, segments))
 
 
@@ -100,7 +102,10 @@ def _coded(
 ) -> tuple[torch.Tensor, list[list[int]]]:
     """The buffers' byte planes side by side (buffer i's from ``columns[:i]`` on), coded with ``layout``: their
     chunks packed into one buffer on ``work``, and each buffer's chunk sizes."""
-    flat, pitch = byte_planes.flatten(_planes(datas, columns, layout.planes, work))
+    planes = _planes(datas, columns, layout.planes, work)
+    if layout.rotate:
+        byte_planes.rotate(planes)
+    flat, pitch = byte_planes.flatten(planes)
     # Buffer i's plane k is row k of the batch's planes, from its column on: its chunks are those Encoder cuts from
     # its own planes, at these offsets. A chunk is an (offset, length) of `flat` until coded smaller.
     items: list[list[list[tuple[int, int]]]] = []
@@ -239,6 +244,8 @@ def decode_batch(records: list[tuple[list[torch.Tensor], dict, Layout]], work: t
             engine.decode(stored, src_spans, flat, dst_spans, codec, layout.data_type)
         except ValueError as err:
             raise CorruptCheckpointError(f"a segment of records 0..{len(records) - 1} does not decode: {err}") from None
+    if layout.rotate:
+        byte_planes.rotate(plane_out, inverse=True)
     if layout.planes > 1:
         for r, start, length, col in placed:
             byte_planes.join(plane_out[:, col : col + length // layout.planes], outs[r][start : start + length])
@@ -246,15 +253,18 @@ def decode_batch(records: list[tuple[list[torch.Tensor], dict, Layout]], work: t
 
 
 def _checked_blobs(records: list[tuple[list[torch.Tensor], dict, Layout]]) -> list[torch.Tensor]:
-    """Every segment's blob of ``records`` in host memory, in order, once its CRC-32 matches its record's (small
-    blobs' CRC-32s in one task, each large one in pieces on all the CRC threads). CorruptCheckpointError names the
-    record's index and the segment."""
+    """Every segment's blob of ``records`` in host memory, in order, once its CRC matches its record's (small
+    blobs' CRCs in one task, each large one in pieces on all the CRC threads). The records are of one layout, so of one
+    format and checksum. CorruptCheckpointError names the record's index and the segment."""
+    algorithm = checksum_field(records[0][1])
     segments = [(r, s, b.cpu()) for r, (blobs, _, _) in enumerate(records) for s, b in enumerate(blobs)]
-    large = {i: Crc32(b) for i, (_, _, b) in enumerate(segments) if b.numel() > checksums.PIECE_NBYTES}
-    small = iter(crc32_batch([b for i, (_, _, b) in enumerate(segments) if i not in large]))
+    large = {
+        i: Crc32(b, algorithm=algorithm) for i, (_, _, b) in enumerate(segments) if b.numel() > checksums.PIECE_NBYTES
+    }
+    small = iter(crc32_batch([b for i, (_, _, b) in enumerate(segments) if i not in large], algorithm=algorithm))
     for i, (r, s, _) in enumerate(segments):
         got = large[i] if i in large else next(small)
-        if checksums.value(got) != records[r][1]["crc32"][s]:
+        if checksums.value(got) != records[r][1][algorithm][s]:
             raise CorruptCheckpointError(f"record {r}: checksum mismatch in segment {s}: the file is damaged")
     return [b for _, _, b in segments]
 

@@ -2,6 +2,14 @@
 
 Every frame carries its content size, so frames written here decode on the GPU with nvCOMP's RAW Zstd and
 frames nvCOMP writes decode here.
+
+Each chunk is coded two ways and the smaller frame kept: with zstd's match finder, and as literals alone (zstd's
+Huffman coder with no matches, through ``ZSTD_compressSequences`` given no sequences). On a float's exponent plane
+matches cost more than they find (2.37 against 2.30 bits per byte on trained weights), while on Adam's moments they
+find runs (2.81 against 2.83); the frames are standard either way. Matches are looked for only where literals alone
+shrink the chunk to less than a quarter (runs, repeated rows: what the match finder is for), and a chunk whose sampled
+order-0 entropy reaches
+:data:`~lightning_nvcomp.codec.planes.RAW_ENTROPY_BITS` is not coded at all: it stays raw.
 """
 
 from __future__ import annotations
@@ -13,7 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 import zstandard
+from zstandard import backend_cffi
 
+from lightning_nvcomp.codec import planes as byte_planes
 from lightning_nvcomp.codec.engine import ChunkEngine, Span
 
 #: zstd settings for CPU encoding. Byte planes have almost no repeats to find: a tiny match finder (64-entry hash
@@ -50,6 +60,45 @@ def cpu_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+#: The literals-only frames' largest block: each block has its own Huffman table, and blocks of 16 KiB follow a
+#: plane's statistics from tensor to tensor and within one (exponent bits per byte on a trained GPT, against zstd's
+#: 128 KiB: 2.28 against 2.30 for its weights, 2.94 against 3.07 for Adam's second moments).
+BLOCK_NBYTES = 16 << 10
+
+
+class _LiteralCoder:
+    """zstd frames of literals alone: each block's bytes Huffman-coded (or stored), no matches searched. One per
+    thread: a zstd context is not thread-safe."""
+
+    def __init__(self) -> None:
+        lib, ffi = backend_cffi.lib, backend_cffi.ffi
+        self._cctx = ffi.gc(lib.ZSTD_createCCtx(), lib.ZSTD_freeCCtx)
+        if not self._cctx:
+            raise MemoryError("zstd could not allocate a compression context")
+        settings = ((lib.ZSTD_c_contentSizeFlag, 1), (lib.ZSTD_c_checksumFlag, 0), (lib.ZSTD_c_maxBlockSize, BLOCK_NBYTES))
+        for parameter, value in settings:
+            self._check(lib.ZSTD_CCtx_setParameter(self._cctx, parameter, value))
+        self._no_sequences = ffi.new("ZSTD_Sequence[1]")
+
+    @staticmethod
+    def _check(result: int) -> int:
+        lib, ffi = backend_cffi.lib, backend_cffi.ffi
+        if lib.ZSTD_isError(result):
+            raise RuntimeError(f"zstd: {ffi.string(lib.ZSTD_getErrorName(result)).decode()}")
+        return result
+
+    def compress(self, chunk: np.ndarray) -> torch.Tensor:
+        lib, ffi = backend_cffi.lib, backend_cffi.ffi
+        capacity = lib.ZSTD_compressBound(chunk.size)
+        out = bytearray(capacity)
+        n = self._check(
+            lib.ZSTD_compressSequences(
+                self._cctx, ffi.from_buffer(out), capacity, self._no_sequences, 0, ffi.from_buffer(chunk), chunk.size
+            )
+        )
+        return torch.frombuffer(out, dtype=torch.uint8)[:n]
+
+
 class CpuZstdEngine(ChunkEngine):
     """zstd on the CPU; ``zstandard`` releases the GIL, so a thread pool scales with cores."""
 
@@ -64,6 +113,7 @@ class CpuZstdEngine(ChunkEngine):
     def _compressor(self) -> zstandard.ZstdCompressor:
         if not hasattr(self._local, "cctx"):  # zstd contexts are not thread-safe: one per thread
             self._local.cctx = zstandard.ZstdCompressor(compression_params=self._parameters)
+            self._local.literals = _LiteralCoder()
             self._local.dctx = zstandard.ZstdDecompressor()
         return self._local.cctx
 
@@ -71,9 +121,21 @@ class CpuZstdEngine(ChunkEngine):
         self._compressor()
         return self._local.dctx
 
+    def _literal_coder(self) -> _LiteralCoder:
+        self._compressor()
+        return self._local.literals
+
     def _encode_one(self, chunk: np.ndarray) -> torch.Tensor:
-        frame = self._compressor().compress(memoryview(chunk))
-        return torch.frombuffer(bytearray(frame), dtype=torch.uint8)
+        """The smaller of the chunk's two frames; the chunk itself (stays raw) where it is not worth coding."""
+        if byte_planes.sampled_entropy_bits(chunk) >= byte_planes.RAW_ENTROPY_BITS:
+            return torch.from_numpy(chunk)
+        literals = self._literal_coder().compress(chunk)
+        if literals.numel() * 4 >= chunk.size:  # matches pay only where bytes repeat: then literals shrink far too
+            return literals
+        matched = self._compressor().compress(memoryview(chunk))
+        if literals.numel() <= len(matched):
+            return literals
+        return torch.frombuffer(bytearray(matched), dtype=torch.uint8)
 
     def encode(self, src: torch.Tensor, spans: list[Span], codec: str, data_type: str) -> list[torch.Tensor]:
         if codec != "zstd":

@@ -4,6 +4,10 @@ A buffer of ``n`` numbers of ``w`` bytes each becomes ``w`` planes of ``n`` byte
 of every number (plane 0 is the lowest byte). In trained float weights and Adam moments the top planes (sign
 and exponent) carry 2-3 bits of entropy per byte while the mantissa planes are noise, so coding planes apart
 approaches the order-0 bound that coding the raw bytes cannot reach.
+
+A float's exponent straddles its top two bytes (sign, 7 exponent bits | 1 exponent bit, 7 mantissa bits):
+:func:`rotate` turns the top 16 bits of every number left by one bit, so that the top plane is the exponent whole and
+the sign sits at the bottom of the plane below; that plane then codes 0.5-1.5% smaller in whole checkpoints.
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ _PLANE_WIDTH = {
     torch.uint64: 8,
 }
 
-#: Planes whose sampled order-0 entropy reaches this many bits per byte are stored raw: coding them gains
-#: well under 1% and costs a full pass of the coder.
-RAW_ENTROPY_BITS = 7.9
+#: Chunks whose sampled order-0 entropy reaches this many bits per byte are stored raw without trying a coder: noise
+#: (a sample of 16 KiB of it reads 7.989). A float's top mantissa plane (7.95) is tried: its small tensors code.
+RAW_ENTROPY_BITS = 7.98
 
-_SAMPLE_NBYTES = 1 << 20
+_SAMPLE_NBYTES = 16 << 10
+_SAMPLE_RUNS = 4
 
 
 def plane_width(dtype: torch.dtype) -> int:
@@ -64,7 +69,7 @@ def split(data: torch.Tensor, width: int) -> torch.Tensor:
     if width == 1:
         return data.view(1, -1)
     if data.device.type == "cpu":  # numpy transposes bytes ~6x faster than torch on the CPU
-        return torch.from_numpy(np.ascontiguousarray(data.numpy().reshape(-1, width).T))
+        return torch.from_numpy(data.numpy().reshape(-1, width).T.copy())  # a copy even where the transpose is one
     out = empty(width, data.numel() // width, data.device)
     out.copy_(data.view(-1, width).t())
     return out
@@ -83,22 +88,41 @@ def join(planes: torch.Tensor, out: torch.Tensor) -> None:
         out.view(-1, width).copy_(planes.t())
 
 
-def entropy_bits(data: torch.Tensor, width: int) -> list[float]:
-    """Order-0 entropy in bits per byte of each plane of ``data``, estimated on an evenly strided sample."""
-    rows = data.view(-1, width)
-    if rows.shape[0] == 0:
-        return [0.0] * width
-    step = max(1, rows.numel() // _SAMPLE_NBYTES)
-    sample = rows[::step]
-    if data.device.type == "cpu":
-        sample_np = sample.numpy()
-        counts = torch.from_numpy(
-            np.stack([np.bincount(sample_np[:, k], minlength=256) for k in range(width)]).astype(np.float64)
-        )
+def rotates(dtype: torch.dtype) -> bool:
+    """Whether buffers of ``dtype`` are coded with their top two planes rotated: floating point numbers (and complex
+    ones, pairs of floats) of two bytes and more."""
+    return plane_width(dtype) >= 2 and (dtype.is_floating_point or dtype.is_complex)
+
+
+def rotate(planes: torch.Tensor, inverse: bool = False) -> None:
+    """Rotate the 16-bit numbers that the top two rows of a ``[width, n]`` plane buffer form (row ``width - 1`` their
+    high byte) left by one bit, in place; with ``inverse``, right by one bit (undoing it)."""
+    if planes.device.type == "cpu":  # numpy: ~10x faster than torch's shifts of bytes on the CPU
+        high, low = planes[-1].numpy(), planes[-2].numpy()
     else:
-        offsets = torch.arange(width, device=data.device, dtype=torch.int64) * 256
-        flat = (sample.to(torch.int64) + offsets).flatten()
-        counts = torch.bincount(flat, minlength=256 * width).view(width, 256).double()
-    p = counts / counts.sum(dim=1, keepdim=True)
-    bits = -(p * torch.log2(torch.where(p > 0, p, torch.ones_like(p)))).sum(dim=1)
-    return bits.cpu().tolist()
+        high, low = planes[-1], planes[-2]
+    if inverse:
+        carry = high << 7
+        high >>= 1
+        high |= low << 7
+        low >>= 1
+    else:
+        carry = high >> 7
+        high <<= 1
+        high |= low >> 7
+        low <<= 1
+    low |= carry
+
+
+def sampled_entropy_bits(chunk: np.ndarray) -> float:
+    """Order-0 entropy in bits per byte of a 1-D uint8 array, estimated on :data:`_SAMPLE_RUNS` runs of bytes spread
+    evenly over it (:data:`_SAMPLE_NBYTES` in all; runs, not every k-th byte: a plane's bytes repeat with the rows of
+    its tensor)."""
+    if chunk.size > _SAMPLE_NBYTES:
+        run, gap = _SAMPLE_NBYTES // _SAMPLE_RUNS, chunk.size // _SAMPLE_RUNS
+        chunk = np.concatenate([chunk[i * gap : i * gap + run] for i in range(_SAMPLE_RUNS)])
+    if chunk.size == 0:
+        return 0.0
+    counts = np.bincount(chunk, minlength=256)
+    p = counts[counts > 0] / chunk.size
+    return float(-(p * np.log2(p)).sum())

@@ -24,6 +24,7 @@ from lightning_nvcomp.codec.schema import (
     FORMAT_VERSION,
     Layout,
     _chunk_lengths,
+    checksum_field,
     _padded,
     _segments,
     fields_check,
@@ -36,6 +37,8 @@ from lightning_nvcomp.errors import CorruptCheckpointError
 #: limits (gANS <= 16 MiB); typed gANS (``<f4``) runs fastest on larger chunks.
 CHUNK_NBYTES = {("ans", "cuda"): 1 << 20, ("zstd", "cuda"): 64 << 10, ("zstd", "cpu"): 1 << 20, ("raw", "cpu"): 1 << 20}
 TYPED_ANS_CHUNK_NBYTES = 4 << 20
+#: The checksum of the blobs of the records written now (a record dict names it as the field that lists them).
+CHECKSUM = "crc32c"
 #: gANS data types worth trying on whole numbers instead of byte planes (``<f2`` is never used: lossy on bf16).
 _TYPED_ANS = {torch.float32: "<f4", torch.float8_e4m3fn: "|f1"}
 _TYPED_SAMPLE_NBYTES = 8 << 20
@@ -74,6 +77,8 @@ def encode_segment(engine: ChunkEngine | None, seg: torch.Tensor, layout: Layout
     """Code one segment with ``layout``: its stored chunks (on its device), plane by plane, each coded or raw
     where coding would not make it smaller (what a blob holds, :func:`pack` ed)."""
     plane_data = byte_planes.split(seg, layout.planes)
+    if layout.rotate:
+        byte_planes.rotate(plane_data)
     flat, pitch = byte_planes.flatten(plane_data)
     spans = plane_spans(layout.planes, plane_data.shape[1], pitch, layout.chunk)
     stored = [[flat[o : o + n] for o, n in plane] for plane in spans]
@@ -92,16 +97,16 @@ def raw_layout() -> Layout:
 
 
 def choose_layout(engine: ChunkEngine | None, data: torch.Tensor, dtype: torch.dtype, codec: str) -> Layout:
-    """The layout that codes ``data`` smallest: byte planes by ``dtype``, each plane coded or raw by its sampled
-    entropy, gANS's typed model where it is smaller on a sample and round-trips."""
+    """The layout that codes ``data`` smallest: byte planes by ``dtype`` (a float's top two rotated), every plane
+    coded (each chunk is kept raw where coding does not make it smaller: the engine decides per chunk), gANS's typed
+    model where it is smaller on a sample and round-trips."""
     if engine is None:
         return raw_layout()
     chunk = CHUNK_NBYTES[(codec, engine.device_type)]
     width = byte_planes.plane_width(dtype)
     if data.numel() % width:
         width = 1
-    bits = byte_planes.entropy_bits(data, width)
-    layout = Layout(width, tuple(codec if b < byte_planes.RAW_ENTROPY_BITS else "raw" for b in bits), "|u1", chunk)
+    layout = Layout(width, (codec,) * width, "|u1", chunk, width > 1 and byte_planes.rotates(dtype))
     typed = _TYPED_ANS.get(dtype) if codec == "ans" else None
     if typed is None or data.numel() < 4096:
         return layout
@@ -137,15 +142,24 @@ def _segment_pool() -> ThreadPoolExecutor:
 @dataclass
 class Segment:
     """One coded segment of a record: its blob (host memory, from the pinned pool when coded on a GPU), the stored size of
-    each of its chunks, and its CRC-32 (computed on CPU threads while the next segment is coded)."""
+    each of its chunks, its CRC-32C (the record's checksum) and its zlib CRC-32 (the zip entry's), both computed on CPU
+    threads while the next segment is coded."""
 
     blob: torch.Tensor
     sizes: list[int]
     crc: Checksum
+    entry_crc: Checksum
+
+    @classmethod
+    def checked(cls, blob: torch.Tensor, sizes: list[int], ready: torch.cuda.Event | None = None) -> Segment:
+        """The segment of ``blob``, its checksums started (``ready``: a CUDA event after the copy that fills it)."""
+        if ready is None and blob.numel() <= checksums.PIECE_NBYTES:
+            return cls(blob, sizes, crc32(blob, CHECKSUM), crc32(blob))
+        return cls(blob, sizes, Crc32(blob, ready, CHECKSUM), Crc32(blob, ready))
 
     def checksum(self) -> int:
-        """The blob's CRC-32 (waits for it)."""
-        return checksums.value(self.crc)
+        """The blob's zlib CRC-32, the zip entry's (waits for it)."""
+        return checksums.value(self.entry_crc)
 
 
 class Encoder:
@@ -201,7 +215,7 @@ class Encoder:
                 blob, sizes = to_host(pack(pieces)), [p.numel() for p in pieces]
             ready = torch.cuda.Event()
             ready.record()
-            yield Segment(blob, sizes, Crc32(blob, ready))  # the CRC on CPU threads, once the copy has landed
+            yield Segment.checked(blob, sizes, ready)  # the CRCs on CPU threads, once the copy has landed
 
     def _cpu_segment(self, span: tuple[int, int]) -> Segment:
         seg = self.data[span[0] : span[0] + span[1]]
@@ -210,7 +224,7 @@ class Encoder:
         else:
             pieces = encode_segment(self.engine, seg, self.coding.layout)
             blob, sizes = pack(pieces), [p.numel() for p in pieces]
-        return Segment(blob, sizes, crc32(blob))
+        return Segment.checked(blob, sizes)
 
 
 @dataclass(frozen=True)
@@ -235,9 +249,10 @@ def describe(coding: Coding, sizes: list[int], crcs: list[Checksum], **fields: o
         "data_type": layout.data_type,
         "codecs": list(layout.codecs),
         "chunk": layout.chunk,
+        "rotate": layout.rotate,
         "segment": coding.segment,
         "sizes": sizes,
-        "crc32": [checksums.value(crc) for crc in crcs],
+        CHECKSUM: [checksums.value(crc) for crc in crcs],
         "nvcomp": nvcomp_version() if "ans" in layout.codecs else None,
         **fields,
     }
@@ -316,6 +331,8 @@ def decode_segment(
     for codec, (src_spans, out_spans) in groups.items():
         assert engine is not None, "a record with coded chunks needs an engine"
         engine.decode(stored, src_spans, flat, out_spans, codec, layout.data_type)
+    if layout.rotate:
+        byte_planes.rotate(plane_out, inverse=True)
     if layout.planes > 1:
         byte_planes.join(plane_out, out)
 
@@ -342,7 +359,7 @@ def decode(
     coded = set(layout.codecs) - {"raw"}
     engine = engine_on(work) if coded else None
 
-    hosts = _checked_hosts(blobs, meta["crc32"])
+    hosts = _checked_hosts(blobs, meta[checksum_field(meta)], checksum_field(meta))
     out = torch.empty(meta["nbytes"], dtype=torch.uint8, device=work)
     jobs, pos = [], 0
     for s, (start, length) in enumerate(_segments(meta["nbytes"], meta["segment"])):
@@ -373,11 +390,13 @@ def decode(
     return _delivered(out, device, move)
 
 
-def _checked_hosts(blobs: list[torch.Tensor], crcs: list[int]) -> list[torch.Tensor]:
-    """The record's ``blobs`` in host memory, once each one's CRC-32 is its ``crcs`` entry (a large blob's computed
-    in pieces on all the CRC threads). CorruptCheckpointError names the segment."""
+def _checked_hosts(blobs: list[torch.Tensor], crcs: list[int], algorithm: str) -> list[torch.Tensor]:
+    """The record's ``blobs`` in host memory, once each one's CRC (``algorithm``'s) is its ``crcs`` entry (a large
+    blob's computed in pieces on all the CRC threads). CorruptCheckpointError names the segment."""
     hosts = [b.cpu() for b in blobs]
-    pending = [Crc32(h) if h.numel() > checksums.PIECE_NBYTES else crc32(h) for h in hosts]
+    pending = [
+        Crc32(h, algorithm=algorithm) if h.numel() > checksums.PIECE_NBYTES else crc32(h, algorithm) for h in hosts
+    ]
     for s, (got, want) in enumerate(zip(pending, crcs)):
         if checksums.value(got) != want:
             raise CorruptCheckpointError(f"checksum mismatch in segment {s} of the record: the file is damaged")

@@ -3,14 +3,17 @@
 The layout, whole:
 
 * The record's ``nbytes`` raw bytes are cut into segments of ``segment`` bytes (the last may be shorter).
-* Each segment is split into ``planes`` byte planes (see :mod:`.planes`; 1 plane = the bytes as they are).
+* Each segment is split into ``planes`` byte planes (see :mod:`.planes`; 1 plane = the bytes as they are). With
+  ``rotate`` (format 3), the top two planes are the top 16 bits of every number rotated left by one bit: a float's
+  exponent whole in the top plane, its sign at the bottom of the plane below.
 * Each plane is cut into chunks of ``chunk`` bytes (the last may be shorter).
 * Each chunk is stored coded with its plane's codec ``codecs[k]`` (``"ans"``, ``"zstd"`` or ``"raw"``), or raw
   when coding would not make it smaller. ``data_type`` is the type nvCOMP's gANS modelled (``"|u1"``: bytes).
 * ``sizes`` lists the stored size of every chunk: segment by segment, plane by plane, chunk by chunk. A stored
   size equal to the chunk's raw size means the chunk is stored raw. Segment ``s`` is stored as blob ``s``: its
   stored chunks in order, each followed by zero bytes up to a multiple of 16 (nvCOMP reads 16-byte aligned chunks).
-* ``crc32[s]`` is the CRC-32 of blob ``s``, checked before anything is decoded.
+* ``crc32c[s]`` (format 3; ``crc32[s]`` before: zlib's CRC-32) is the CRC-32C of blob ``s``, checked before anything
+  is decoded.
 * ``check`` (format 2) is the CRC-32 of every other field, in the canonical form :func:`record_check` gives: a
   damaged field is caught before it is used, by any loader. Format 1 records (v0.1) have none.
 
@@ -30,11 +33,11 @@ from lightning_nvcomp.errors import CorruptCheckpointError, UnsupportedFormatErr
 T = TypeVar("T")
 
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 
-#: Record formats this version reads: 1 (v0.1, no ``check``) and 2.
-READ_FORMATS = (1, 2)
+#: Record formats this version reads: 1 (v0.1, no ``check``), 2 (v0.2: plain byte planes, CRC-32) and 3.
+READ_FORMATS = (1, 2, 3)
 
 
 #: Codecs a save can ask for. ``"raw"`` stores bytes as they are (still checksummed).
@@ -56,17 +59,24 @@ def _padded(n: int) -> int:
 
 @dataclass(frozen=True)
 class Layout:
-    """How a record is coded: byte planes, each plane's codec, gANS's data type and the chunk size."""
+    """How a record is coded: byte planes, each plane's codec, gANS's data type, the chunk size, and whether the top
+    two planes are rotated (:func:`~lightning_nvcomp.codec.planes.rotate`)."""
 
     planes: int
     codecs: tuple[str, ...]
     data_type: str
     chunk: int
+    rotate: bool = False
 
     @classmethod
     def of(cls, meta: dict) -> Layout:
         """The layout a record dict (from :func:`encode`) was coded with."""
-        return cls(meta["planes"], tuple(meta["codecs"]), meta["data_type"], meta["chunk"])
+        return cls(meta["planes"], tuple(meta["codecs"]), meta["data_type"], meta["chunk"], bool(meta.get("rotate")))
+
+
+def checksum_field(meta: dict) -> str:
+    """The field of a record dict that lists its blobs' checksums: ``"crc32c"`` from format 3, ``"crc32"`` before."""
+    return "crc32c" if meta.get("format", FORMAT_VERSION) >= 3 else "crc32"
 
 
 def _segments(nbytes: int, segment: int) -> list[tuple[int, int]]:
@@ -88,7 +98,7 @@ def canonical_crc(value: object) -> int:
 
 
 #: Record fields that ``check`` covers as packed integers rather than as JSON (they hold one entry per chunk).
-_PACKED_FIELDS = ("sizes", "crc32")
+_PACKED_FIELDS = ("sizes", "crc32", "crc32c")
 
 
 def fields_check(meta: dict) -> int:
@@ -103,7 +113,7 @@ def fields_check(meta: dict) -> int:
 
 def record_check(meta: dict, fields_crc: int | None = None) -> int:
     """The ``check`` of a record dict: :func:`fields_check` (``fields_crc`` where the caller knows it), continued over
-    ``sizes`` then ``crc32`` as little-endian 64-bit integers.
+    ``sizes`` then ``crc32`` then ``crc32c`` (an absent one as empty) as little-endian 64-bit integers.
 
     Raises CorruptCheckpointError for fields no record holds."""
     crc = fields_check(meta) if fields_crc is None else fields_crc
@@ -153,8 +163,11 @@ def validate(meta: object, blob_sizes: list[int]) -> Layout:
         raise CorruptCheckpointError("the record's description is damaged (its check does not match its fields)")
 
     nbytes, planes, chunk, segment = (_field(meta, n, int) for n in ("nbytes", "planes", "chunk", "segment"))
-    codecs, sizes, crcs = (_field(meta, n, list) for n in ("codecs", "sizes", "crc32"))
+    codecs, sizes, crcs = (_field(meta, n, list) for n in ("codecs", "sizes", checksum_field(meta)))
     data_type = _field(meta, "data_type", str)
+    rotate = meta.get("rotate", False) if version >= 3 else False
+    if not isinstance(rotate, bool) or (rotate and planes < 2):
+        raise CorruptCheckpointError(f"record field 'rotate' is {rotate!r} for {planes} planes")
     if not 0 <= nbytes < _MAX_NBYTES:
         raise CorruptCheckpointError(f"record size {nbytes} is out of range")
     if planes not in (1, 2, 4, 8) or nbytes % planes:
@@ -165,7 +178,7 @@ def validate(meta: object, blob_sizes: list[int]) -> Layout:
         raise CorruptCheckpointError(f"record codecs {codecs!r} do not fit {planes} planes")
     if data_type not in _DATA_TYPES or (data_type != "|u1" and (planes != 1 or codecs != ["ans"])):
         raise CorruptCheckpointError(f"record data type {data_type!r} is invalid here")
-    layout = Layout(planes, tuple(codecs), data_type, chunk)
+    layout = Layout(planes, tuple(codecs), data_type, chunk, rotate)
     segments = _segments(nbytes, segment)
     per_segment = [len(_chunk_lengths(length, layout)) * planes for _, length in segments]
     if len(sizes) != sum(per_segment) or len(crcs) != len(segments) or len(blob_sizes) != len(segments):

@@ -303,7 +303,7 @@ HOSTILE = {
     "storage of floats": dict(rec={"storages": [[0.0, 256.0]]}),
     "nbytes huge": dict(rec={"nbytes": 1 << 70, "storages": [[0, 8]]}),
     "nbytes string": dict(rec={"nbytes": "256"}),
-    "checksum wrong": dict(rec={"crc32": "flip"}),
+    "checksum wrong": dict(rec={"crc32c": "flip"}),
     "codec unknown": dict(rec={"codecs": "lz4"}),
     # reported bugs: these escape as TypeError/RuntimeError instead of CorruptCheckpointError
     "dtype unhashable (list)": dict(rec={"dtype": ["float32"]}),
@@ -323,8 +323,8 @@ def test_decode_tensor_rejects_hostile_arguments(good_args, case):
     kw = dict(HOSTILE[case])
     if "rec" in kw and isinstance(kw["rec"], dict):
         changes = dict(kw["rec"])
-        if changes.get("crc32") == "flip":
-            changes["crc32"] = [meta["crc32"][0] ^ 1]
+        if changes.get("crc32c") == "flip":
+            changes["crc32c"] = [meta["crc32c"][0] ^ 1]
         if changes.get("codecs") == "lz4":
             changes["codecs"] = ["lz4"] * meta["planes"]
         if changes.get("__decoded__") == "forge":

@@ -21,6 +21,8 @@ import os
 import struct
 import zipfile
 import zlib
+
+import crc32c
 from collections import OrderedDict
 from pathlib import Path
 
@@ -170,7 +172,8 @@ def overlapping_views_file(path: Path, views: int, view_nbytes: int = 1 << 20) -
                 "chunk": view_nbytes,
                 "segment": view_nbytes,
                 "sizes": [view_nbytes],
-                "crc32": [zlib.crc32(view.numpy())],
+                "rotate": False,
+                "crc32c": [crc32c.crc32c(view.numpy())],
                 "nvcomp": None,
                 "storages": [[0, view_nbytes]],
                 "device": "cpu",

@@ -6,6 +6,7 @@ import copy
 import math
 import zlib
 
+import crc32c
 import numpy as np
 import pytest
 import torch
@@ -47,7 +48,7 @@ def sizes_of(blobs: list[torch.Tensor]) -> list[int]:
 def roundtrip(data: torch.Tensor, dtype: torch.dtype, codec: str) -> tuple[list[torch.Tensor], dict, torch.Tensor]:
     """Encode, validate, decode; assert the bytes come back exactly. Returns (blobs, meta, decoded)."""
     blobs, meta = record.encode(data, dtype, codec)
-    assert isinstance(blobs, list) and len(blobs) == len(meta["crc32"])
+    assert isinstance(blobs, list) and len(blobs) == len(meta["crc32c"])
     for blob in blobs:
         assert blob.dtype == torch.uint8 and blob.dim() == 1 and blob.device.type == "cpu"
     schema.validate(copy.deepcopy(meta), sizes_of(blobs))  # what encode writes, decode must accept
@@ -137,26 +138,13 @@ def test_plane_width_matches_scalar_size():
         assert dtype.itemsize % width == 0, name
 
 
-def test_entropy_bits_uniform_is_about_8():
-    data = torch.from_numpy(np.random.default_rng(1).integers(0, 256, 1 << 20, dtype=np.uint8))
-    for width in (1, 2, 4):
-        bits = planes.entropy_bits(data, width)
-        assert len(bits) == width
-        assert all(7.99 < b <= 8.0 for b in bits), bits
-        assert all(b >= planes.RAW_ENTROPY_BITS for b in bits)
-
-
-def test_entropy_bits_constant_is_zero_and_mixed_planes_differ():
-    assert planes.entropy_bits(torch.full((4096,), 7, dtype=torch.uint8), 4) == [0.0, 0.0, 0.0, 0.0]
-    assert planes.entropy_bits(torch.empty(0, dtype=torch.uint8), 2) == [0.0, 0.0]
-    # plane 0 random, plane 1 constant, plane 2 two equiprobable symbols (exactly 1 bit)
-    n = 1 << 16
-    rows = torch.empty(n, 3, dtype=torch.uint8)
-    rows[:, 0] = torch.from_numpy(np.random.default_rng(2).integers(0, 256, n, dtype=np.uint8))
-    rows[:, 1] = 0x3F
-    rows[:, 2] = torch.arange(n) % 2
-    bits = planes.entropy_bits(rows.reshape(-1), 3)
-    assert bits[0] > 7.9 and bits[1] == 0.0 and math.isclose(bits[2], 1.0, abs_tol=1e-9), bits
+def test_sampled_entropy_bits_of_uniform_constant_and_two_symbols():
+    uniform = np.random.default_rng(1).integers(0, 256, 1 << 20, dtype=np.uint8)
+    assert 7.98 < planes.sampled_entropy_bits(uniform) <= 8.0
+    assert planes.sampled_entropy_bits(uniform) >= planes.RAW_ENTROPY_BITS
+    assert planes.sampled_entropy_bits(np.full(4096, 7, dtype=np.uint8)) == 0.0
+    assert planes.sampled_entropy_bits(np.empty(0, dtype=np.uint8)) == 0.0
+    assert math.isclose(planes.sampled_entropy_bits(np.arange(1 << 16, dtype=np.uint8) % 2), 1.0, abs_tol=1e-9)
 
 
 # ---------------------------------------------------------------------------------------------- round trips
@@ -216,7 +204,7 @@ def test_roundtrip_multi_segment_multi_chunk(name, codec, numel, kind, layout, s
     # The record describes what was asked for: its layout and one checksum per segment.
     assert meta["nbytes"] == data.numel() and meta["dtype"] == name
     assert meta["segment"] == segment and meta["chunk"] == chunk
-    assert len(meta["crc32"]) == -(-data.numel() // segment)
+    assert len(meta["crc32c"]) == -(-data.numel() // segment)
     assert len(meta["codecs"]) == meta["planes"]
     if codec == "raw":
         assert set(meta["codecs"]) == {"raw"} and stored_nbytes(blobs) >= data.numel()
@@ -240,7 +228,7 @@ def test_roundtrip_byte_counts_not_a_multiple_of_the_plane_width(nbytes, dtype, 
 def test_roundtrip_default_layout_large_enough_for_several_chunks():
     data = tensor_bytes(trained_like(1_200_000, torch.float32))  # 4.8 MB: planes of 1.2 MB, 2 chunks of <= 1 MiB
     blobs, meta, _ = roundtrip(data, torch.float32, "zstd")
-    assert meta["planes"] == 4 and len(meta["sizes"]) == 4 * 2 and len(blobs) == 1 and len(meta["crc32"]) == 1
+    assert meta["planes"] == 4 and len(meta["sizes"]) == 4 * 2 and len(blobs) == 1 and len(meta["crc32c"]) == 1
 
 
 def test_decode_to_torch_device_object():
@@ -252,30 +240,49 @@ def test_decode_to_torch_device_object():
 # --------------------------------------------------------------------------------------------- compression
 
 
+def raw_chunks(meta: dict, plane: int) -> list[bool]:
+    """Whether each chunk of ``plane`` of a one-segment record is stored raw (its stored size is its raw size)."""
+    per_plane = len(meta["sizes"]) // meta["planes"]
+    n = meta["nbytes"] // meta["planes"]
+    lengths = [min(meta["chunk"], n - j) for j in range(0, n, meta["chunk"])]
+    return [size == raw for size, raw in zip(meta["sizes"][plane * per_plane : (plane + 1) * per_plane], lengths)]
+
+
 def test_trained_bfloat16_compresses_and_noise_planes_are_raw():
     data = tensor_bytes(trained_like(1 << 18, torch.bfloat16))
     blobs, meta, _ = roundtrip(data, torch.bfloat16, "zstd")
-    assert meta["planes"] == 2
+    assert meta["planes"] == 2 and meta["rotate"] is True
     ratio = data.numel() / stored_nbytes(blobs)
     assert ratio > 1.1, ratio
-    # the low byte (7 mantissa bits + 1 exponent bit) is noise: stored raw; the sign/exponent byte is coded
-    assert meta["codecs"] == ["raw", "zstd"], meta["codecs"]
+    # rotated: the low plane (7 mantissa bits + the sign) is noise, stored raw; the exponent plane is coded
+    assert all(raw_chunks(meta, 0)) and not any(raw_chunks(meta, 1)), meta["sizes"]
 
 
 def test_trained_float32_noise_planes_raw_exponent_plane_coded():
     data = tensor_bytes(trained_like(1 << 18, torch.float32))
     blobs, meta, _ = roundtrip(data, torch.float32, "zstd")
-    assert meta["planes"] == 4
-    # mantissa planes are (close to) noise: at least one is stored raw; the sign/exponent plane is coded
-    assert "raw" in meta["codecs"][:3] and meta["codecs"][3] == "zstd", meta["codecs"]
+    assert meta["planes"] == 4 and meta["rotate"] is True
+    # mantissa planes are noise: stored raw; the exponent plane is coded
+    assert all(raw_chunks(meta, 0)) and all(raw_chunks(meta, 1)) and not any(raw_chunks(meta, 3)), meta["sizes"]
     assert data.numel() / stored_nbytes(blobs) > 1.1
 
 
 def test_random_bytes_stored_raw_and_not_expanded_much():
     data = data_bytes("random", 1 << 18, 3)
     blobs, meta, _ = roundtrip(data, torch.float32, "zstd")
-    assert set(meta["codecs"]) == {"raw"}
+    assert all(all(raw_chunks(meta, k)) for k in range(meta["planes"]))
     assert stored_nbytes(blobs) <= data.numel() * 1.01
+
+
+def test_each_chunk_is_coded_or_raw_by_itself():
+    """One record, noise then a low-entropy run in the same plane: the noise chunks stay raw and the others are coded
+    (the choice is per chunk, not per plane or record)."""
+    noise = data_bytes("random", 4 << 20, 5)  # plane 0's first 1 MiB chunk
+    low = tensor_bytes((torch.arange(1 << 20) % 7).to(torch.float32))  # its second
+    data = torch.cat([noise, low])
+    blobs, meta, _ = roundtrip(data, torch.float32, "zstd")
+    flags = raw_chunks(meta, 0)
+    assert flags[0] and not flags[-1], meta["sizes"]
 
 
 def test_constant_data_compresses_enormously():
@@ -289,12 +296,13 @@ def test_constant_data_compresses_enormously():
 
 @pytest.fixture(scope="module")
 def valid_record():
-    """A real multi-segment, multi-chunk record with coded and raw planes (small layout)."""
+    """A real multi-segment, multi-chunk record with coded and raw planes (small layout), rotated."""
     data = tensor_bytes(trained_like(3000, torch.float32))
     with pytest.MonkeyPatch.context() as mp:
         small_layout(mp, 4096, 512)
-        blobs, meta = record.encode(data, torch.float32, "zstd")
-    assert len(meta["crc32"]) >= 2 and len(meta["sizes"]) > len(meta["crc32"]) * 4
+        layout = schema.Layout(4, ("raw", "raw", "zstd", "zstd"), "|u1", 512, True)
+        blobs, meta = record.encode(data, torch.float32, "zstd", layout=layout)
+    assert len(meta["crc32c"]) >= 2 and len(meta["sizes"]) > len(meta["crc32c"]) * 4
     assert "zstd" in meta["codecs"] and "raw" in meta["codecs"]
     return data, blobs, meta
 
@@ -382,10 +390,12 @@ BAD_RECORDS = {
     "sizes one chunk too few": dict(sizes=lambda m: m["sizes"][:-1]),
     "sizes not ints": dict(sizes=lambda m: [float(m["sizes"][0])] + m["sizes"][1:]),
     "sizes raw plane chunk smaller than raw": dict(sizes=lambda m: _resize(m, True, -1)),
-    "crc32 one too many": dict(crc32=lambda m: m["crc32"] + [0]),
-    "crc32 one too few": dict(crc32=lambda m: m["crc32"][:-1]),
-    "crc32 too big": dict(crc32=lambda m: [1 << 32] + m["crc32"][1:]),
-    "crc32 negative": dict(crc32=lambda m: [-1] + m["crc32"][1:]),
+    "crc32c one too many": dict(crc32c=lambda m: m["crc32c"] + [0]),
+    "crc32c one too few": dict(crc32c=lambda m: m["crc32c"][:-1]),
+    "crc32c too big": dict(crc32c=lambda m: [1 << 32] + m["crc32c"][1:]),
+    "crc32c negative": dict(crc32c=lambda m: [-1] + m["crc32c"][1:]),
+    "crc32c replaced by a crc32 field": dict(crc32=lambda m: m.pop("crc32c")),
+    "rotate not a bool": dict(rotate=lambda m: 1),
 }
 
 
@@ -504,7 +514,7 @@ def test_flipped_blob_byte_fails_the_checksum(valid_record, segment, where):
 def test_wrong_checksum_value_fails(valid_record):
     _, blobs, meta = valid_record
     bad = copy.deepcopy(meta)
-    bad["crc32"][-1] ^= 1
+    bad["crc32c"][-1] ^= 1
     with pytest.raises(CorruptCheckpointError, match="description is damaged"):
         record.decode(blobs, bad, "cpu")  # the record's own check catches the damaged field
     bad["check"] = schema.record_check(bad)  # forged to match: the blob's CRC-32 still does not
@@ -512,16 +522,17 @@ def test_wrong_checksum_value_fails(valid_record):
         record.decode(blobs, bad, "cpu")
 
 
-def test_checksum_is_crc32_of_each_blob(valid_record):
-    """Pins the documented format: crc32[s] is the CRC-32 of blob s (segment s's stored bytes)."""
+def test_checksum_is_crc32c_of_each_blob(valid_record):
+    """Pins the documented format: crc32c[s] is the CRC-32C of blob s (segment s's stored bytes)."""
     _, blobs, meta = valid_record
-    assert meta["crc32"] == [zlib.crc32(b.numpy()) for b in blobs]
+    assert meta["crc32c"] == [crc32c.crc32c(b.numpy()) for b in blobs]
 
 
 @SETTINGS
 @given(st.binary(max_size=300), st.binary(max_size=300))
-def test_crc32_combine_matches_zlib_on_the_concatenation(a, b):
+def test_crc_combine_matches_the_crc_of_the_concatenation(a, b):
     assert checksum.combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+    assert checksum.combine(crc32c.crc32c(a), crc32c.crc32c(b), len(b), "crc32c") == crc32c.crc32c(a + b)
 
 
 @pytest.mark.parametrize(
@@ -531,6 +542,7 @@ def test_crc32_in_parallel_pieces_equals_zlib(nbytes):
     data = torch.from_numpy(np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8))
     assert checksum.crc32(data) == zlib.crc32(data.numpy())
     assert checksum.crc32(data[1:]) == zlib.crc32(data[1:].numpy())
+    assert checksum.crc32(data[1:], "crc32c") == crc32c.crc32c(data[1:].numpy())
 
 
 def test_damage_behind_a_recomputed_checksum_never_escapes_as_a_foreign_error():
@@ -544,7 +556,7 @@ def test_damage_behind_a_recomputed_checksum_never_escapes_as_a_foreign_error():
         damaged = blob.clone()
         damaged[pos] ^= 0x5A
         bad = copy.deepcopy(meta)
-        bad["crc32"] = [zlib.crc32(damaged.numpy())]
+        bad["crc32c"] = [crc32c.crc32c(damaged.numpy())]
         try:
             out = record.decode([damaged], bad, "cpu")
         except CorruptCheckpointError:
@@ -656,7 +668,9 @@ def test_cpu_batches_share_a_plane_buffer_yet_keep_their_own_bytes():
         later = [tensor_bytes(trained_like(60_000, dtype, 10 + seed)) for dtype in (torch.float32, torch.bfloat16)]
         batch.encode_batch(later[:1], torch.float32, "zstd")
         batch.encode_batch(later[1:], torch.bfloat16, "zstd")
-    assert any(c == "raw" for coding, _ in coded for c in coding.layout.codecs)  # chunks packed from the planes
+    raw_sizes = [record._raw_sizes(coding.nbytes // 4, coding.layout.chunk) for coding, _ in coded]
+    # chunks kept raw are packed from the shared planes
+    assert any(size == raw for (_, segments), raws in zip(coded, raw_sizes) for s in segments for size, raw in zip(s.sizes, raws))
     for data, (coding, segments) in zip(first, coded):
         meta = record.describe(coding, [n for s in segments for n in s.sizes], [s.crc for s in segments])
         assert torch.equal(record.decode([s.blob for s in segments], meta), data)
