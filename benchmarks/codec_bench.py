@@ -25,7 +25,7 @@ import zstandard
 
 import lightning_nvcomp
 from lightning_nvcomp import _process as resources
-from lightning_nvcomp.codec import engines, planes, record
+from lightning_nvcomp.codec import engines, planes, record, segment
 from lightning_nvcomp.codec.gpu import gpu_available, nvcomp_version
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
@@ -61,11 +61,11 @@ def gpu_codec_rows(data: torch.Tensor, dtype: torch.dtype, codec: str) -> dict:
     """Ratio and kernel-level GB/s (planes + nvCOMP, one batch over the whole buffer) for our GPU path."""
     engine = engines.engine_for(codec, data.device)
     layout = record.choose_layout(engine, data, dtype, codec)
-    enc_s, pieces = timed(lambda: record.encode_segment(engine, data, layout))
-    stored = record.pack(pieces)
+    enc_s, pieces = timed(lambda: segment.encode_segment(engine, data, layout))
+    stored = segment.pack(pieces)
     sizes = [p.numel() for p in pieces]
     out = torch.empty_like(data)
-    dec_s, _ = timed(lambda: record.decode_segment(engine, stored, sizes, out, layout))
+    dec_s, _ = timed(lambda: segment.decode_segment(engine, stored, sizes, [(0, out)], out.numel(), layout))
     assert torch.equal(out, data), f"{codec} round trip is not bit-exact"
     return {
         "ratio": data.numel() / stored.numel(),

@@ -17,18 +17,9 @@ from lightning_nvcomp.codec import planes as byte_planes
 from lightning_nvcomp.codec.checksum import Crc32, crc32_batch
 from lightning_nvcomp.codec.engine import ChunkEngine
 from lightning_nvcomp.codec.engines import codes_on_gpu, default_segment, engine_for, engine_on
-from lightning_nvcomp.codec.record import (
-    CHECKSUM,
-    Coding,
-    Segment,
-    _raw_sizes,
-    choose_layout,
-    concatenate,
-    pack,
-    raw_layout,
-    to_host,
-)
+from lightning_nvcomp.codec.record import CHECKSUM, Coding, Segment, choose_layout, raw_layout, to_host
 from lightning_nvcomp.codec.schema import _CHUNK_ALIGN, Layout, _padded, _segments, checksum_field
+from lightning_nvcomp.codec.segment import _raw_sizes, concatenate, pack
 from lightning_nvcomp.errors import CorruptCheckpointError
 
 #: Every buffer's planes (encode) and every record's bytes (decode) start at a multiple of this many bytes.
@@ -179,7 +170,7 @@ def _joined(pieces: list[torch.Tensor | tuple[int, int]]) -> list[torch.Tensor |
 
 
 def _pack(flat: torch.Tensor, pieces: list[torch.Tensor | tuple[int, int]]) -> torch.Tensor:
-    """:func:`~lightning_nvcomp.codec.record.pack` of chunks given as coded tensors or ``(offset, length)`` ranges
+    """:func:`~lightning_nvcomp.codec.segment.pack` of chunks given as coded tensors or ``(offset, length)`` ranges
     of ``flat`` (kept raw); on the CPU, copied with numpy into one buffer (no tensor per chunk)."""
     pieces = _joined(pieces)
     if flat.device.type != "cpu":

@@ -75,7 +75,11 @@ class _LiteralCoder:
         self._cctx = ffi.gc(lib.ZSTD_createCCtx(), lib.ZSTD_freeCCtx)
         if not self._cctx:
             raise MemoryError("zstd could not allocate a compression context")
-        settings = ((lib.ZSTD_c_contentSizeFlag, 1), (lib.ZSTD_c_checksumFlag, 0), (lib.ZSTD_c_maxBlockSize, BLOCK_NBYTES))
+        settings = (
+            (lib.ZSTD_c_contentSizeFlag, 1),
+            (lib.ZSTD_c_checksumFlag, 0),
+            (lib.ZSTD_c_maxBlockSize, BLOCK_NBYTES),
+        )
         for parameter, value in settings:
             self._check(lib.ZSTD_CCtx_setParameter(self._cctx, parameter, value))
         self._no_sequences = ffi.new("ZSTD_Sequence[1]")

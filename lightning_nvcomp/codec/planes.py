@@ -97,7 +97,9 @@ def rotates(dtype: torch.dtype) -> bool:
 def rotate(planes: torch.Tensor, inverse: bool = False) -> None:
     """Rotate the 16-bit numbers that the top two rows of a ``[width, n]`` plane buffer form (row ``width - 1`` their
     high byte) left by one bit, in place; with ``inverse``, right by one bit (undoing it)."""
-    if planes.device.type == "cpu":  # numpy: ~10x faster than torch's shifts of bytes on the CPU
+    high: np.ndarray | torch.Tensor
+    low: np.ndarray | torch.Tensor
+    if planes.device.type == "cpu":  # numpy: ~4x faster than torch's shifts of bytes on the CPU
         high, low = planes[-1].numpy(), planes[-2].numpy()
     else:
         high, low = planes[-1], planes[-2]

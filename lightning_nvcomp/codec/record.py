@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from lightning_nvcomp._process import shared
@@ -20,17 +19,17 @@ from lightning_nvcomp.codec.engine import ChunkEngine
 from lightning_nvcomp.codec.engines import codes_on_gpu, default_segment, engine_for, engine_on, work_device
 from lightning_nvcomp.codec.gpu import nvcomp_version
 from lightning_nvcomp.codec.schema import (
-    _CHUNK_ALIGN,
     FORMAT_VERSION,
     Layout,
     _chunk_lengths,
-    checksum_field,
     _padded,
     _segments,
+    checksum_field,
     fields_check,
     seal,
     validate,
 )
+from lightning_nvcomp.codec.segment import Targets, _raw_sizes, decode_segment, encode_segment, pack
 from lightning_nvcomp.errors import CorruptCheckpointError
 
 #: Uncompressed chunk size per (codec, device type), measured best on an H200 (benchmarks/codec_bench.py), within nvCOMP's
@@ -42,53 +41,6 @@ CHECKSUM = "crc32c"
 #: gANS data types worth trying on whole numbers instead of byte planes (``<f2`` is never used: lossy on bf16).
 _TYPED_ANS = {torch.float32: "<f4", torch.float8_e4m3fn: "|f1"}
 _TYPED_SAMPLE_NBYTES = 8 << 20
-
-
-def pack(pieces: list[torch.Tensor]) -> torch.Tensor:
-    """Concatenate stored chunks, each padded with zeros to a multiple of 16 bytes (on their device)."""
-    if not pieces:
-        return torch.empty(0, dtype=torch.uint8)
-    device = pieces[0].device
-    zeros = torch.zeros(_CHUNK_ALIGN, dtype=torch.uint8, device=device)
-    parts = []
-    for p in pieces:
-        parts.append(p)
-        if p.numel() % _CHUNK_ALIGN:
-            parts.append(zeros[: _padded(p.numel()) - p.numel()])
-    return concatenate(parts)
-
-
-def concatenate(parts: list[torch.Tensor]) -> torch.Tensor:
-    """``torch.cat`` of 1-D uint8 tensors on one device; on the CPU, parts of 4 KiB and more through numpy (its
-    copies of large parts run up to a few times faster; for many small parts a numpy view each costs more)."""
-    if len(parts) == 1:
-        return parts[0]
-    if parts[0].device.type == "cpu" and sum(part.numel() for part in parts) >= len(parts) << 12:
-        return torch.from_numpy(np.concatenate([part.numpy() for part in parts]))
-    return torch.cat(parts)
-
-
-def plane_spans(width: int, n: int, pitch: int, chunk: int) -> list[list[tuple[int, int]]]:
-    """The (offset, length) of every chunk of every plane in a flattened plane buffer."""
-    return [[(k * pitch + j, min(chunk, n - j)) for j in range(0, n, chunk)] for k in range(width)]
-
-
-def encode_segment(engine: ChunkEngine | None, seg: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
-    """Code one segment with ``layout``: its stored chunks (on its device), plane by plane, each coded or raw
-    where coding would not make it smaller (what a blob holds, :func:`pack` ed)."""
-    plane_data = byte_planes.split(seg, layout.planes)
-    if layout.rotate:
-        byte_planes.rotate(plane_data)
-    flat, pitch = byte_planes.flatten(plane_data)
-    spans = plane_spans(layout.planes, plane_data.shape[1], pitch, layout.chunk)
-    stored = [[flat[o : o + n] for o, n in plane] for plane in spans]
-    for codec in sorted(set(layout.codecs) - {"raw"}):
-        ks = [k for k in range(layout.planes) if layout.codecs[k] == codec]
-        assert engine is not None, "a layout with coded planes needs an engine"
-        coded = iter(engine.encode(flat, [span for k in ks for span in spans[k]], codec, layout.data_type))
-        for k in ks:
-            stored[k] = [c if c.numel() < raw.numel() else raw for raw, c in zip(stored[k], coded)]
-    return [piece for plane in stored for piece in plane]
 
 
 def raw_layout() -> Layout:
@@ -120,7 +72,7 @@ def choose_layout(engine: ChunkEngine | None, data: torch.Tensor, dtype: torch.d
         return layout
     check = torch.empty_like(sample)
     packed = pack(typed_pieces)
-    decode_segment(engine, packed, [p.numel() for p in typed_pieces], check, typed_layout)
+    decode_segment(engine, packed, [p.numel() for p in typed_pieces], [(0, check)], check.numel(), typed_layout)
     return typed_layout if torch.equal(check, sample) else layout
 
 
@@ -284,11 +236,6 @@ def encode(
     )
 
 
-def _raw_sizes(length: int, chunk: int) -> list[int]:
-    """The chunk sizes of a segment stored raw."""
-    return [min(chunk, length - j) for j in range(0, length, chunk)]
-
-
 def _raw_blob(seg: torch.Tensor) -> torch.Tensor:
     """A segment stored raw, as its blob: the bytes, then zeros up to a multiple of 16 (raw chunks are multiples
     of 16 but the last), in fresh host memory (from the pinned pool for a GPU segment)."""
@@ -299,42 +246,6 @@ def _raw_blob(seg: torch.Tensor) -> torch.Tensor:
     blob[n:] = 0
     blob[:n].numpy()[:] = seg.numpy()
     return blob
-
-
-def decode_segment(
-    engine: ChunkEngine | None, stored: torch.Tensor, sizes: list[int], out: torch.Tensor, layout: Layout
-) -> None:
-    """Decode one segment's blob ``stored`` (its chunks' stored ``sizes``, validated) into ``out``."""
-    n = out.numel() // layout.planes
-    plane_out = out.view(1, -1) if layout.planes == 1 else byte_planes.empty(layout.planes, n, out.device)
-    flat, pitch = byte_planes.flatten(plane_out)
-    dst_spans = [span for plane in plane_spans(layout.planes, n, pitch, layout.chunk) for span in plane]
-    per_plane = len(dst_spans) // layout.planes
-    groups: dict[str, tuple[list, list]] = {}
-    raw_run: list[int] = []  # [src, dst, length] of a run of raw chunks contiguous in both buffers
-    pos = 0
-    for i, (size, (dst, length)) in enumerate(zip(sizes, dst_spans)):
-        if size == length:
-            if raw_run and raw_run[0] + raw_run[2] == pos and raw_run[1] + raw_run[2] == dst:
-                raw_run[2] += length
-            else:
-                if raw_run:
-                    flat[raw_run[1] : raw_run[1] + raw_run[2]].copy_(stored[raw_run[0] : raw_run[0] + raw_run[2]])
-                raw_run = [pos, dst, length]
-        else:
-            src_spans, out_spans = groups.setdefault(layout.codecs[i // per_plane], ([], []))
-            src_spans.append((pos, size))
-            out_spans.append((dst, length))
-        pos += _padded(size)
-    if raw_run:
-        flat[raw_run[1] : raw_run[1] + raw_run[2]].copy_(stored[raw_run[0] : raw_run[0] + raw_run[2]])
-    for codec, (src_spans, out_spans) in groups.items():
-        assert engine is not None, "a record with coded chunks needs an engine"
-        engine.decode(stored, src_spans, flat, out_spans, codec, layout.data_type)
-    if layout.rotate:
-        byte_planes.rotate(plane_out, inverse=True)
-    if layout.planes > 1:
-        byte_planes.join(plane_out, out)
 
 
 def decode(
@@ -349,35 +260,46 @@ def decode(
     With ``move=False``, bytes decoded on a GPU for a CPU ``device`` (gANS has no CPU decoder) stay on the GPU, for
     the caller to copy wherever they belong. ``layout``: what :func:`validate` returned for exactly these ``blobs``
     and ``meta``, when the caller validated them already."""
-    if not isinstance(blobs, list) or any(
-        not isinstance(b, torch.Tensor) or b.dtype != torch.uint8 or b.dim() != 1 for b in blobs
-    ):
-        raise CorruptCheckpointError("record blobs are not a list of 1-D uint8 tensors")
-    layout = layout or validate(meta, [b.numel() for b in blobs])
+    layout = _checked_layout(blobs, meta, layout)
     device = torch.device(device)
     work = work_device(layout, meta, device)
-    coded = set(layout.codecs) - {"raw"}
-    engine = engine_on(work) if coded else None
-
-    hosts = _checked_hosts(blobs, meta[checksum_field(meta)], checksum_field(meta))
     out = torch.empty(meta["nbytes"], dtype=torch.uint8, device=work)
+    decode_into(blobs, meta, [(0, out)], layout)
+    return _delivered(out, device, move)
+
+
+def decode_into(blobs: list[torch.Tensor], meta: dict, targets: Targets, layout: Layout | None = None) -> None:
+    """Decode the record straight into ``targets``: pieces of its bytes at their offsets, on the device
+    :func:`~lightning_nvcomp.codec.engines.work_device` gives (bytes between pieces are not delivered), after checking
+    every field and checksum; ``layout`` as for :func:`decode`. Each storage of a record gets its own memory this way
+    without a second copy."""
+    layout = _checked_layout(blobs, meta, layout)
+    if not targets:
+        return
+    if any(at % layout.planes or out.numel() % layout.planes for at, out in targets):
+        raise CorruptCheckpointError(
+            f"a storage of the record does not start and end on its {layout.planes}-byte numbers"
+        )
+    work = targets[0][1].device
+    engine = engine_on(work) if set(layout.codecs) - {"raw"} else None
+    hosts = _checked_hosts(blobs, meta[checksum_field(meta)], checksum_field(meta))
     jobs, pos = [], 0
     for s, (start, length) in enumerate(_segments(meta["nbytes"], meta["segment"])):
         count = len(_chunk_lengths(length, layout)) * layout.planes
+        outs = [
+            (max(at, start) - start, out[max(at, start) - at : min(at + out.numel(), start + length) - at])
+            for at, out in targets
+            if at < start + length and start < at + out.numel()
+        ]
         jobs.append(
-            (
-                s,
-                blobs[s] if blobs[s].device == work else hosts[s],
-                meta["sizes"][pos : pos + count],
-                out[start : start + length],
-            )
+            (s, blobs[s] if blobs[s].device == work else hosts[s], meta["sizes"][pos : pos + count], outs, length)
         )
         pos += count
 
     def run(job: tuple) -> None:
-        s, stored, sizes, target = job
+        s, stored, sizes, outs, length = job
         try:
-            decode_segment(engine, stored.to(work), sizes, target, layout)
+            decode_segment(engine, stored.to(work), sizes, outs, length, layout)
         except ValueError as err:
             raise CorruptCheckpointError(f"segment {s} of the record does not decode: {err}") from None
 
@@ -387,7 +309,15 @@ def decode(
     else:
         for _ in _segment_pool().map(run, jobs):
             pass
-    return _delivered(out, device, move)
+
+
+def _checked_layout(blobs: list[torch.Tensor], meta: dict, layout: Layout | None) -> Layout:
+    """The record's layout (``layout`` where the caller validated ``meta`` already), its blobs' types checked."""
+    if not isinstance(blobs, list) or any(
+        not isinstance(b, torch.Tensor) or b.dtype != torch.uint8 or b.dim() != 1 for b in blobs
+    ):
+        raise CorruptCheckpointError("record blobs are not a list of 1-D uint8 tensors")
+    return layout or validate(meta, [b.numel() for b in blobs])
 
 
 def _checked_hosts(blobs: list[torch.Tensor], crcs: list[int], algorithm: str) -> list[torch.Tensor]:

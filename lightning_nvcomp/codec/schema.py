@@ -165,7 +165,7 @@ def validate(meta: object, blob_sizes: list[int]) -> Layout:
     nbytes, planes, chunk, segment = (_field(meta, n, int) for n in ("nbytes", "planes", "chunk", "segment"))
     codecs, sizes, crcs = (_field(meta, n, list) for n in ("codecs", "sizes", checksum_field(meta)))
     data_type = _field(meta, "data_type", str)
-    rotate = meta.get("rotate", False) if version >= 3 else False
+    rotate = version >= 3 and meta.get("rotate", False)
     if not isinstance(rotate, bool) or (rotate and planes < 2):
         raise CorruptCheckpointError(f"record field 'rotate' is {rotate!r} for {planes} planes")
     if not 0 <= nbytes < _MAX_NBYTES:

@@ -68,17 +68,19 @@ def _record_storages(
     if cached is not None:
         return cached
     state.charge(blobs, rec["nbytes"], name)
+    layout = rec[LAYOUT]
     try:
-        data = records.decode(blobs, rec, target, move=False, layout=rec[LAYOUT])
+        if engines.work_device(layout, rec, target) == target:
+            # Each storage gets its own memory, exactly its bytes, decoded straight into it: tensors are placed in it
+            # by absolute offsets, and a tensor kept after the load (an optimizer keeps its state tensors) must not
+            # hold the whole record alive.
+            pieces = [torch.empty(n, dtype=torch.uint8, device=target) for _, n in rec["storages"]]
+            records.decode_into(blobs, rec, [(start, p) for (start, _), p in zip(rec["storages"], pieces)], layout)
+        else:  # decoded on a GPU for a CPU load: one copy, straight into each storage's memory
+            data = records.decode(blobs, rec, target, move=False, layout=layout)
+            pieces = [data[start : start + n].to(target) for start, n in rec["storages"]]
     except CheckpointError as err:
         raise type(err)(f"tensor {name!r}: {err}") from None
-    pieces = [data[start : start + n] for start, n in rec["storages"]]
-    if data.device != target:  # decoded on a GPU for a CPU load: one copy, straight into each storage's memory
-        pieces = [piece.to(target) for piece in pieces]
-    elif len(pieces) > 1 or (pieces and pieces[0].numel() != data.numel()):
-        # Each storage gets its own memory, exactly its bytes: tensors are placed in it by absolute offsets, and a
-        # tensor kept after the load (an optimizer keeps its state tensors) must not hold the whole record alive.
-        pieces = [piece.clone() for piece in pieces]
     state.cache[key] = pieces
     state.produced.update(p.untyped_storage()._cdata for p in pieces)
     context.decoded(rec["nbytes"])

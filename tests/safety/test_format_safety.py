@@ -20,12 +20,10 @@ import json
 import os
 import struct
 import zipfile
-import zlib
-
-import crc32c
 from collections import OrderedDict
 from pathlib import Path
 
+import crc32c
 import fsspec
 import pytest
 import torch

@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightning_nvcomp.codec import batch, checksum, engines, planes, record, schema
+from lightning_nvcomp.codec import batch, checksum, engines, planes, record, schema, segment
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import (
     CheckpointError,
@@ -640,7 +640,7 @@ def test_packing_joins_only_adjacent_raw_ranges_that_need_no_padding_between():
     pieces = [(0, 16), (16, 5), (21, 16), coded, (40, 16), (56, 16), (80, 3)]
     assert batch._joined(pieces)[:2] == [(0, 21), (21, 16)]  # (16, 5) needs padding: (21, 16) starts a new range
     assert batch._joined(pieces)[3:] == [(40, 32), (80, 3)]
-    unjoined = record.pack([flat[p[0] : p[0] + p[1]] if isinstance(p, tuple) else p for p in pieces])
+    unjoined = segment.pack([flat[p[0] : p[0] + p[1]] if isinstance(p, tuple) else p for p in pieces])
     assert torch.equal(batch._pack(flat, pieces), unjoined)
 
 
@@ -668,9 +668,14 @@ def test_cpu_batches_share_a_plane_buffer_yet_keep_their_own_bytes():
         later = [tensor_bytes(trained_like(60_000, dtype, 10 + seed)) for dtype in (torch.float32, torch.bfloat16)]
         batch.encode_batch(later[:1], torch.float32, "zstd")
         batch.encode_batch(later[1:], torch.bfloat16, "zstd")
-    raw_sizes = [record._raw_sizes(coding.nbytes // 4, coding.layout.chunk) for coding, _ in coded]
+    raw_sizes = [segment._raw_sizes(coding.nbytes // 4, coding.layout.chunk) for coding, _ in coded]
     # chunks kept raw are packed from the shared planes
-    assert any(size == raw for (_, segments), raws in zip(coded, raw_sizes) for s in segments for size, raw in zip(s.sizes, raws))
+    assert any(
+        size == raw
+        for (_, segments), raws in zip(coded, raw_sizes)
+        for s in segments
+        for size, raw in zip(s.sizes, raws)
+    )
     for data, (coding, segments) in zip(first, coded):
         meta = record.describe(coding, [n for s in segments for n in s.sizes], [s.crc for s in segments])
         assert torch.equal(record.decode([s.blob for s in segments], meta), data)

@@ -1,0 +1,124 @@
+"""One segment's chunks: its byte planes cut into chunks, each coded by an engine or kept raw (:func:`encode_segment`),
+packed into the segment's blob (:func:`pack`), and decoded back into where its bytes go (:func:`decode_segment`). The
+record around the segments is :mod:`.record`'s; the layout and its validation, :mod:`.schema`'s."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from lightning_nvcomp.codec import planes as byte_planes
+from lightning_nvcomp.codec.engine import ChunkEngine
+from lightning_nvcomp.codec.schema import _CHUNK_ALIGN, Layout, _padded
+
+
+def pack(pieces: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate stored chunks, each padded with zeros to a multiple of 16 bytes (on their device)."""
+    if not pieces:
+        return torch.empty(0, dtype=torch.uint8)
+    device = pieces[0].device
+    zeros = torch.zeros(_CHUNK_ALIGN, dtype=torch.uint8, device=device)
+    parts = []
+    for p in pieces:
+        parts.append(p)
+        if p.numel() % _CHUNK_ALIGN:
+            parts.append(zeros[: _padded(p.numel()) - p.numel()])
+    return concatenate(parts)
+
+
+def concatenate(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat`` of 1-D uint8 tensors on one device; on the CPU, parts of 4 KiB and more through numpy (its
+    copies of large parts run up to a few times faster; for many small parts a numpy view each costs more)."""
+    if len(parts) == 1:
+        return parts[0]
+    if parts[0].device.type == "cpu" and sum(part.numel() for part in parts) >= len(parts) << 12:
+        return torch.from_numpy(np.concatenate([part.numpy() for part in parts]))
+    return torch.cat(parts)
+
+
+def plane_spans(width: int, n: int, pitch: int, chunk: int) -> list[list[tuple[int, int]]]:
+    """The (offset, length) of every chunk of every plane in a flattened plane buffer."""
+    return [[(k * pitch + j, min(chunk, n - j)) for j in range(0, n, chunk)] for k in range(width)]
+
+
+def encode_segment(engine: ChunkEngine | None, seg: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
+    """Code one segment with ``layout``: its stored chunks (on its device), plane by plane, each coded or raw
+    where coding would not make it smaller (what a blob holds, :func:`pack` ed)."""
+    plane_data = byte_planes.split(seg, layout.planes)
+    if layout.rotate:
+        byte_planes.rotate(plane_data)
+    flat, pitch = byte_planes.flatten(plane_data)
+    spans = plane_spans(layout.planes, plane_data.shape[1], pitch, layout.chunk)
+    stored = [[flat[o : o + n] for o, n in plane] for plane in spans]
+    for codec in sorted(set(layout.codecs) - {"raw"}):
+        ks = [k for k in range(layout.planes) if layout.codecs[k] == codec]
+        assert engine is not None, "a layout with coded planes needs an engine"
+        coded = iter(engine.encode(flat, [span for k in ks for span in spans[k]], codec, layout.data_type))
+        for k in ks:
+            stored[k] = [c if c.numel() < raw.numel() else raw for raw, c in zip(stored[k], coded)]
+    return [piece for plane in stored for piece in plane]
+
+
+def _raw_sizes(length: int, chunk: int) -> list[int]:
+    """The chunk sizes of a segment stored raw."""
+    return [min(chunk, length - j) for j in range(0, length, chunk)]
+
+
+#: Where decoded bytes go: (byte offset, a 1-D uint8 tensor that receives that many bytes from there on).
+Targets = list[tuple[int, torch.Tensor]]
+
+
+def decode_segment(
+    engine: ChunkEngine | None, stored: torch.Tensor, sizes: list[int], outs: Targets, nbytes: int, layout: Layout
+) -> None:
+    """Decode one segment's blob ``stored`` (its chunks' stored ``sizes``, validated; ``nbytes`` decoded bytes) into
+    ``outs``: pieces of the segment, each at its offset in it (the storages of a record's tensors, say), which the
+    plane join writes straight into. Offsets and lengths are multiples of the layout's plane count."""
+    n = nbytes // layout.planes
+    whole = outs[0][1] if len(outs) == 1 and outs[0][0] == 0 and outs[0][1].numel() == nbytes else None
+    if (
+        layout.planes == 1
+        and whole is None
+        and all(size == raw for size, raw in zip(sizes, _raw_sizes(n, layout.chunk)))
+    ):
+        # bytes stored as they are: byte b of the segment is byte b of its blob (raw chunks are 16-byte multiples)
+        for offset, out in outs:
+            out.copy_(stored[offset : offset + out.numel()])
+        return
+    if layout.planes > 1:
+        plane_out = byte_planes.empty(layout.planes, n, stored.device)
+    else:
+        plane_out = (whole if whole is not None else torch.empty(n, dtype=torch.uint8, device=stored.device)).view(
+            1, -1
+        )
+    flat, pitch = byte_planes.flatten(plane_out)
+    dst_spans = [span for plane in plane_spans(layout.planes, n, pitch, layout.chunk) for span in plane]
+    per_plane = len(dst_spans) // layout.planes
+    groups: dict[str, tuple[list, list]] = {}
+    raw_run: list[int] = []  # [src, dst, length] of a run of raw chunks contiguous in both buffers
+    pos = 0
+    for i, (size, (dst, length)) in enumerate(zip(sizes, dst_spans)):
+        if size == length:
+            if raw_run and raw_run[0] + raw_run[2] == pos and raw_run[1] + raw_run[2] == dst:
+                raw_run[2] += length
+            else:
+                if raw_run:
+                    flat[raw_run[1] : raw_run[1] + raw_run[2]].copy_(stored[raw_run[0] : raw_run[0] + raw_run[2]])
+                raw_run = [pos, dst, length]
+        else:
+            src_spans, out_spans = groups.setdefault(layout.codecs[i // per_plane], ([], []))
+            src_spans.append((pos, size))
+            out_spans.append((dst, length))
+        pos += _padded(size)
+    if raw_run:
+        flat[raw_run[1] : raw_run[1] + raw_run[2]].copy_(stored[raw_run[0] : raw_run[0] + raw_run[2]])
+    for codec, (src_spans, out_spans) in groups.items():
+        assert engine is not None, "a record with coded chunks needs an engine"
+        engine.decode(stored, src_spans, flat, out_spans, codec, layout.data_type)
+    if layout.rotate:
+        byte_planes.rotate(plane_out, inverse=True)
+    if whole is not None and layout.planes == 1:
+        return
+    w = layout.planes
+    for offset, out in outs:
+        byte_planes.join(plane_out[:, offset // w : (offset + out.numel()) // w], out)
