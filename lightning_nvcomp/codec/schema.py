@@ -161,7 +161,6 @@ def validate(meta: object, blob_sizes: list[int]) -> Layout:
         raise CorruptCheckpointError(f"unknown record format {version!r}")
     if version >= 2 and meta.get("check") != record_check(meta):
         raise CorruptCheckpointError("the record's description is damaged (its check does not match its fields)")
-
     nbytes, planes, chunk, segment = (_field(meta, n, int) for n in ("nbytes", "planes", "chunk", "segment"))
     codecs, sizes, crcs = (_field(meta, n, list) for n in ("codecs", "sizes", checksum_field(meta)))
     data_type = _field(meta, "data_type", str)
