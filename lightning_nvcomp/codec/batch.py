@@ -239,7 +239,7 @@ def decode_batch(records: list[tuple[list[torch.Tensor], dict, Layout]], work: t
         byte_planes.rotate(plane_out, inverse=True)
     if layout.planes > 1:
         for r, start, length, col in placed:
-            byte_planes.join(plane_out[:, col : col + length // layout.planes], outs[r][start : start + length])
+            byte_planes.join(list(plane_out[:, col : col + length // layout.planes]), outs[r][start : start + length])
     return outs
 
 

@@ -85,40 +85,58 @@ def decode_segment(
         for offset, out in outs:
             out.copy_(stored[offset : offset + out.numel()])
         return
-    if layout.planes > 1:
-        plane_out = byte_planes.empty(layout.planes, n, stored.device)
-    else:
-        plane_out = (whole if whole is not None else torch.empty(n, dtype=torch.uint8, device=stored.device)).view(
-            1, -1
-        )
+    w = layout.planes
+    plane_out = (
+        byte_planes.empty(w, n, stored.device)
+        if w > 1
+        else (whole if whole is not None else torch.empty(n, dtype=torch.uint8, device=stored.device)).view(1, -1)
+    )
+    rows = _decoded_rows(engine, stored, sizes, plane_out, layout)
+    if layout.rotate:
+        byte_planes.unrotate(rows[-1], rows[-2], plane_out[-1], plane_out[-2])
+        rows[-2:] = plane_out[-2:]
+    if whole is not None and w == 1:
+        return
+    for offset, out in outs:
+        byte_planes.join([row[offset // w : (offset + out.numel()) // w] for row in rows], out)
+
+
+def _decoded_rows(
+    engine: ChunkEngine | None, stored: torch.Tensor, sizes: list[int], plane_out: torch.Tensor, layout: Layout
+) -> list[torch.Tensor]:
+    """Decode a segment's planes into the rows of ``plane_out``, but for planes stored raw whole: those are read where
+    they lie in ``stored``. Returns every plane's row."""
+    w, n = plane_out.shape
     flat, pitch = byte_planes.flatten(plane_out)
-    dst_spans = [span for plane in plane_spans(layout.planes, n, pitch, layout.chunk) for span in plane]
-    per_plane = len(dst_spans) // layout.planes
+    spans = plane_spans(w, n, pitch, layout.chunk)
+    rows = list(plane_out)
     groups: dict[str, tuple[list, list]] = {}
     raw_run: list[int] = []  # [src, dst, length] of a run of raw chunks contiguous in both buffers
-    pos = 0
-    for i, (size, (dst, length)) in enumerate(zip(sizes, dst_spans)):
-        if size == length:
-            if raw_run and raw_run[0] + raw_run[2] == pos and raw_run[1] + raw_run[2] == dst:
-                raw_run[2] += length
+    pos, i = 0, 0
+    for k, plane in enumerate(spans):
+        if w > 1 and all(sizes[i + j] == length for j, (_, length) in enumerate(plane)):
+            rows[k] = stored[pos : pos + n]  # a plane stored raw is read where it lies: raw chunks follow each other
+            pos += sum(_padded(length) for _, length in plane)
+            i += len(plane)
+            continue
+        for dst, length in plane:
+            size = sizes[i]
+            if size == length:
+                if raw_run and raw_run[0] + raw_run[2] == pos and raw_run[1] + raw_run[2] == dst:
+                    raw_run[2] += length
+                else:
+                    if raw_run:
+                        flat[raw_run[1] : raw_run[1] + raw_run[2]].copy_(stored[raw_run[0] : raw_run[0] + raw_run[2]])
+                    raw_run = [pos, dst, length]
             else:
-                if raw_run:
-                    flat[raw_run[1] : raw_run[1] + raw_run[2]].copy_(stored[raw_run[0] : raw_run[0] + raw_run[2]])
-                raw_run = [pos, dst, length]
-        else:
-            src_spans, out_spans = groups.setdefault(layout.codecs[i // per_plane], ([], []))
-            src_spans.append((pos, size))
-            out_spans.append((dst, length))
-        pos += _padded(size)
+                src_spans, out_spans = groups.setdefault(layout.codecs[k], ([], []))
+                src_spans.append((pos, size))
+                out_spans.append((dst, length))
+            pos += _padded(size)
+            i += 1
     if raw_run:
         flat[raw_run[1] : raw_run[1] + raw_run[2]].copy_(stored[raw_run[0] : raw_run[0] + raw_run[2]])
     for codec, (src_spans, out_spans) in groups.items():
         assert engine is not None, "a record with coded chunks needs an engine"
         engine.decode(stored, src_spans, flat, out_spans, codec, layout.data_type)
-    if layout.rotate:
-        byte_planes.rotate(plane_out, inverse=True)
-    if whole is not None and layout.planes == 1:
-        return
-    w = layout.planes
-    for offset, out in outs:
-        byte_planes.join(plane_out[:, offset // w : (offset + out.numel()) // w], out)
+    return rows
