@@ -6,9 +6,9 @@ frames nvCOMP writes decode here.
 Each chunk is coded two ways and the smaller frame kept: with zstd's match finder, and as literals alone (zstd's
 Huffman coder with no matches, through ``ZSTD_compressSequences`` given no sequences). On a float's exponent plane
 matches cost more than they find (2.37 against 2.30 bits per byte on trained weights), while on Adam's moments they
-find runs (2.81 against 2.83); the frames are standard either way. Matches are looked for only where literals alone
-shrink the chunk to less than a quarter (runs, repeated rows: what the match finder is for), and a chunk whose sampled
-order-0 entropy reaches
+find runs (2.81 against 2.83); the frames are standard either way. The match finder codes a whole chunk only where it
+codes the chunk's first :data:`_PROBE_NBYTES` 10% smaller than literals do (runs, repeated rows), and a chunk whose
+sampled order-0 entropy reaches
 :data:`~lightning_nvcomp.codec.planes.RAW_ENTROPY_BITS` is not coded at all: it stays raw.
 """
 
@@ -64,6 +64,8 @@ def cpu_threads() -> int:
 #: plane's statistics from tensor to tensor and within one (exponent bits per byte on a trained GPT, against zstd's
 #: 128 KiB: 2.28 against 2.30 for its weights, 2.94 against 3.07 for Adam's second moments).
 BLOCK_NBYTES = 16 << 10
+#: The bytes of a chunk both coders try first, to tell whether matches pay on it.
+_PROBE_NBYTES = 64 << 10
 
 
 class _LiteralCoder:
@@ -121,6 +123,10 @@ class CpuZstdEngine(ChunkEngine):
             self._local.dctx = zstandard.ZstdDecompressor()
         return self._local.cctx
 
+    def _repeats(self, probe: np.ndarray) -> bool:
+        """Whether matches code ``probe`` (a chunk's first bytes) at least 10% smaller than literals alone do."""
+        return len(self._compressor().compress(memoryview(probe))) < 0.9 * self._literal_coder().compress(probe).numel()
+
     def _decompressor(self) -> zstandard.ZstdDecompressor:
         self._compressor()
         return self._local.dctx
@@ -134,7 +140,7 @@ class CpuZstdEngine(ChunkEngine):
         if byte_planes.sampled_entropy_bits(chunk) >= byte_planes.RAW_ENTROPY_BITS:
             return torch.from_numpy(chunk)
         literals = self._literal_coder().compress(chunk)
-        if literals.numel() * 4 >= chunk.size:  # matches pay only where bytes repeat: then literals shrink far too
+        if literals.numel() >= chunk.size or not self._repeats(chunk[:_PROBE_NBYTES]):
             return literals
         matched = self._compressor().compress(memoryview(chunk))
         if literals.numel() <= len(matched):

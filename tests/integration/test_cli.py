@@ -131,6 +131,7 @@ def test_verify_exits_2_when_a_codec_cannot_run_here(capsys, monkeypatch, zstd_c
         raise CodecUnavailableError("data compressed with gANS needs a CUDA GPU; lightning-nvcomp convert IN OUT")
 
     monkeypatch.setattr(record, "decode", no_gpu)
+    monkeypatch.setattr(record, "decode_into", no_gpu)
     status, _, err = run(capsys, "verify", zstd_ckpt)
     assert status == 2 and str(zstd_ckpt) in err and "convert" in err
 

@@ -1,0 +1,145 @@
+"""Record format 3 (issue 35): a float's exponent whole in one plane (the top two planes rotated), every chunk coded
+or kept raw by itself, literals-only zstd frames, CRC-32C checksums, and loads that decode each storage straight into
+its own memory."""
+
+from __future__ import annotations
+
+import crc32c
+import numpy as np
+import pytest
+import torch
+import zstandard
+from hypothesis import given
+from hypothesis import strategies as st
+
+import lightning_nvcomp
+from lightning_nvcomp.codec import planes, record, schema, segment
+from lightning_nvcomp.codec.cpu import CpuZstdEngine
+from lightning_nvcomp.errors import CorruptCheckpointError
+
+from tests.helpers.states import special_floats, tensor_bytes, trained_like
+
+SETTINGS = dict(max_examples=60, deadline=None)
+
+
+@given(st.binary(min_size=0, max_size=512), st.sampled_from([2, 4, 8]))
+def test_rotation_is_undone_bit_exactly(data, width):
+    data = data[: len(data) // width * width]
+    rows = planes.split(torch.frombuffer(bytearray(data), dtype=torch.uint8), width) if data else None
+    if rows is None:
+        return
+    before = rows.clone()
+    planes.rotate(rows)
+    planes.rotate(rows, inverse=True)
+    assert torch.equal(rows, before)
+    # out of place, from rows that stay as they are (a plane read where it lies in a read-only blob)
+    planes.rotate(rows)
+    high, low = rows[-1].clone(), rows[-2].clone()
+    out = torch.empty(2, rows.shape[1], dtype=torch.uint8)
+    planes.unrotate(high, low, out[0], out[1])
+    assert torch.equal(out[0], before[-1]) and torch.equal(out[1], before[-2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_top_plane_is_the_exponent_and_the_sign_sits_below_it(dtype):
+    x = torch.cat([trained_like(4096, dtype), special_floats(dtype)])
+    rows = planes.split(tensor_bytes(x), x.element_size())
+    planes.rotate(rows)
+    bits = x.view(torch.int32 if dtype == torch.float32 else torch.int16).to(torch.int64)
+    top = (bits >> (23 if dtype == torch.float32 else 7)) & 0xFF
+    sign = (bits < 0).to(torch.uint8)
+    assert torch.equal(rows[-1].to(torch.int64), top) and torch.equal(rows[-2] & 1, sign)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.complex64, torch.float8_e5m2]
+)
+def test_floats_code_rotated_and_round_trip_with_their_specials(dtype):
+    base = torch.float32 if dtype.is_complex else dtype
+    if dtype.is_complex:
+        x = torch.complex(trained_like(20000, torch.float32, 1), trained_like(20000, torch.float32, 2))
+    elif dtype.itemsize == 1:
+        x = (trained_like(20000, torch.float32, 1) * 400).to(dtype)
+    else:
+        x = torch.cat([trained_like(20000, base, 1), special_floats(base)])
+    data = tensor_bytes(x)
+    blobs, meta = record.encode(data, dtype, "zstd")
+    assert meta["format"] == 3 and meta["rotate"] is (planes.plane_width(dtype) > 1)
+    assert meta["crc32c"] == [crc32c.crc32c(b.numpy()) for b in blobs] and "crc32" not in meta
+    assert torch.equal(record.decode(blobs, meta), data)
+
+
+def test_the_exponent_plane_codes_smaller_rotated():
+    x = tensor_bytes(trained_like(1 << 18, torch.bfloat16, 3))
+    rotated = sum(b.numel() for b in record.encode(x, torch.bfloat16, "zstd")[0])
+    plain_layout = schema.Layout(2, ("zstd", "zstd"), "|u1", 1 << 20, False)
+    plain = sum(b.numel() for b in record.encode(x, torch.bfloat16, "zstd", layout=plain_layout)[0])
+    assert rotated < plain * 0.99, (rotated, plain)
+
+
+def test_literal_frames_are_standard_zstd_frames_that_declare_their_size():
+    engine = CpuZstdEngine(threads=1)
+    exponents = planes.split(tensor_bytes(trained_like(1 << 18, torch.float32)), 4)
+    planes.rotate(exponents)
+    chunk = exponents[3].contiguous()
+    frame = engine._literal_coder().compress(chunk.numpy())
+    assert frame.numel() < chunk.numel() // 3
+    raw = frame.numpy().tobytes()
+    assert zstandard.frame_content_size(raw) == chunk.numel()
+    assert zstandard.ZstdDecompressor().decompress(raw) == chunk.numpy().tobytes()
+
+
+def test_a_chunk_with_repeats_keeps_the_match_finder_s_frame():
+    """Literals alone cannot code a repeated row below ~1 bit per byte; matches can, and the smaller frame is kept."""
+    engine = CpuZstdEngine(threads=1)
+    row = np.frombuffer(np.random.default_rng(0).bytes(4096), dtype=np.uint8) % 16
+    chunk = np.tile(row, 256)
+    coded = engine._encode_one(chunk)
+    assert coded.numel() < chunk.size // 50
+    assert zstandard.ZstdDecompressor().decompress(coded.numpy().tobytes()) == chunk.tobytes()
+
+
+@pytest.mark.parametrize("layout", ["planes", "raw"])
+def test_decode_into_fills_each_target_with_exactly_its_bytes(layout):
+    data = tensor_bytes(trained_like(300_000, torch.float32, 4))
+    chosen = None if layout == "planes" else record.raw_layout()
+    blobs, meta = record.encode(data, torch.float32, "zstd" if layout == "planes" else "raw", 1 << 19, chosen)
+    spans = [(0, 4096), (4096 + 64, 700_000), (800_000, 400_000)]  # across segments, with bytes between
+    targets = [(start, torch.full((n,), 0xAB, dtype=torch.uint8)) for start, n in spans]
+    record.decode_into(blobs, meta, targets)
+    for (start, n), (_, out) in zip(spans, targets):
+        assert torch.equal(out, data[start : start + n])
+
+
+def test_decode_into_refuses_a_target_that_splits_a_number():
+    data = tensor_bytes(trained_like(4096, torch.float32))
+    blobs, meta = record.encode(data, torch.float32, "zstd")
+    with pytest.raises(CorruptCheckpointError, match="4-byte numbers"):
+        record.decode_into(blobs, meta, [(2, torch.empty(64, dtype=torch.uint8))])
+
+
+def test_decode_segment_reads_raw_planes_where_they_lie():
+    """A plane stored raw whole is joined from the blob itself: the blob is never written to."""
+    data = tensor_bytes(trained_like(1 << 16, torch.float32, 5))
+    blobs, meta = record.encode(data, torch.float32, "zstd")
+    blob = blobs[0].clone()
+    blob.requires_grad_(False)
+    frozen = blob.clone()
+    out = torch.empty_like(data)
+    engine = CpuZstdEngine(threads=1)
+    segment.decode_segment(engine, blob, meta["sizes"], [(0, out)], out.numel(), schema.Layout.of(meta))
+    assert torch.equal(out, data) and torch.equal(blob, frozen)
+
+
+def test_loaded_tensors_of_one_record_have_memory_of_their_own(tmp_path, monkeypatch):
+    """Tensors of a record of many storages come back each in memory of its own, exactly its bytes (a kept tensor must
+    not hold the others alive), decoded there without a second copy."""
+    monkeypatch.chdir(tmp_path)
+    state = {f"t{i}": trained_like(1000 + 64 * i, torch.float32, i) for i in range(6)}
+    lightning_nvcomp.save(state, "group.ckpt")
+    loaded = lightning_nvcomp.load("group.ckpt")
+    for name, tensor in state.items():
+        assert loaded[name].untyped_storage().nbytes() == tensor.nbytes
+        assert torch.equal(tensor_bytes(loaded[name]), tensor_bytes(tensor))
+    pointers = {t.untyped_storage().data_ptr() for t in loaded.values()}
+    assert len(pointers) == len(state)
