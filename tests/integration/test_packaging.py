@@ -151,7 +151,7 @@ def _name(requirement: str) -> str:
 def test_pyproject_core_needs_no_framework() -> None:
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     core = {_name(r) for r in project["dependencies"]}
-    assert core == {"torch", "zstandard", "numpy", "tqdm"}
+    assert core == {"torch", "zstandard", "crc32c", "numpy", "tqdm"}
     assert not core & {"lightning", "pytorch-lightning", "lightning-fabric", "accelerate"}
     extras = project["optional-dependencies"]
     assert {_name(r) for r in extras["lightning"]} == {"lightning"}
