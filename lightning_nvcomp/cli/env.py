@@ -65,6 +65,7 @@ def report(support: GpuSupport) -> list[str]:
         ["CUDA GPU", _gpu(support)],
         ["nvCOMP", _nvcomp(support)],
         ["zstandard", _version("zstandard") or "not installed (the CPU codec needs it)"],
+        ["crc32c", _version("crc32c") or "not installed (records' checksums need it)"],
     ]
     rows += [[name, version] for name in FRAMEWORKS if (version := _version(name)) is not None]
     ready = support.missing() is None

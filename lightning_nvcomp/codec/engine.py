@@ -25,7 +25,9 @@ class ChunkEngine(ABC):
 
     @abstractmethod
     def encode(self, src: torch.Tensor, spans: list[Span], codec: str, data_type: str) -> list[torch.Tensor]:
-        """Return the compressed form of each chunk ``src[offset : offset + length]`` (on the engine's device)."""
+        """Return the compressed form of each chunk ``src[offset : offset + length]`` (on the engine's device). Where
+        coding would not make a chunk smaller, what comes back may be anything at least as long as the chunk (the
+        chunk itself): callers store such a chunk raw."""
 
     @abstractmethod
     def decode(
