@@ -59,7 +59,7 @@ def _record_storages(
     """The record's storages as uint8 tensors on the blobs' device (``map_location``), each in its own memory;
     decoded once per load (copies of one record included), within the load's bound."""
     state = _state(context)
-    target = blobs[0].device if blobs else torch.device("cpu")
+    target = context.device or (blobs[0].device if blobs else torch.device("cpu"))
     if context.keep_on_gpu and rec.get("device") == "cuda" and target.type == "cpu" and torch.cuda.is_available():
         target = torch.device("cuda", torch.cuda.current_device())
     identity = rec["check"] if rec["format"] >= 2 else id(rec)

@@ -65,12 +65,15 @@ class LoadContext:
             device.
         progress: called with the raw size of every record decoded (progress bars).
         describing: the decoders describe instead of decoding, or while they decode (:class:`Describing`).
+        device: where the compressed tensors go, when the reader kept their blobs in host memory (a load onto one
+            GPU: the compressed bytes are copied there a segment at a time, not all at once); None: the blobs' device.
     """
 
     state: LoadState | None = None
     keep_on_gpu: bool = False
     progress: Callable[[int], None] | None = None
     describing: Describing | None = None
+    device: torch.device | None = None
 
     def decoded(self, nbytes: int) -> None:
         """A record of ``nbytes`` raw bytes was decoded."""

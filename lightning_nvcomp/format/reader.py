@@ -136,23 +136,41 @@ def read(
     pickle_bytes = check_structure(source, name, file_nbytes)
     ours = pickle_bytes is not None and any(d in pickle_bytes for d in OUR_DECODERS)
     state = (context and context.state) or LoadState(name, max_decoded_nbytes, file_nbytes)
-    context = dataclasses.replace(context or new_load(), state=state)
+    # Onto one GPU, our blobs stay in host memory and each record's go to the GPU as it is decoded: torch.load would
+    # copy every blob there first (the whole compressed file on the GPU beside the state).
+    device = _one_device(map_location) if ours else None
+    context = dataclasses.replace(context or new_load(), state=state, device=device)
     # Map the file only where no returned tensor can share its pages: ours decode into new memory.
     fd_path = _fd_path(source) if pickle_bytes is not None and (mmap or (mmap is None and ours)) else None
     try:
         with loading(context):
             obj = torch.load(
-                fd_path or source, map_location=map_location, weights_only=weights_only, mmap=fd_path is not None
+                fd_path or source,
+                map_location="cpu" if device is not None else map_location,
+                weights_only=weights_only,
+                mmap=fd_path is not None,
             )
             foreign = context.describing is None and _foreign_storages(obj, state.produced)
             if foreign and pickle_bytes is not None:
                 check_data_crcs(source, name, obj)
-                if fd_path is not None and not mmap:  # a file of ours with plain storages in it: load them copied
+                if device is not None or (fd_path is not None and not mmap):
+                    # a file of ours with plain storages in it (v0.1): load them copied, where they were asked for
                     source.seek(0)
                     obj = torch.load(source, map_location=map_location, weights_only=weights_only)
         return obj
     except Exception as err:
         _raise_load_error(err, name, pickle_bytes)
+
+
+def _one_device(map_location: Any) -> torch.device | None:
+    """The GPU a ``map_location`` sends every storage to, or None (the CPU, a mapping, a function)."""
+    if isinstance(map_location, (str, torch.device)):
+        try:
+            device = torch.device(map_location)
+        except RuntimeError:
+            return None
+        return device if device.type == "cuda" else None
+    return None
 
 
 def _raise_load_error(err: Exception, name: str, pickle_bytes: bytes | None) -> NoReturn:

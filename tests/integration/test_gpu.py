@@ -420,3 +420,20 @@ def test_items_read_back_onto_the_gpu_together(codec):
         for (name, t), got in zip(tensors, back):
             assert got.device == device and got.dtype == t.dtype and got.shape == t.shape, name
             assert torch.equal(_bytes(got), _bytes(t)), name
+
+
+@pytest.mark.parametrize("codec", ["ans", "zstd"])
+def test_a_load_onto_the_gpu_borrows_a_segment_not_the_compressed_file(tmp_path, codec):
+    """``load(map_location="cuda")`` keeps the blobs in host memory and copies a segment at a time to the GPU: beyond
+    the tensors it returns it borrows well under the file's size (it used to hold the whole compressed file there)."""
+    state = {f"t{i}": _trained_like((96 << 20) // 4 + i, torch.float32) for i in range(12)}  # 1.2 GB, several records
+    path = tmp_path / f"{codec}.ckpt"
+    lightning_nvcomp.save(state, path, codec=codec)
+    state_nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    loaded = lightning_nvcomp.load(path, map_location="cuda")
+    borrowed = torch.cuda.max_memory_allocated() - base - state_nbytes
+    assert all(loaded[k].device.type == "cuda" and torch.equal(_bytes(loaded[k]), _bytes(v)) for k, v in state.items())
+    assert borrowed < 0.5 * path.stat().st_size, (borrowed, path.stat().st_size)

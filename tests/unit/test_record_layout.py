@@ -143,3 +143,23 @@ def test_loaded_tensors_of_one_record_have_memory_of_their_own(tmp_path, monkeyp
         assert torch.equal(tensor_bytes(loaded[name]), tensor_bytes(tensor))
     pointers = {t.untyped_storage().data_ptr() for t in loaded.values()}
     assert len(pointers) == len(state)
+
+
+@pytest.mark.parametrize(
+    ("map_location", "expected"),
+    [
+        ("cuda", "cuda"),
+        ("cuda:1", "cuda:1"),
+        (torch.device("cuda", 0), "cuda:0"),
+        ("cpu", None),
+        (None, None),
+        ({"cuda:0": "cpu"}, None),
+        (lambda storage, location: storage, None),
+        ("not a device", None),
+    ],
+)
+def test_a_load_onto_one_gpu_keeps_the_blobs_in_host_memory(map_location, expected):
+    from lightning_nvcomp.format.reader import _one_device
+
+    device = _one_device(map_location)
+    assert (None if device is None else str(device)) == expected
