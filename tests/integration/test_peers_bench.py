@@ -5,6 +5,7 @@ held to values worked out by hand."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import math
@@ -78,6 +79,8 @@ def test_a_quick_run_measures_every_state_and_method_and_every_round_trip_was_bi
         sys.path.remove(str(BENCH))
     assert all(k in result for k in report.REQUIRED) and result["benchmark"] == "peers"
     assert result["command"] == "python benchmarks/peers_bench.py " + " ".join(ARGS)  # no --dir, no --json
+    for peer in ("zipnn", "lz4", "safetensors", "zstandard"):  # the peers' versions, None where not installed
+        assert result["versions"][peer] == (importlib.metadata.version(peer) if available(peer) else None)
     assert sorted(p.name for p in (work / "out").iterdir()) == ["latest-cpu.json"]
     assert [p.name for p in (work / "cache").iterdir()] == ["gpt-64x2-4x2-cpu.pt"]  # the trained GPT, kept
     assert sorted(p.name for p in work.iterdir()) == ["cache", "model.safetensors", "out"]  # no saved file left
