@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_nvcomp.codec.gpu import gpu_available
+
 from tests.helpers.paths import REPO_ROOT
 
 BENCH = REPO_ROOT / "benchmarks"
@@ -103,7 +105,7 @@ def test_a_quick_run_measures_every_state_and_method_and_every_round_trip_was_bi
     assert {c["state"] for c in classes if c["whole"]} == set(STATES)
     gpt = {c["class"]: c for c in classes if c["state"] == "GPT fp32 w+m+v"}
     assert list(gpt) == ["fp32 weights", "exp_avg", "exp_avg_sq", "whole state"]
-    coders = ["ours zstd"] + ["ZipNN"] * available("zipnn")
+    coders = ["ours zstd", *["ours ans (GPU)", "ours zstd (GPU)"] * gpu_available(), *["ZipNN"] * available("zipnn")]
     for c in classes:
         assert sorted(c["ratios"]) == sorted(coders) and all(v > 0 for v in c["ratios"].values())
     whole = gpt["whole state"]
@@ -166,3 +168,15 @@ def test_the_bit_exact_check_compares_bytes_keys_and_dtypes(bench: object) -> No
     assert not bench.exact(state, {**state, "s": torch.tensor(2.0, dtype=torch.float64)})
     assert not bench.exact(state, {"w": state["w"]})
     assert not bench.exact(state, [state["w"], state["s"]])
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and nvCOMP")
+def test_on_a_gpu_ours_saves_from_and_loads_to_the_gpu_bit_exact(run: tuple[Path, dict, str]) -> None:
+    _, result, _ = run
+    for state in STATES:
+        gpu = {r["method"]: r for r in result["rows"] if r["state"] == state and r["method"].endswith("(GPU)")}
+        assert sorted(gpu) == ["ours ans (GPU)", "ours zstd (GPU)"]
+        assert all(r["exact"] is True for r in gpu.values())
+    assert all({"ours ans (GPU)", "ours zstd (GPU)"} <= set(c["ratios"]) for c in result["classes"])
