@@ -91,8 +91,9 @@ DISTRIBUTIONS = ("lightning", "accelerate", "zstandard", "fsspec", "s3fs", "moto
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
-def environment() -> dict:
-    """The machine and the software a benchmark runs on: the ``hardware`` and ``versions`` of its result."""
+def environment(distributions: tuple[str, ...] = DISTRIBUTIONS) -> dict:
+    """The machine and the software a benchmark runs on: the ``hardware`` and ``versions`` of its result (those of
+    ``distributions`` among them)."""
     gpu = torch.cuda.is_available()
     info = {}
     for name in ("cpuinfo", "meminfo"):
@@ -123,7 +124,7 @@ def environment() -> dict:
         "nvcomp": nvcomp_version(),
         "lightning_nvcomp": lightning_nvcomp.__version__,
     }
-    for name in DISTRIBUTIONS:
+    for name in distributions:
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -164,7 +165,15 @@ def _finite(value: object) -> object:
 
 
 def write_result(
-    path: str | None, benchmark: str, *, setup: str, repetitions: int, statistic: str, rows: list[dict], **extra: object
+    path: str | None,
+    benchmark: str,
+    *,
+    setup: str,
+    repetitions: int,
+    statistic: str,
+    rows: list[dict],
+    distributions: tuple[str, ...] = DISTRIBUTIONS,
+    **extra: object,
 ) -> None:
     """Write a benchmark's result as JSON to ``path`` (nothing when None), the layout ``benchmarks/report.py`` reads.
 
@@ -174,6 +183,7 @@ def write_result(
         repetitions: how many times each figure was measured.
         statistic: how the figures shown come from those repetitions (e.g. "median of 3 after a warm-up").
         rows: the table's rows, raw figures (seconds, MB, ratios), one dict each.
+        distributions: the distributions whose versions it records (``DISTRIBUTIONS`` and those it measures).
         extra: the benchmark's other figures.
     """
     if not path:
@@ -185,7 +195,7 @@ def write_result(
         "command": command_line(),
         "repetitions": repetitions,
         "statistic": statistic,
-        **environment(),
+        **environment(distributions),
         "setup": setup,
         "rows": rows,
         **extra,

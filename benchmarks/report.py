@@ -349,6 +349,81 @@ def accelerate_headline(result: dict) -> str:
     return f"{best['method']}: save_state {best['vs_accelerate']:.2f}x Accelerate's time, {best['ratio']:.3f}x smaller"
 
 
+def peers_tables(result: dict) -> list[str]:
+    rows = result["rows"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    whole = {c["state"]: c for c in result["classes"] if c["whole"]}
+    by_state: dict[str, Row] = {}
+    for r in rows:
+        by_state.setdefault(r["state"], {"state": r["state"]})[r["method"]] = r["ratio"]
+    ratios = table(
+        [
+            Column("state", key("state")),
+            *(Column(m, key(m), ".4f") for m in methods),
+            Column("order-0 byte-plane bound", lambda r: whole[r["state"]]["bound"], ".4f"),
+            Column("sign-rotated bound", lambda r: whole[r["state"]]["rotated_bound"], ".4f"),
+        ],
+        list(by_state.values()),
+        result,
+    )
+    speeds = table(
+        [
+            Column("state", key("state")),
+            Column("method", key("method")),
+            Column("raw MB", key("raw_mb"), ".1f"),
+            Column("stored MB", key("stored_mb"), ".1f"),
+            Column("ratio", key("ratio"), ".4f"),
+            Column("save GB/s", key("save_gbps"), ".2f"),
+            Column("load GB/s", key("load_gbps"), ".2f"),
+            Column("load from disk GB/s", key("cold_load_gbps"), ".2f"),
+            Column("save CPU s/GB", key("save_cpu_s_per_gb"), ".2f"),
+            Column("load CPU s/GB", key("load_cpu_s_per_gb"), ".2f"),
+            Column("bit-exact", key("exact")),
+        ],
+        rows,
+        result,
+    )
+    coders = list(dict.fromkeys(m for c in result["classes"] for m in c["ratios"]))
+    classes = table(
+        [
+            Column("state", key("state")),
+            Column("class", key("class")),
+            Column("tensors", key("tensors")),
+            Column("MB", key("mb"), ".2f"),
+            Column("order-0 byte-plane bound", key("bound"), ".4f"),
+            Column("sign-rotated bound", key("rotated_bound"), ".4f"),
+            *(Column(m, lambda r, m=m: r["ratios"].get(m), ".4f") for m in coders),
+        ],
+        result["classes"],
+        result,
+    )
+    return [
+        "Ratio (raw tensor bytes / bytes on disk) of each state:",
+        "",
+        *ratios,
+        "",
+        "Each state and method:",
+        "",
+        *speeds,
+        "",
+        "Each tensor class, coded alone:",
+        "",
+        *classes,
+        "",
+        *(f"- {note}" for note in result["notes"]),
+    ]
+
+
+def peers_headline(result: dict) -> str:
+    first = result["rows"][0]["state"]
+    rows = {r["method"]: r for r in result["rows"] if r["state"] == first}
+    ours, zipnn = rows.get("ours zstd"), rows.get("ZipNN")
+    if ours is None:
+        return "-"
+    text = f"{first}: ours zstd {ours['ratio']:.4f}x, load {ours['load_gbps']:.2f} GB/s"
+    return text + (f" (ZipNN {zipnn['ratio']:.4f}x, {zipnn['load_gbps']:.2f} GB/s)" if zipnn else "")
+
+
 def title_of(result: dict) -> str:
     """The machine a result ran on, for a plot's title: "GPU run: NVIDIA H100 ..." or "CPU run: AMD EPYC, 2 cores"."""
     hw = result["hardware"]
@@ -492,6 +567,19 @@ BENCHMARKS = (
         codec_tables,
         codec_headline,
         codec_plots,
+    ),
+    Benchmark(
+        "peers",
+        "Peers",
+        "peers_bench.py",
+        "Our codecs against the peers, side by side in one run, on real states: a GPT trained on the standard "
+        "library's sources (fp32 weights + AdamW moments; its weights in bf16; in FP8 scaled per tensor) and the real "
+        "all-MiniLM-L6-v2 weights (fp32, bf16, FP8). The peers: ZipNN (byte grouping + Huffman), DCP's ZStandard "
+        "extension, zstd and lz4 over `torch.save`'s bytes, `torch.save`, safetensors (and zstd over it). Ratio, save "
+        "and load GB/s and CPU seconds per GB, every load checked bit-exact; for each tensor class, the order-0 "
+        "byte-plane bound, plain and with the sign rotated out of the exponent byte.",
+        peers_tables,
+        peers_headline,
     ),
     Benchmark(
         "steady",
