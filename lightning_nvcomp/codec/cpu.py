@@ -3,12 +3,11 @@
 Every frame carries its content size, so frames written here decode on the GPU with nvCOMP's RAW Zstd and
 frames nvCOMP writes decode here.
 
-Each chunk is coded two ways and the smaller frame kept: with zstd's match finder, and as literals alone (zstd's
-Huffman coder with no matches, through ``ZSTD_compressSequences`` given no sequences). On a float's exponent plane
-matches cost more than they find (2.37 against 2.30 bits per byte on trained weights), while on Adam's moments they
-find runs (2.81 against 2.83); the frames are standard either way. The match finder codes a whole chunk only where it
-codes the chunk's first :data:`_PROBE_NBYTES` 10% smaller than literals do (runs, repeated rows), and a chunk whose
-sampled order-0 entropy reaches
+A chunk is coded as literals alone (zstd's Huffman coder with no matches, through ``ZSTD_compressSequences`` given no
+sequences), in blocks of the size that codes its first :data:`_PROBE_NBYTES` smaller (:data:`BLOCK_NBYTES`), or with
+zstd's match finder where that codes those first bytes 10% smaller still (runs, repeated rows); the smaller frame is
+kept, and the frames are standard either way. On a float's exponent plane matches cost more than they find (2.37
+against 2.30 bits per byte on trained weights). A chunk whose sampled order-0 entropy reaches
 :data:`~lightning_nvcomp.codec.planes.RAW_ENTROPY_BITS` is not coded at all: it stays raw.
 """
 
@@ -60,10 +59,11 @@ def cpu_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-#: The literals-only frames' largest block: each block has its own Huffman table, and blocks of 16 KiB follow a
-#: plane's statistics from tensor to tensor and within one (exponent bits per byte on a trained GPT, against zstd's
-#: 128 KiB: 2.28 against 2.30 for its weights, 2.94 against 3.07 for Adam's second moments).
-BLOCK_NBYTES = 16 << 10
+#: The literals-only frames' largest blocks, one tried against the other on each chunk's first bytes: each block has
+#: a Huffman table of its own, and blocks of 16 KiB follow a plane's statistics closely (exponent bits per byte on a
+#: trained GPT against zstd's 128 KiB: 2.94 against 3.07 for Adam's second moments), where 64 KiB ones pay less for
+#: their tables (bf16 weights).
+BLOCK_NBYTES = (16 << 10, 64 << 10)
 #: The bytes of a chunk both coders try first, to tell whether matches pay on it.
 _PROBE_NBYTES = 64 << 10
 
@@ -72,7 +72,7 @@ class _LiteralCoder:
     """zstd frames of literals alone: each block's bytes Huffman-coded (or stored), no matches searched. One per
     thread: a zstd context is not thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, block_nbytes: int) -> None:
         lib, ffi = backend_cffi.lib, backend_cffi.ffi
         self._cctx = ffi.gc(lib.ZSTD_createCCtx(), lib.ZSTD_freeCCtx)
         if not self._cctx:
@@ -80,7 +80,7 @@ class _LiteralCoder:
         settings = (
             (lib.ZSTD_c_contentSizeFlag, 1),
             (lib.ZSTD_c_checksumFlag, 0),
-            (lib.ZSTD_c_maxBlockSize, BLOCK_NBYTES),
+            (lib.ZSTD_c_maxBlockSize, block_nbytes),
         )
         for parameter, value in settings:
             self._check(lib.ZSTD_CCtx_setParameter(self._cctx, parameter, value))
@@ -119,29 +119,28 @@ class CpuZstdEngine(ChunkEngine):
     def _compressor(self) -> zstandard.ZstdCompressor:
         if not hasattr(self._local, "cctx"):  # zstd contexts are not thread-safe: one per thread
             self._local.cctx = zstandard.ZstdCompressor(compression_params=self._parameters)
-            self._local.literals = _LiteralCoder()
+            self._local.literals = [_LiteralCoder(n) for n in BLOCK_NBYTES]
             self._local.dctx = zstandard.ZstdDecompressor()
         return self._local.cctx
-
-    def _repeats(self, probe: np.ndarray) -> bool:
-        """Whether matches code ``probe`` (a chunk's first bytes) at least 10% smaller than literals alone do."""
-        return len(self._compressor().compress(memoryview(probe))) < 0.9 * self._literal_coder().compress(probe).numel()
 
     def _decompressor(self) -> zstandard.ZstdDecompressor:
         self._compressor()
         return self._local.dctx
 
-    def _literal_coder(self) -> _LiteralCoder:
+    def _literal_coders(self) -> list[_LiteralCoder]:
         self._compressor()
         return self._local.literals
 
     def _encode_one(self, chunk: np.ndarray) -> torch.Tensor:
-        """The smaller of the chunk's two frames; the chunk itself (stays raw) where it is not worth coding."""
+        """The chunk's smallest frame, by what its first bytes tell; the chunk itself (stays raw) where it is not worth
+        coding."""
         if byte_planes.sampled_entropy_bits(chunk) >= byte_planes.RAW_ENTROPY_BITS:
             return torch.from_numpy(chunk)
-        literals = self._literal_coder().compress(chunk)
-        if literals.numel() >= chunk.size or not self._repeats(chunk[:_PROBE_NBYTES]):
-            return literals
+        probe = chunk[:_PROBE_NBYTES]
+        probed, coder = min(((c.compress(probe).numel(), c) for c in self._literal_coders()), key=lambda t: t[0])
+        literals = coder.compress(chunk)
+        if literals.numel() >= chunk.size or len(self._compressor().compress(memoryview(probe))) >= 0.9 * probed:
+            return literals  # matches pay only where they code the first bytes 10% smaller than literals do
         matched = self._compressor().compress(memoryview(chunk))
         if literals.numel() <= len(matched):
             return literals

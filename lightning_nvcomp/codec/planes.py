@@ -39,7 +39,7 @@ _PLANE_WIDTH = {
 RAW_ENTROPY_BITS = 7.98
 
 _SAMPLE_NBYTES = 16 << 10
-_SAMPLE_RUNS = 4
+_SAMPLE_RUNS = 64
 
 
 def plane_width(dtype: torch.dtype) -> int:
