@@ -136,7 +136,8 @@ def _arrays(*rows: torch.Tensor) -> list:
 def sampled_entropy_bits(chunk: np.ndarray) -> float:
     """Order-0 entropy in bits per byte of a 1-D uint8 array, estimated on :data:`_SAMPLE_RUNS` runs of bytes spread
     evenly over it (:data:`_SAMPLE_NBYTES` in all; runs, not every k-th byte: a plane's bytes repeat with the rows of
-    its tensor)."""
+    its tensor; many short runs, so that a chunk of noise but for a stretch that codes is coded: on MiniLM's
+    fp32 weights 4 runs lost 0.55% of the ratio, 64 nothing)."""
     if chunk.size > _SAMPLE_NBYTES:
         run, gap = _SAMPLE_NBYTES // _SAMPLE_RUNS, chunk.size // _SAMPLE_RUNS
         chunk = np.concatenate([chunk[i * gap : i * gap + run] for i in range(_SAMPLE_RUNS)])
