@@ -74,53 +74,63 @@ def decode_segment(
     """Decode one segment's blob ``stored`` (its chunks' stored ``sizes``, validated; ``nbytes`` decoded bytes) into
     ``outs``: pieces of the segment, each at its offset in it (the storages of a record's tensors, say), which the
     plane join writes straight into. Offsets and lengths are multiples of the layout's plane count."""
-    n = nbytes // layout.planes
+    w, n = layout.planes, nbytes // layout.planes
     whole = outs[0][1] if len(outs) == 1 and outs[0][0] == 0 and outs[0][1].numel() == nbytes else None
-    if (
-        layout.planes == 1
-        and whole is None
-        and all(size == raw for size, raw in zip(sizes, _raw_sizes(n, layout.chunk)))
-    ):
-        # bytes stored as they are: byte b of the segment is byte b of its blob (raw chunks are 16-byte multiples)
-        for offset, out in outs:
-            out.copy_(stored[offset : offset + out.numel()])
+    if w == 1:
+        if whole is None and all(size == raw for size, raw in zip(sizes, _raw_sizes(n, layout.chunk))):
+            # bytes stored as they are: byte b of the segment is byte b of its blob (raw chunks are 16-byte multiples)
+            for offset, out in outs:
+                out.copy_(stored[offset : offset + out.numel()])
+            return
+        row = whole if whole is not None else torch.empty(n, dtype=torch.uint8, device=stored.device)
+        _decoded_rows(engine, stored, sizes, n, layout, row)
+        if whole is None:
+            for offset, out in outs:
+                out.copy_(row[offset : offset + out.numel()])
         return
-    w = layout.planes
-    plane_out = (
-        byte_planes.empty(w, n, stored.device)
-        if w > 1
-        else (whole if whole is not None else torch.empty(n, dtype=torch.uint8, device=stored.device)).view(1, -1)
-    )
-    rows = _decoded_rows(engine, stored, sizes, plane_out, layout)
-    if layout.rotate:
-        byte_planes.unrotate(rows[-1], rows[-2], plane_out[-1], plane_out[-2])
-        rows[-2:] = plane_out[-2:]
-    if whole is not None and w == 1:
-        return
+    rows = _decoded_rows(engine, stored, sizes, n, layout)
     for offset, out in outs:
-        byte_planes.join([row[offset // w : (offset + out.numel()) // w] for row in rows], out)
+        first, end = offset // w, (offset + out.numel()) // w
+        for start in range(first, end, JOIN_COLUMNS):  # a slice at a time: the rotation's scratch stays small
+            part = [row[start : min(end, start + JOIN_COLUMNS)] for row in rows]
+            if layout.rotate:
+                top = byte_planes.empty(2, part[0].numel(), stored.device)
+                byte_planes.unrotate(part[-1], part[-2], top[0], top[1])
+                part[-2:] = [top[1], top[0]]
+            byte_planes.join(part, out[(start - first) * w : (start - first + part[0].numel()) * w])
+
+
+#: Plane columns unrotated and joined at a time.
+JOIN_COLUMNS = 4 << 20
 
 
 def _decoded_rows(
-    engine: ChunkEngine | None, stored: torch.Tensor, sizes: list[int], plane_out: torch.Tensor, layout: Layout
+    engine: ChunkEngine | None,
+    stored: torch.Tensor,
+    sizes: list[int],
+    n: int,
+    layout: Layout,
+    into: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
-    """Decode a segment's planes into the rows of ``plane_out``, but for planes stored raw whole: those are read where
-    they lie in ``stored``. Returns every plane's row."""
-    w, n = plane_out.shape
-    flat, pitch = byte_planes.flatten(plane_out)
-    spans = plane_spans(w, n, pitch, layout.chunk)
-    rows = list(plane_out)
+    """Every plane of a segment as a row of ``n`` bytes: a plane stored raw whole is read where it lies in ``stored``
+    (its raw chunks follow each other there), the others are decoded into fresh rows (into ``into`` for a single
+    plane)."""
+    w = layout.planes
+    lengths = _raw_sizes(n, layout.chunk)
+    per_plane = len(lengths)
+    starts = [sum(_padded(size) for size in sizes[: k * per_plane]) for k in range(w)]
+    raw = [w > 1 and sizes[k * per_plane : (k + 1) * per_plane] == lengths for k in range(w)]
+    decoded = [k for k in range(w) if not raw[k]]
+    buffer = into.view(1, -1) if into is not None else byte_planes.empty(len(decoded), n, stored.device)
+    flat, pitch = byte_planes.flatten(buffer) if decoded else (buffer.view(-1), 0)
+    rows = [stored[starts[k] : starts[k] + n] for k in range(w)]
     groups: dict[str, tuple[list, list]] = {}
     raw_run: list[int] = []  # [src, dst, length] of a run of raw chunks contiguous in both buffers
-    pos, i = 0, 0
-    for k, plane in enumerate(spans):
-        if w > 1 and all(sizes[i + j] == length for j, (_, length) in enumerate(plane)):
-            rows[k] = stored[pos : pos + n]  # a plane stored raw is read where it lies: raw chunks follow each other
-            pos += sum(_padded(length) for _, length in plane)
-            i += len(plane)
-            continue
-        for dst, length in plane:
-            size = sizes[i]
+    for r, k in enumerate(decoded):
+        rows[k] = buffer[r]
+        pos = starts[k]
+        for j, length in enumerate(lengths):
+            size, dst = sizes[k * per_plane + j], r * pitch + j * layout.chunk
             if size == length:
                 if raw_run and raw_run[0] + raw_run[2] == pos and raw_run[1] + raw_run[2] == dst:
                     raw_run[2] += length
@@ -133,7 +143,6 @@ def _decoded_rows(
                 src_spans.append((pos, size))
                 out_spans.append((dst, length))
             pos += _padded(size)
-            i += 1
     if raw_run:
         flat[raw_run[1] : raw_run[1] + raw_run[2]].copy_(stored[raw_run[0] : raw_run[0] + raw_run[2]])
     for codec, (src_spans, out_spans) in groups.items():
