@@ -1,6 +1,6 @@
-"""The import paths of 0.1 that moved in 0.2, kept for one release: ``import lightning_nvcomp.calibration`` gives a
+"""The import paths of 0.1 that moved in 0.2, kept until 0.4: ``import lightning_nvcomp.calibration`` gives a
 module that reads its names from :mod:`lightning_nvcomp.auto.calibration`, and warns (``DeprecationWarning``) with
-the new path. Removed in 0.3.
+the new path. Removed in 0.4.
 
 One finder on ``sys.meta_path`` (added by ``import lightning_nvcomp``) answers for the names of :data:`MOVED` alone,
 after Python's own finders have found no such module (docs/ARCHITECTURE.md, "Effects on the user's process").
@@ -87,7 +87,7 @@ class MovedModules(importlib.abc.MetaPathFinder):
             return None
         homes = MOVED[old]
         warnings.warn(
-            f"{fullname} is deprecated (removed in 0.3): import from {' or '.join(f'{_PACKAGE}.{h}' for h in homes)}",
+            f"{fullname} is deprecated (removed in 0.4): import from {' or '.join(f'{_PACKAGE}.{h}' for h in homes)}",
             DeprecationWarning,
             stacklevel=2,
         )

@@ -209,7 +209,7 @@ class SaveOptions:
 
     @classmethod
     def of(cls, **fields: Any) -> SaveOptions:
-        """Deprecated since 0.2, removed in 0.3: ``SaveOptions(...)`` takes the same MiB keywords."""
+        """Deprecated since 0.2, removed in 0.4: ``SaveOptions(...)`` takes the same MiB keywords."""
         warnings.warn(
             "SaveOptions.of(...) is deprecated: SaveOptions(...) takes the same keywords",
             DeprecationWarning,
