@@ -66,8 +66,18 @@ def flatten(planes: torch.Tensor) -> tuple[torch.Tensor, int]:
     return planes.as_strided(((width - 1) * pitch + n,), (1,), planes.storage_offset()), pitch
 
 
-def split(data: torch.Tensor, width: int) -> torch.Tensor:
-    """Return the ``[width, n]`` planes of the 1-D uint8 buffer ``data`` (``width * n`` bytes)."""
+def split(data: torch.Tensor | Sequence[torch.Tensor], width: int) -> torch.Tensor:
+    """Return the ``[width, n]`` planes of the 1-D uint8 buffer ``data`` (``width * n`` bytes), or of the buffer that
+    consecutive parts of whole numbers form (on the CPU: each transposed straight into its columns, none joined)."""
+    if not isinstance(data, torch.Tensor):
+        if len(data) == 1 or width == 1 or data[0].device.type != "cpu":
+            return split(data[0] if len(data) == 1 else torch.cat(list(data)), width)
+        columns = np.empty((width, sum(part.numel() for part in data) // width), dtype=np.uint8)
+        at = 0
+        for part in data:
+            columns[:, at : at + part.numel() // width] = part.numpy().reshape(-1, width).T
+            at += part.numel() // width
+        return torch.from_numpy(columns)
     if width == 1:
         return data.view(1, -1)
     if data.device.type == "cpu":  # numpy transposes bytes ~6x faster than torch on the CPU

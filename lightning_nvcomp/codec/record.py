@@ -30,7 +30,7 @@ from lightning_nvcomp.codec.schema import (
     seal,
     validate,
 )
-from lightning_nvcomp.codec.segment import Targets, _raw_sizes, decode_segment, encode_segment, pack
+from lightning_nvcomp.codec.segment import Parts, Targets, _raw_sizes, concatenate, decode_segment, encode_segment, pack
 from lightning_nvcomp.errors import CorruptCheckpointError
 
 #: Uncompressed chunk size per (codec, device type), measured best on an H200 (benchmarks/codec_bench.py), within nvCOMP's
@@ -52,18 +52,25 @@ def raw_layout() -> Layout:
     return Layout(1, ("raw",), "|u1", CHUNK_NBYTES[("raw", "cpu")])
 
 
+def plane_layout(engine: ChunkEngine | None, nbytes: int, dtype: torch.dtype, codec: str) -> Layout:
+    """The byte-plane layout of ``nbytes`` of ``dtype`` coded with ``codec`` by ``engine`` (raw without one): planes by
+    ``dtype`` (a float's top two rotated), every plane coded, chunk by chunk (the engine keeps a chunk raw where coding
+    does not make it smaller)."""
+    if engine is None:
+        return raw_layout()
+    width = byte_planes.plane_width(dtype)
+    if nbytes % width:
+        width = 1
+    chunk = CHUNK_NBYTES[(codec, engine.device_type)]
+    return Layout(width, (codec,) * width, "|u1", chunk, width > 1 and byte_planes.rotates(dtype))
+
+
 def choose_layout(engine: ChunkEngine | None, data: torch.Tensor, dtype: torch.dtype, codec: str) -> Layout:
     """The layout that codes ``data`` smallest: byte planes by ``dtype`` (a float's top two rotated), every plane
     coded (each chunk is kept raw where coding does not make it smaller: the engine decides per chunk); for gANS, the
     chunk size that codes a sample smaller, and its typed model where it is smaller still and round-trips."""
-    if engine is None:
-        return raw_layout()
-    chunk = CHUNK_NBYTES[(codec, engine.device_type)]
-    width = byte_planes.plane_width(dtype)
-    if data.numel() % width:
-        width = 1
-    layout = Layout(width, (codec,) * width, "|u1", chunk, width > 1 and byte_planes.rotates(dtype))
-    if codec != "ans" or data.numel() < 4096:
+    layout = plane_layout(engine, data.numel(), dtype, codec)
+    if engine is None or codec != "ans" or data.numel() < 4096:
         return layout
     start = (data.numel() // 2 - _TYPED_SAMPLE_NBYTES // 2) // 64 * 64
     sample = data[max(0, start) : max(0, start) + _TYPED_SAMPLE_NBYTES]
@@ -131,7 +138,9 @@ class Encoder:
     (to be written while the next is coded); :func:`describe` then makes their record dict from :attr:`coding`.
 
     Args:
-        data: 1-D contiguous uint8, the bytes of numbers of ``dtype``, on the CPU or a GPU.
+        data: 1-D contiguous uint8, the bytes of numbers of ``dtype``, on the CPU or a GPU; or its consecutive parts,
+            each whole numbers (a record's storages and the zeros between them: coded on the CPU without joining
+            them first).
         dtype: what the bytes are (it picks the byte planes).
         codec: ``"ans"``, ``"zstd"`` or ``"raw"`` (stored as is, still checksummed).
         segment: the bytes coded per engine call, a multiple of 512, and so the scratch memory (default
@@ -145,20 +154,27 @@ class Encoder:
 
     def __init__(
         self,
-        data: torch.Tensor,
+        data: torch.Tensor | list[torch.Tensor],
         dtype: torch.dtype,
         codec: str,
         segment: int | None = None,
         layout: Layout | None = None,
     ) -> None:
-        self.engine = engine_for(codec, data.device)
-        on_gpu = codes_on_gpu(self.engine, data.device)
+        parts = data if isinstance(data, list) else [data]
+        device = parts[0].device if parts else torch.device("cpu")
+        self.engine = engine_for(codec, device)
+        on_gpu = codes_on_gpu(self.engine, device)
         segment = segment or default_segment(on_gpu)
         if segment <= 0 or segment % 512:
             raise ValueError(f"segment size {segment} must be a positive multiple of 512 bytes")
-        self.data = data.to("cuda" if on_gpu else "cpu")
-        layout = layout or choose_layout(self.engine, self.data, dtype, codec)
-        self.coding = Coding(dtype, self.data.numel(), layout, segment)
+        if on_gpu or device.type != "cpu" or len(parts) == 1:
+            parts = [concatenate(parts).to("cuda" if on_gpu else "cpu") if parts else torch.empty(0, dtype=torch.uint8)]
+        self.data = Parts(parts)
+        if layout is None and len(self.data.parts) == 1:
+            layout = choose_layout(self.engine, self.data.parts[0], dtype, codec)
+        elif layout is None:  # several parts: coded on the CPU, where no layout is sampled
+            layout = plane_layout(self.engine, self.data.nbytes, dtype, codec)
+        self.coding = Coding(dtype, self.data.nbytes, layout, segment)
 
     def __iter__(self) -> Iterator[Segment]:
         """The segments in order, each as it lands in host memory. On the CPU they are coded in parallel on CPU
@@ -171,7 +187,7 @@ class Encoder:
 
     def _gpu_segments(self, spans: list[tuple[int, int]]) -> Iterator[Segment]:
         for start, length in spans:
-            seg = self.data[start : start + length]
+            seg = self.data.parts[0][start : start + length]
             if self.engine is None:  # stored raw: one copy to pinned host memory, no coding
                 blob, sizes = _raw_blob(seg), _raw_sizes(length, self.coding.layout.chunk)
             else:
@@ -182,9 +198,9 @@ class Encoder:
             yield Segment.checked(blob, sizes, ready)  # the CRCs on CPU threads, once the copy has landed
 
     def _cpu_segment(self, span: tuple[int, int]) -> Segment:
-        seg = self.data[span[0] : span[0] + span[1]]
+        seg = self.data.slice(*span)
         if self.engine is None:
-            blob, sizes = _raw_blob(seg), _raw_sizes(seg.numel(), self.coding.layout.chunk)
+            blob, sizes = _raw_blob(seg), _raw_sizes(span[1], self.coding.layout.chunk)
         else:
             pieces = encode_segment(self.engine, seg, self.coding.layout)
             blob, sizes = pack(pieces), [p.numel() for p in pieces]
@@ -237,7 +253,11 @@ _fields_crcs: dict[tuple, int] = {}
 
 
 def encode(
-    data: torch.Tensor, dtype: torch.dtype, codec: str, segment: int | None = None, layout: Layout | None = None
+    data: torch.Tensor | list[torch.Tensor],
+    dtype: torch.dtype,
+    codec: str,
+    segment: int | None = None,
+    layout: Layout | None = None,
 ) -> tuple[list[torch.Tensor], dict]:
     """Compress ``data`` whole (see :class:`Encoder` for the arguments): one CPU uint8 blob per segment (pinned
     when coded on the GPU) and the sealed record dict."""
@@ -248,15 +268,20 @@ def encode(
     )
 
 
-def _raw_blob(seg: torch.Tensor) -> torch.Tensor:
-    """A segment stored raw, as its blob: the bytes, then zeros up to a multiple of 16 (raw chunks are multiples
-    of 16 but the last), in fresh host memory (from the pinned pool for a GPU segment)."""
-    n = seg.numel()
-    if seg.device.type == "cuda":
-        return pinned.pool().copy(seg, _padded(n))
+def _raw_blob(seg: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+    """A segment (or its consecutive parts, in host memory) stored raw, as its blob: the bytes, then zeros up to a
+    multiple of 16 (raw chunks are multiples of 16 but the last), in fresh host memory (from the pinned pool for a GPU
+    segment)."""
+    if isinstance(seg, torch.Tensor) and seg.device.type == "cuda":
+        return pinned.pool().copy(seg, _padded(seg.numel()))
+    parts = [seg] if isinstance(seg, torch.Tensor) else seg
+    n = sum(part.numel() for part in parts)
     blob = torch.empty(_padded(n), dtype=torch.uint8)
     blob[n:] = 0
-    blob[:n].numpy()[:] = seg.numpy()
+    at = 0
+    for part in parts:
+        blob[at : at + part.numel()].numpy()[:] = part.numpy()
+        at += part.numel()
     return blob
 
 

@@ -4,6 +4,9 @@ record around the segments is :mod:`.record`'s; the layout and its validation, :
 
 from __future__ import annotations
 
+import bisect
+import itertools
+
 import numpy as np
 import torch
 
@@ -41,9 +44,12 @@ def plane_spans(width: int, n: int, pitch: int, chunk: int) -> list[list[tuple[i
     return [[(k * pitch + j, min(chunk, n - j)) for j in range(0, n, chunk)] for k in range(width)]
 
 
-def encode_segment(engine: ChunkEngine | None, seg: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
-    """Code one segment with ``layout``: its stored chunks (on its device), plane by plane, each coded or raw
-    where coding would not make it smaller (what a blob holds, :func:`pack` ed)."""
+def encode_segment(
+    engine: ChunkEngine | None, seg: torch.Tensor | list[torch.Tensor], layout: Layout
+) -> list[torch.Tensor]:
+    """Code one segment (a tensor, or its consecutive parts: :meth:`Parts.slice`) with ``layout``: its stored chunks
+    (on its device), plane by plane, each coded or raw where coding would not make it smaller (what a blob holds,
+    :func:`pack` ed)."""
     plane_data = byte_planes.split(seg, layout.planes)
     if layout.rotate:
         byte_planes.rotate(plane_data)
@@ -57,6 +63,35 @@ def encode_segment(engine: ChunkEngine | None, seg: torch.Tensor, layout: Layout
         for k in ks:
             stored[k] = [c if c.numel() < raw.numel() else raw for raw, c in zip(stored[k], coded)]
     return [piece for plane in stored for piece in plane]
+
+
+class Parts:
+    """A buffer given as consecutive 1-D uint8 tensors (a record's storages and the zeros between them), read a
+    segment at a time without joining them first.
+
+    Args:
+        parts: the tensors, in order, on one device.
+    """
+
+    def __init__(self, parts: list[torch.Tensor]) -> None:
+        self.parts = [part for part in parts if part.numel()]
+        self.starts = [0, *itertools.accumulate(part.numel() for part in self.parts)]
+        self.nbytes = self.starts[-1]
+
+    @property
+    def device(self) -> torch.device:
+        """Where the parts are (the CPU for none)."""
+        return self.parts[0].device if self.parts else torch.device("cpu")
+
+    def slice(self, start: int, length: int) -> list[torch.Tensor]:
+        """Views of the parts that hold bytes ``[start, start + length)``, in order."""
+        pieces, i = [], max(0, bisect.bisect_right(self.starts, start) - 1)
+        while length > 0 and i < len(self.parts):
+            offset = start - self.starts[i]
+            n = min(length, self.parts[i].numel() - offset)
+            pieces.append(self.parts[i][offset : offset + n])
+            start, length, i = start + n, length - n, i + 1
+        return pieces
 
 
 def _raw_sizes(length: int, chunk: int) -> list[int]:

@@ -19,7 +19,6 @@ from lightning_nvcomp._process import shared
 from lightning_nvcomp.codec import pinned, schema
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec.checksum import Checksum
-from lightning_nvcomp.codec.segment import concatenate
 from lightning_nvcomp.errors import CheckpointError
 from lightning_nvcomp.format.contents import DTYPES, Contents, _storage_of, _tensor_names, find_contents
 from lightning_nvcomp.format.decode import Placement, decode_storage, decode_tensor, storage_check, tensor_check
@@ -160,7 +159,7 @@ def _encoder(rec: _Record, codec: str, segment: int | None) -> tuple[records.Enc
     key = (codec, rec.dtype, segment, tuple((s.device, s.data_ptr(), s.nbytes()) for s in rec.storages))
     layouts = shared("layouts", _LayoutCache)
     coder = "raw" if codec == "none" else codec
-    encoder = records.Encoder(concatenate(parts), rec.dtype, coder, segment, layouts.get(key))
+    encoder = records.Encoder(parts, rec.dtype, coder, segment, layouts.get(key))
     layouts.put(key, encoder.coding.layout)
     return encoder, table
 

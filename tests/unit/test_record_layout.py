@@ -163,3 +163,33 @@ def test_a_load_onto_one_gpu_keeps_the_blobs_in_host_memory(map_location, expect
 
     device = _one_device(map_location)
     assert (None if device is None else str(device)) == expected
+
+
+@pytest.mark.parametrize("codec", ["zstd", "raw"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.uint8])
+def test_a_buffer_given_in_parts_codes_as_its_concatenation(codec, dtype):
+    """A record's storages are coded without joining them first: the same blobs and record as the joined buffer's,
+    across segment boundaries that fall inside a part and between parts."""
+    parts = [
+        tensor_bytes(
+            trained_like(n, torch.float32, seed).to(dtype) if dtype.is_floating_point else torch.arange(n).to(dtype)
+        )
+        for seed, n in enumerate([70_000, 64, 3_000, 131_072])
+    ]
+    parts.insert(1, torch.zeros(64, dtype=torch.uint8))
+    joined = torch.cat(parts)
+    blobs, meta = record.encode(joined, dtype, codec, segment=1 << 17)
+    parted_blobs, parted_meta = record.encode(parts, dtype, codec, segment=1 << 17)
+    assert len(blobs) >= 2 and parted_meta == meta
+    assert all(torch.equal(a, b) for a, b in zip(blobs, parted_blobs))
+    assert torch.equal(record.decode(parted_blobs, parted_meta), joined)
+
+
+def test_parts_slice_crosses_parts_and_skips_empty_ones():
+    parts = segment.Parts(
+        [torch.arange(5, dtype=torch.uint8), torch.empty(0, dtype=torch.uint8), torch.arange(5, 9, dtype=torch.uint8)]
+    )
+    assert parts.nbytes == 9
+    assert [p.tolist() for p in parts.slice(3, 4)] == [[3, 4], [5, 6]]
+    assert [p.tolist() for p in parts.slice(5, 4)] == [[5, 6, 7, 8]]
+    assert parts.slice(9, 0) == []
