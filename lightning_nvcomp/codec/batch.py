@@ -235,11 +235,10 @@ def decode_batch(records: list[tuple[list[torch.Tensor], dict, Layout]], work: t
             engine.decode(stored, src_spans, flat, dst_spans, codec, layout.data_type)
         except ValueError as err:
             raise CorruptCheckpointError(f"a segment of records 0..{len(records) - 1} does not decode: {err}") from None
-    if layout.rotate:
-        byte_planes.rotate(plane_out, inverse=True)
     if layout.planes > 1:
         for r, start, length, col in placed:
-            byte_planes.join(list(plane_out[:, col : col + length // layout.planes]), outs[r][start : start + length])
+            columns = list(plane_out[:, col : col + length // layout.planes])
+            byte_planes.join(columns, outs[r][start : start + length], layout.rotate)
     return outs
 
 

@@ -87,11 +87,18 @@ def split(data: torch.Tensor | Sequence[torch.Tensor], width: int) -> torch.Tens
     return out
 
 
-def join(planes: Sequence[torch.Tensor], out: torch.Tensor) -> None:
+def join(planes: Sequence[torch.Tensor], out: torch.Tensor, rotated: bool = False) -> None:
     """Interleave ``width`` planes of ``n`` bytes (the rows of a ``[width, n]`` buffer, or any 1-D uint8 tensors)
-    back into the 1-D uint8 buffer ``out``: the inverse of :func:`split`."""
+    back into the 1-D uint8 buffer ``out``: the inverse of :func:`split`; with ``rotated``, of :func:`rotate` too
+    (the planes are left as they are)."""
     width = len(planes)
-    if width == 1:
+    if rotated and out.device.type == "cpu" and width % 2 == 0:
+        _join_pairs([plane.numpy() for plane in planes], out.numpy())
+    elif rotated:
+        top = empty(2, planes[0].numel(), out.device)
+        unrotate(planes[-1], planes[-2], top[0], top[1])
+        join([*planes[:-2], top[1], top[0]], out)
+    elif width == 1:
         out.copy_(planes[0])
     elif out.device.type == "cpu":
         rows = out.numpy().reshape(-1, width)
@@ -103,18 +110,41 @@ def join(planes: Sequence[torch.Tensor], out: torch.Tensor) -> None:
             columns[:, k].copy_(planes[k])
 
 
+#: Columns :func:`_join_pairs` works on at a time: its scratch stays in the core's cache.
+_PAIR_COLUMNS = 64 << 10
+
+
+def _join_pairs(rows: list[np.ndarray], out: np.ndarray) -> None:
+    """:func:`join` of rotated planes on the CPU, an even number of rows: each pair of rows is combined into 16-bit
+    numbers, written as one column of ``out`` (numpy writes a strided column of bytes at half the speed of one of
+    16-bit numbers), the top pair rotated back on the way (1.6x faster than unrotating, then joining)."""
+    width, n = len(rows), rows[0].size
+    columns = out.view(np.uint16).reshape(-1, width // 2)
+    pair, carry = np.empty(min(n, _PAIR_COLUMNS), np.uint16), np.empty(min(n, _PAIR_COLUMNS), np.uint16)
+    for start in range(0, n, _PAIR_COLUMNS):
+        end = min(n, start + _PAIR_COLUMNS)
+        a, b = pair[: end - start], carry[: end - start]
+        for k in range(0, width, 2):
+            np.copyto(a, rows[k + 1][start:end])
+            a <<= 8
+            np.copyto(b, rows[k][start:end])
+            a |= b
+            if k == width - 2:
+                np.left_shift(a, 15, out=b)
+                a >>= 1
+                a |= b
+            columns[start:end, k // 2] = a
+
+
 def rotates(dtype: torch.dtype) -> bool:
     """Whether buffers of ``dtype`` are coded with their top two planes rotated: floating point numbers (and complex
     ones, pairs of floats) of two bytes and more."""
     return plane_width(dtype) >= 2 and (dtype.is_floating_point or dtype.is_complex)
 
 
-def rotate(planes: torch.Tensor, inverse: bool = False) -> None:
+def rotate(planes: torch.Tensor) -> None:
     """Rotate the 16-bit numbers that the top two rows of a ``[width, n]`` plane buffer form (row ``width - 1`` their
-    high byte) left by one bit, in place; with ``inverse``, right by one bit (undoing it)."""
-    if inverse:
-        unrotate(planes[-1], planes[-2], planes[-1], planes[-2])
-        return
+    high byte) left by one bit, in place (:func:`join` with ``rotated`` undoes it)."""
     high, low = _arrays(planes[-1], planes[-2])
     carry = high >> 7
     high <<= 1
@@ -125,7 +155,7 @@ def rotate(planes: torch.Tensor, inverse: bool = False) -> None:
 
 def unrotate(high: torch.Tensor, low: torch.Tensor, out_high: torch.Tensor, out_low: torch.Tensor) -> None:
     """Rotate the 16-bit numbers that the rows ``high`` and ``low`` form right by one bit, into ``out_high`` and
-    ``out_low`` (which may be the rows themselves): what :func:`rotate` did, undone."""
+    ``out_low``: what :func:`rotate` did, undone (how :func:`join` does it on a GPU)."""
     high_in, low_in, high_out, low_out = _arrays(high, low, out_high, out_low)
     carry_high, carry_low = high_in << 7, low_in << 7
     if isinstance(high_out, np.ndarray):

@@ -128,11 +128,7 @@ def decode_segment(
         first, end = offset // w, (offset + out.numel()) // w
         for start in range(first, end, JOIN_COLUMNS):  # a slice at a time: the rotation's scratch stays small
             part = [row[start : min(end, start + JOIN_COLUMNS)] for row in rows]
-            if layout.rotate:
-                top = byte_planes.empty(2, part[0].numel(), stored.device)
-                byte_planes.unrotate(part[-1], part[-2], top[0], top[1])
-                part[-2:] = [top[1], top[0]]
-            byte_planes.join(part, out[(start - first) * w : (start - first + part[0].numel()) * w])
+            byte_planes.join(part, out[(start - first) * w : (start - first + part[0].numel()) * w], layout.rotate)
 
 
 #: Plane columns unrotated and joined at a time.

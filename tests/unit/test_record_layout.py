@@ -25,19 +25,30 @@ SETTINGS = dict(max_examples=60, deadline=None)
 @given(st.binary(min_size=0, max_size=512), st.sampled_from([2, 4, 8]))
 def test_rotation_is_undone_bit_exactly(data, width):
     data = data[: len(data) // width * width]
-    rows = planes.split(torch.frombuffer(bytearray(data), dtype=torch.uint8), width) if data else None
-    if rows is None:
+    if not data:
         return
-    before = rows.clone()
+    before = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    rows = planes.split(before, width)
     planes.rotate(rows)
-    planes.rotate(rows, inverse=True)
-    assert torch.equal(rows, before)
-    # out of place, from rows that stay as they are (a plane read where it lies in a read-only blob)
+    rotated = rows.clone()
+    out = torch.empty_like(before)
+    planes.join(list(rows), out, rotated=True)
+    assert torch.equal(out, before) and torch.equal(rows, rotated)  # the planes are left as they are
+    # out of place, from rows that stay as they are (a plane read where it lies in a read-only blob): the GPU's way
+    top = torch.empty(2, rows.shape[1], dtype=torch.uint8)
+    planes.unrotate(rows[-1], rows[-2], top[0], top[1])
+    assert torch.equal(top[0], planes.split(before, width)[-1]) and torch.equal(top[1], planes.split(before, width)[-2])
+
+
+@pytest.mark.parametrize("width", [2, 4, 8])
+def test_rotated_planes_join_across_the_pair_slices(width):
+    n = planes._PAIR_COLUMNS * 2 + 7
+    before = torch.randint(0, 256, (n * width,), dtype=torch.uint8, generator=torch.Generator().manual_seed(width))
+    rows = planes.split(before, width)
     planes.rotate(rows)
-    high, low = rows[-1].clone(), rows[-2].clone()
-    out = torch.empty(2, rows.shape[1], dtype=torch.uint8)
-    planes.unrotate(high, low, out[0], out[1])
-    assert torch.equal(out[0], before[-1]) and torch.equal(out[1], before[-2])
+    out = torch.empty_like(before)
+    planes.join(list(rows), out, rotated=True)
+    assert torch.equal(out, before)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
