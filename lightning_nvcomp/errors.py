@@ -34,6 +34,15 @@ class DecodeLimitError(CheckpointError):
     the message says how to raise the bound for a trusted file."""
 
 
+class MissingBaseError(CheckpointError):
+    """A delta checkpoint's base (the earlier checkpoint its records are coded against) is missing, or a different
+    file now has its name; ``base`` is its path. Restore it, or load a checkpoint that does not need it."""
+
+    def __init__(self, message: str, base: str = "") -> None:
+        super().__init__(message)
+        self.base = base
+
+
 class UnsupportedFormatError(CheckpointError):
     """The file was written by a newer lightning_nvcomp, in a format this version does not read: upgrade."""
 

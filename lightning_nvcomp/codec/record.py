@@ -21,6 +21,7 @@ from lightning_nvcomp.codec.engines import codes_on_gpu, default_segment, engine
 from lightning_nvcomp.codec.gpu import nvcomp_version
 from lightning_nvcomp.codec.schema import (
     FORMAT_VERSION,
+    PLAIN_FORMAT,
     Layout,
     _chunk_lengths,
     _padded,
@@ -93,6 +94,17 @@ def choose_layout(engine: ChunkEngine | None, data: torch.Tensor, dtype: torch.d
     packed = pack(typed_pieces)
     decode_segment(engine, packed, [p.numel() for p in typed_pieces], [(0, check)], check.numel(), typed_layout)
     return typed_layout if torch.equal(check, sample) else layout
+
+
+def coded_nbytes(data: torch.Tensor, dtype: torch.dtype, codec: str) -> int:
+    """The bytes ``data`` (a sample of a record) codes to with ``codec`` in its plane layout: what a choice between
+    ways of coding it compares."""
+    engine = engine_for(codec, data.device)
+    if engine is None:
+        return data.numel()
+    if codes_on_gpu(engine, data.device):
+        data = data.to(torch.device("cuda", torch.cuda.current_device()) if data.device.type == "cpu" else data.device)
+    return sum(p.numel() for p in encode_segment(engine, data, plane_layout(engine, data.numel(), dtype, codec)))
 
 
 def to_host(packed: torch.Tensor) -> torch.Tensor:
@@ -222,7 +234,7 @@ def describe(coding: Coding, sizes: list[int], crcs: list[Checksum], **fields: o
     CRC-32s (waited for), with ``fields`` added before it is sealed (the writer adds where its storages lie)."""
     layout = coding.layout
     meta = {
-        "format": FORMAT_VERSION,
+        "format": FORMAT_VERSION if "delta" in fields else PLAIN_FORMAT,
         "dtype": str(coding.dtype).removeprefix("torch."),
         "nbytes": coding.nbytes,
         "planes": layout.planes,

@@ -16,6 +16,11 @@ The layout, whole:
   is decoded.
 * ``check`` (format 2) is the CRC-32 of every other field, in the canonical form :func:`record_check` gives: a
   damaged field is caught before it is used, by any loader. Format 1 records (v0.1) have none.
+* ``delta`` (format 4, and only there) says the decoded bytes are a transform of the record's bytes against the same
+  record of an earlier checkpoint, its base (:mod:`.delta`): ``transforms`` (one per storage: ``"xor"``, ``"sub"``
+  or ``"none"``), ``itemsize`` (the bytes of one number ``sub`` works on), and ``base``: the base's ``file`` (a file name, in the directory of the
+  file that holds the record), its ``id`` (its zip's ``serialization_id``), the ``blobs`` (entry keys) of its record
+  there and that ``record`` dict whole. A record without one is written as format 3, which 0.3 reads.
 
 Every field is validated against the blobs before a byte is decoded: the dict may come from a hostile file.
 """
@@ -28,16 +33,19 @@ import zlib
 from dataclasses import dataclass
 from typing import TypeVar
 
+from lightning_nvcomp.codec.delta import TRANSFORMS
 from lightning_nvcomp.errors import CorruptCheckpointError, UnsupportedFormatError
 
 T = TypeVar("T")
 
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
+#: The format of records stored alone (no ``delta``): readers of 0.3 read them.
+PLAIN_FORMAT = 3
 
 
-#: Record formats this version reads: 1 (v0.1, no ``check``), 2 (v0.2: plain byte planes, CRC-32) and 3.
-READ_FORMATS = (1, 2, 3)
+#: Record formats this version reads: 1 (v0.1, no ``check``), 2 (v0.2: plain byte planes, CRC-32), 3 and 4 (a delta).
+READ_FORMATS = (1, 2, 3, 4)
 
 
 #: Codecs a save can ask for. ``"raw"`` stores bytes as they are (still checksummed).
@@ -207,4 +215,40 @@ def validate(meta: object, blob_sizes: list[int]) -> Layout:
             )
     if any(not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < 1 << 32 for c in crcs):
         raise CorruptCheckpointError("record checksums are not 32-bit integers")
+    if (version >= 4) != ("delta" in meta):
+        raise CorruptCheckpointError(f"a format {version} record {'without' if version >= 4 else 'with'} a delta")
+    if version >= 4:
+        _validate_delta(meta["delta"], meta, nbytes)
     return layout
+
+
+def _validate_delta(delta: object, meta: dict, nbytes: int) -> None:
+    """Check a record's ``delta`` field (its base record is validated when it is decoded)."""
+    base = delta.get("base") if isinstance(delta, dict) else None
+    if not isinstance(delta, dict) or not isinstance(base, dict) or set(delta) != {"transforms", "itemsize", "base"}:
+        raise CorruptCheckpointError(f"record field 'delta' is {delta!r}")
+    itemsize, chosen = delta["itemsize"], delta["transforms"]
+    if itemsize not in (1, 2, 4, 8) or isinstance(itemsize, bool) or nbytes % itemsize:
+        raise CorruptCheckpointError(f"record delta of {itemsize!r}-byte numbers over {nbytes} bytes")
+    storages = meta.get("storages")
+    if (
+        not isinstance(chosen, list)
+        or any(t not in (*TRANSFORMS, "none") for t in chosen)
+        or not isinstance(storages, list)
+        or len(chosen) != len(storages)
+    ):
+        raise CorruptCheckpointError(f"record delta transforms {chosen!r} do not fit its storages")
+    name, ident, blobs = base.get("file"), base.get("id"), base.get("blobs")
+    if not (
+        isinstance(name, str)
+        and 0 < len(name) <= 255
+        and name not in (".", "..")
+        and not any(c in name for c in "/\\\0:")
+    ):
+        raise CorruptCheckpointError(f"record delta names its base {name!r}: not a file name")
+    if not (isinstance(ident, str) and 0 < len(ident) <= 64 and ident.isdigit() and ident.isascii()):
+        raise CorruptCheckpointError(f"record delta's base id {ident!r} is invalid")
+    if not isinstance(blobs, list) or any(not isinstance(b, str) or not b.isdigit() or not b.isascii() for b in blobs):
+        raise CorruptCheckpointError(f"record delta's base blobs {blobs!r} are invalid")
+    if not isinstance(base.get("record"), dict) or set(base) != {"file", "id", "blobs", "record"}:
+        raise CorruptCheckpointError("record delta's base holds no record")

@@ -15,6 +15,7 @@ from lightning_nvcomp.codec import batch as batch_coding
 from lightning_nvcomp.codec import engines, schema
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
+from lightning_nvcomp.format import delta
 from lightning_nvcomp.format.contents import DTYPES
 from lightning_nvcomp.format.load_context import LoadContext, TensorInfo, context_of
 from lightning_nvcomp.format.load_state import LoadState
@@ -67,6 +68,8 @@ def _record_storages(
     cached = state.cache.get(key)
     if cached is not None:
         return cached
+    if "delta" in rec:  # its base is read as part of this load: it counts in the bound's base
+        state.include(delta.base_stored_nbytes(rec))
     state.charge(blobs, rec["nbytes"], name)
     layout = rec[LAYOUT]
     try:
@@ -79,6 +82,8 @@ def _record_storages(
         else:  # decoded on a GPU for a CPU load: one copy, straight into each storage's memory
             data = records.decode(blobs, rec, target, move=False, layout=layout)
             pieces = [data[start : start + n].to(target) for start, n in rec["storages"]]
+        if "delta" in rec:
+            delta.undo(rec, pieces, state.name, state, state.bases)
     except CheckpointError as err:
         raise type(err)(f"tensor {name!r}: {err}") from None
     state.cache[key] = pieces
@@ -146,6 +151,10 @@ def decode_tensors(
             raise CorruptCheckpointError(f"a decode_tensor call with {len(args)} arguments")
         check = args[9] if len(args) >= 10 else None  # format 1: no check
         placed.append(place(args[0], args[1], Placement(*args[2:9]), check, tuple(args[10:]), state))
+        if "delta" in placed[-1].rec:
+            raise CorruptCheckpointError(
+                f"tensor {placed[-1].at.name!r}: an item holds a delta, which no DCP save writes"
+            )
     batches: dict[tuple, list[int]] = {}
     for i, p in enumerate(placed):
         layout = p.rec[LAYOUT]

@@ -64,6 +64,7 @@ class LoadState:
         self.cache: dict[tuple, list[torch.Tensor]] = {}
         self.records: dict[int, tuple[dict, list, dict]] = {}  # id -> (the dict, its blobs' keys, validated copy)
         self.produced: set[int] = set()
+        self.bases: dict = {}  # the delta bases opened by this load (format/delta.py), by path
         self._seen: set[tuple] = set()
 
     def where(self, tensor: str) -> str:
@@ -75,6 +76,13 @@ class LoadState:
             return self.limit
         base = self.file_nbytes if self.file_nbytes is not None else self.compressed
         return DECODE_MULTIPLE * base + DECODE_ALLOWANCE
+
+    def include(self, nbytes: int) -> None:
+        """Count ``nbytes`` more stored bytes in the base of the bound: a delta's base is read as part of the load."""
+        if self.file_nbytes is not None:
+            self.file_nbytes += nbytes
+        else:
+            self.compressed += nbytes
 
     def charge(self, blobs: list[torch.Tensor], nbytes: int, name: str) -> None:
         """Count a record about to be decoded; raise DecodeLimitError if the load would exceed its bound."""

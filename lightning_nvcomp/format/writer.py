@@ -22,6 +22,7 @@ from lightning_nvcomp.codec.checksum import Checksum
 from lightning_nvcomp.errors import CheckpointError
 from lightning_nvcomp.format.contents import DTYPES, Contents, _storage_of, _tensor_names, find_contents
 from lightning_nvcomp.format.decode import Placement, decode_storage, decode_tensor, storage_check, tensor_check
+from lightning_nvcomp.format.delta import BaseFile, BaseRecord, encode_against
 from lightning_nvcomp.format.sink import MemorySink, SegmentSink
 from lightning_nvcomp.format.zip import ArchiveWriter
 
@@ -145,23 +146,32 @@ class _LayoutCache:
                 self._layouts.popitem(last=False)
 
 
-def _encoder(rec: _Record, codec: str, segment: int | None) -> tuple[records.Encoder, list[list[int]]]:
-    """The coder of one record (its storages concatenated, each aligned), and where each storage lies in it."""
-    parts, table, pos = [], [], 0
+def _encoder(
+    rec: _Record, codec: str, segment: int | None, base: tuple[BaseFile, BaseRecord] | None = None
+) -> tuple[records.Encoder, list[list[int]], dict]:
+    """The coder of one record (its storages concatenated, each aligned), where each storage lies in it, and the
+    fields its dict adds (a ``delta`` where ``base`` is given and a transform against that record pays)."""
+    parts, table, storages, pos = [], [], [], 0
     for storage in rec.storages:
         data = _storage_bytes(storage)
         table.append([pos, data.numel()])
         parts.append(data)
+        storages.append(data)
         pad = -data.numel() % _ALIGN if len(rec.storages) > 1 else 0
         if pad:
             parts.append(torch.zeros(pad, dtype=torch.uint8, device=rec.device))
         pos += data.numel() + pad
+    coder = "raw" if codec == "none" else codec
+    if base is not None and coder != "raw" and storages and base[1].fits(rec.dtype, table):
+        against = encode_against(storages, table, rec.dtype, coder, *base)
+        if against is not None:
+            transformed, delta = against
+            return records.Encoder(transformed, rec.dtype, coder, segment), table, {"delta": delta}
     key = (codec, rec.dtype, segment, tuple((s.device, s.data_ptr(), s.nbytes()) for s in rec.storages))
     layouts = shared("layouts", _LayoutCache)
-    coder = "raw" if codec == "none" else codec
     encoder = records.Encoder(parts, rec.dtype, coder, segment, layouts.get(key))
     layouts.put(key, encoder.coding.layout)
-    return encoder, table
+    return encoder, table, {}
 
 
 class _CodedRecord(NamedTuple):
@@ -173,9 +183,12 @@ class _CodedRecord(NamedTuple):
     blobs: list[_StoredBlob]
     storages: list[list[int]]  # (offset, nbytes) of each storage in the record
     device: str  # where the tensors lived (load(keep_on_gpu=True) puts CUDA ones back there)
+    fields: dict  # more fields of its dict (a delta's)
 
     def record(self) -> dict:
-        return records.describe(self.coding, self.sizes, self.crcs, storages=self.storages, device=self.device)
+        return records.describe(
+            self.coding, self.sizes, self.crcs, storages=self.storages, device=self.device, **self.fields
+        )
 
 
 class _StorageKey:
@@ -278,13 +291,17 @@ class Snapshot:
         writer.finish("data.pkl")
 
 
-def _code_records(plan: list[_Record], codec: str, staging_nbytes: int | None, sink: SegmentSink) -> list[_CodedRecord]:
+def _code_records(
+    plan: list[_Record], codec: str, staging_nbytes: int | None, sink: SegmentSink, base: BaseFile | None
+) -> list[_CodedRecord]:
     """Code the planned records in order, each segment put into ``sink`` (keyed ``0``, ``1``... in that order) as
-    soon as it is in host memory; the records keep the segments' descriptions, not their bytes."""
+    soon as it is in host memory; the records keep the segments' descriptions, not their bytes. Record ``i`` is
+    coded against ``base``'s record ``i`` where they hold storages of one type and size (a run's next save)."""
     coded, count = [], 0
-    for rec in plan:
-        encoder, table = _encoder(rec, codec, staging_nbytes)
-        coded_record = _CodedRecord(encoder.coding, [], [], [], table, rec.device.type)
+    for i, rec in enumerate(plan):
+        against = (base, base.records[i]) if base is not None and i < len(base.records) else None
+        encoder, table, fields = _encoder(rec, codec, staging_nbytes, against)
+        coded_record = _CodedRecord(encoder.coding, [], [], [], table, rec.device.type, fields)
         for segment in encoder:
             key = str(count)
             count += 1
@@ -303,6 +320,7 @@ def snapshot(
     isolate: bool = False,
     staging_nbytes: int | None = None,
     sink: SegmentSink | None = None,
+    base: BaseFile | None = None,
 ) -> Snapshot:
     """Code every tensor of ``obj`` with ``codec`` (``ans``, ``zstd``; ``none``: stored raw, still checksummed),
     each coded segment put into ``sink`` as soon as it is in host memory.
@@ -316,6 +334,8 @@ def snapshot(
             about three times that much GPU memory (default: the coder's own, see :mod:`lightning_nvcomp.codec.engines`).
         sink: where the segments go (:mod:`.sink`); by default the snapshot keeps them in host memory (fresh copies)
             and writes them with the rest.
+        base: an earlier checkpoint of the run, in the directory the file is written to: each record is coded
+            against the same record of it where a transform makes it smaller (a delta checkpoint, :mod:`.delta`).
     """
     begin = time.perf_counter()
     contents = contents if contents is not None else find_contents(obj)
@@ -331,7 +351,7 @@ def snapshot(
         pinned.pool().reserve(sum(rec.nbytes for rec in plan if rec.device.type == "cuda"))
     into = sink or kept
     assert into is not None
-    coded = _code_records(plan, codec, staging_nbytes, into)
+    coded = _code_records(plan, codec, staging_nbytes, into, base)
     placements = {}
     for t in contents.tensors:
         slot, index = where[t.untyped_storage()._cdata]

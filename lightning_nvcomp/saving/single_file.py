@@ -23,6 +23,7 @@ from lightning_nvcomp._process import collector_paused
 from lightning_nvcomp.auto.policy import CodecPolicy, default_policy, resolve_codec
 from lightning_nvcomp.auto.prediction import Prediction
 from lightning_nvcomp.format.contents import Contents, find_contents
+from lightning_nvcomp.format.delta import BaseFile, base_file
 from lightning_nvcomp.format.sink import ArchiveSink
 from lightning_nvcomp.format.writer import Snapshot, snapshot
 from lightning_nvcomp.format.zip import ArchiveWriter
@@ -98,15 +99,23 @@ class Streamed:
     #: The tensors are coded while the file is written.
     while_written = True
 
-    def __init__(self, obj: object, contents: Contents, codec: Codec, staging_nbytes: int | None) -> None:
+    def __init__(
+        self, obj: object, contents: Contents, codec: Codec, staging_nbytes: int | None, base: BaseFile | None = None
+    ) -> None:
         self._obj, self._contents, self._codec, self._staging_nbytes = obj, contents, codec, staging_nbytes
+        self._base = base
 
     def fill(self, f: BinaryIO) -> Snapshot:
         """Code the tensors into the archive ``f``, then write the rest of it; the snapshot it took."""
         writer = ArchiveWriter(f)
         with ArchiveSink(writer) as sink:
             snap = snapshot(
-                self._obj, self._codec.value, self._contents, staging_nbytes=self._staging_nbytes, sink=sink
+                self._obj,
+                self._codec.value,
+                self._contents,
+                staging_nbytes=self._staging_nbytes,
+                sink=sink,
+                base=self._base,
             )
         snap.write_to(writer)
         return snap
@@ -119,8 +128,10 @@ class Held:
 
     while_written = False
 
-    def __init__(self, obj: object, contents: Contents, codec: Codec, staging_nbytes: int | None) -> None:
-        self.snapshot = snapshot(obj, codec.value, contents, isolate=True, staging_nbytes=staging_nbytes)
+    def __init__(
+        self, obj: object, contents: Contents, codec: Codec, staging_nbytes: int | None, base: BaseFile | None = None
+    ) -> None:
+        self.snapshot = snapshot(obj, codec.value, contents, isolate=True, staging_nbytes=staging_nbytes, base=base)
 
     @property
     def held_nbytes(self) -> int:
@@ -162,14 +173,24 @@ def save_file(
     storage: StorageBackend,
     directory: str,
     staging_nbytes: int | None = None,
+    base: BaseFile | None = None,
 ) -> SaveStats:
     """:func:`save` but for what the policy learns: ``obj``'s contents found, its codec decided for ``directory``,
-    the file streamed. The garbage collector is paused meanwhile (see
+    the file streamed (coded against ``base``). The garbage collector is paused meanwhile (see
     :func:`~lightning_nvcomp._process.collector_paused`)."""
     contents = find_contents(obj)
     codec, prediction = resolve_codec(codec, contents.tensors, directory, policy)
-    stats, _ = write_file(Streamed(obj, contents, codec, staging_nbytes), path, storage, IN_WRITE, prediction)
+    coded = Streamed(obj, contents, codec, staging_nbytes, base)
+    stats, _ = write_file(coded, path, storage, IN_WRITE, prediction)
     return stats
+
+
+def delta_base(base: str, path: str, storage: StorageBackend) -> BaseFile | None:
+    """What the checkpoint ``base`` offers a save to ``path`` as its base: None where it is in another directory, is
+    ``path`` itself, or offers nothing (:func:`~lightning_nvcomp.format.delta.base_file`)."""
+    if storage.parent(base) != storage.parent(path) or os.path.basename(base) == os.path.basename(path):
+        return None
+    return base_file(base, storage)
 
 
 def save(
@@ -182,6 +203,7 @@ def save(
     policy: CodecPolicy | None = None,
     storage: StorageBackend | None = None,
     staging_nbytes: int | None = None,
+    base: str | os.PathLike | None = None,
 ) -> SaveStats:
     """Save ``obj`` like ``torch.save``, its tensors compressed losslessly and checksummed, atomically and durably.
 
@@ -208,6 +230,10 @@ def save(
             durably through the OS for a local path, through fsspec for a URL; pass
             ``storage_for(url, RemoteOptions(...))`` for other storage options).
         staging_nbytes: deprecated: ``staging_mb`` in bytes.
+        base: an earlier checkpoint of the same run in the same directory: each record is stored as its difference
+            from the same record there where that codes smaller (a *delta checkpoint*: loading it reads ``base`` too,
+            which must then stay; see docs/guides/delta.md). A file that offers no base (not ours, another
+            directory, written by 0.3 or earlier) is ignored: the save is stored alone.
 
     Raises:
         ValueError, CodecUnavailableError: as :class:`~lightning_nvcomp.options.SaveOptions` (an unknown codec, a
@@ -221,7 +247,8 @@ def save(
     storage = storage or storage_for(path)
     directory = storage.target_directory(os.fspath(path))
     policy = policy or default_policy()
-    stats = save_file(obj, os.fspath(path), options.codec, policy, storage, directory, options.staging_nbytes)
+    against = delta_base(os.fspath(base), os.fspath(path), storage) if base is not None else None
+    stats = save_file(obj, os.fspath(path), options.codec, policy, storage, directory, options.staging_nbytes, against)
     policy.observe_write(directory, stats.file_nbytes, stats.seconds)
     if stats.prediction is not None:  # auto chose: its model learns from what the save really did
         policy.observe_save(stats.codec, stats.raw_nbytes, stats.file_nbytes, stats.encode_s)
