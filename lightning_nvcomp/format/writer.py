@@ -334,8 +334,7 @@ def snapshot(
             about three times that much GPU memory (default: the coder's own, see :mod:`lightning_nvcomp.codec.engines`).
         sink: where the segments go (:mod:`.sink`); by default the snapshot keeps them in host memory (fresh copies)
             and writes them with the rest.
-        base: an earlier checkpoint of the run, in the directory the file is written to: each record is coded
-            against the same record of it where a transform makes it smaller (a delta checkpoint, :mod:`.delta`).
+        base: an earlier checkpoint of the run, in the same directory: records are coded against it (:mod:`.delta`).
     """
     begin = time.perf_counter()
     contents = contents if contents is not None else find_contents(obj)
