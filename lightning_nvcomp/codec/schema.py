@@ -215,15 +215,18 @@ def validate(meta: object, blob_sizes: list[int]) -> Layout:
             )
     if any(not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < 1 << 32 for c in crcs):
         raise CorruptCheckpointError("record checksums are not 32-bit integers")
-    if (version >= 4) != ("delta" in meta):
-        raise CorruptCheckpointError(f"a format {version} record {'without' if version >= 4 else 'with'} a delta")
-    if version >= 4:
-        _validate_delta(meta["delta"], meta, nbytes)
+    _validate_delta(meta, version, nbytes)
     return layout
 
 
-def _validate_delta(delta: object, meta: dict, nbytes: int) -> None:
-    """Check a record's ``delta`` field (its base record is validated when it is decoded)."""
+def _validate_delta(meta: dict, version: int, nbytes: int) -> None:
+    """Check a record's ``delta`` field, there from format 4 on and only there (its base record is validated when it
+    is decoded)."""
+    if (version >= 4) != ("delta" in meta):
+        raise CorruptCheckpointError(f"a format {version} record {'without' if version >= 4 else 'with'} a delta")
+    if version < 4:
+        return
+    delta = meta["delta"]
     base = delta.get("base") if isinstance(delta, dict) else None
     if not isinstance(delta, dict) or not isinstance(base, dict) or set(delta) != {"transforms", "itemsize", "base"}:
         raise CorruptCheckpointError(f"record field 'delta' is {delta!r}")
