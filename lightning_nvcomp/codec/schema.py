@@ -215,17 +215,16 @@ def validate(meta: object, blob_sizes: list[int]) -> Layout:
             )
     if any(not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < 1 << 32 for c in crcs):
         raise CorruptCheckpointError("record checksums are not 32-bit integers")
-    _validate_delta(meta, version, nbytes)
-    return layout
+    return _validate_delta(meta, version, nbytes, layout)
 
 
-def _validate_delta(meta: dict, version: int, nbytes: int) -> None:
+def _validate_delta(meta: dict, version: int, nbytes: int, layout: Layout) -> Layout:
     """Check a record's ``delta`` field, there from format 4 on and only there (its base record is validated when it
-    is decoded)."""
+    is decoded); the record's ``layout`` passes through."""
     if (version >= 4) != ("delta" in meta):
         raise CorruptCheckpointError(f"a format {version} record {'without' if version >= 4 else 'with'} a delta")
     if version < 4:
-        return
+        return layout
     delta = meta["delta"]
     base = delta.get("base") if isinstance(delta, dict) else None
     if not isinstance(delta, dict) or not isinstance(base, dict) or set(delta) != {"transforms", "itemsize", "base"}:
@@ -255,3 +254,4 @@ def _validate_delta(meta: dict, version: int, nbytes: int) -> None:
         raise CorruptCheckpointError(f"record delta's base blobs {blobs!r} are invalid")
     if not isinstance(base.get("record"), dict) or set(base) != {"file", "id", "blobs", "record"}:
         raise CorruptCheckpointError("record delta's base holds no record")
+    return layout
