@@ -26,7 +26,7 @@ from lightning_nvcomp.errors import (
     UnsupportedFormatError,
 )
 from lightning_nvcomp.format import decode_storage, decode_tensor, load
-from lightning_nvcomp.options import Codec, Durability, RemoteOptions, SaveOptions
+from lightning_nvcomp.options import Codec, DeltaOptions, Durability, RemoteOptions, SaveOptions
 from lightning_nvcomp.saving.single_file import save
 from lightning_nvcomp.telemetry.stats import SaveStats
 
@@ -72,6 +72,7 @@ __all__ = [
     "CodecUnavailableError",
     "CorruptCheckpointError",
     "DecodeLimitError",
+    "DeltaOptions",
     "Durability",
     "MissingBaseError",
     "MissingExtraError",

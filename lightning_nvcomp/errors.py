@@ -36,11 +36,7 @@ class DecodeLimitError(CheckpointError):
 
 class MissingBaseError(CheckpointError):
     """A delta checkpoint's base (the earlier checkpoint its records are coded against) is missing, or a different
-    file now has its name; ``base`` is its path. Restore it, or load a checkpoint that does not need it."""
-
-    def __init__(self, message: str, base: str = "") -> None:
-        super().__init__(message)
-        self.base = base
+    file now has its name; the message names both. Restore it, or load a checkpoint that does not need it."""
 
 
 class UnsupportedFormatError(CheckpointError):

@@ -115,6 +115,26 @@ class Durability(_Choice, option="durable"):
 CONCRETE_CODECS = (Codec.ANS, Codec.ZSTD, Codec.NONE)
 
 
+@dataclass(frozen=True)
+class DeltaOptions:
+    """Delta checkpoints: each save stored as its difference from the run's previous checkpoint, where that codes
+    smaller (per tensor, measured on each save), and alone every ``keyframe_every`` saves. Loading a delta reads its
+    chain back to the keyframe; pruning keeps every file a kept checkpoint needs (see docs/guides/delta.md).
+
+    Args:
+        keyframe_every: a chain's length: a checkpoint is stored alone at least this often (2 or more).
+
+    Raises:
+        ValueError: ``keyframe_every`` that is not an integer of 2 or more.
+    """
+
+    keyframe_every: int = 8
+
+    def __post_init__(self) -> None:
+        if isinstance(self.keyframe_every, bool) or not isinstance(self.keyframe_every, int) or self.keyframe_every < 2:
+            raise ValueError(f"keyframe_every must be an integer of 2 or more, not {self.keyframe_every!r}")
+
+
 MiB = 1 << 20
 #: Coding works in pieces whose size is a multiple of this (see :class:`~lightning_nvcomp.codec.record.Encoder`).
 _STAGING_ALIGN = 512
@@ -153,11 +173,14 @@ class SaveOptions:
         host_buffer_mb: async saves: most MiB of compressed snapshots held in host memory while earlier ones are
             written; a save that would exceed it waits for the oldest writes (and says so: storage slower than the
             save interval). None: two checkpoints, the one being written and the new one.
+        delta: store each checkpoint as a delta against the run's previous one where that codes smaller
+            (:class:`DeltaOptions`); None (the default): every checkpoint stands alone.
 
     Raises:
         ValueError: an unknown codec or durability, a size that is not a positive number of MiB (``staging_mb``: not a
             multiple of 512 bytes), an ``interval_s`` that is not positive, a negative ``gpu_hour_usd``.
-        TypeError: ``async_save`` that is not a bool, ``remote`` that is not a RemoteOptions.
+        TypeError: ``async_save`` that is not a bool, ``remote`` that is not a RemoteOptions, ``delta`` that is not a
+            DeltaOptions.
         CodecUnavailableError: the codec cannot run here (``ans`` without a CUDA GPU and nvCOMP): checked now, not at
             the first checkpoint hours later.
     """
@@ -171,6 +194,7 @@ class SaveOptions:
     remote: RemoteOptions | None = None
     durable: Durability = Durability.BACKGROUND
     host_buffer_mb: float | None = None
+    delta: DeltaOptions | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "codec", Codec.parse(self.codec))
@@ -179,6 +203,8 @@ class SaveOptions:
             raise TypeError(f"async_save must be True or False, not {self.async_save!r}")
         if self.remote is not None and not isinstance(self.remote, RemoteOptions):
             raise TypeError(f"remote must be a RemoteOptions, not {self.remote!r}")
+        if self.delta is not None and not isinstance(self.delta, DeltaOptions):
+            raise TypeError(f"delta must be a DeltaOptions, not {self.delta!r}")
         _check_number("staging_mb", self.staging_mb, "a positive number of MiB", optional=True)
         _check_number("probe_mb", self.probe_mb, "a positive number of MiB")
         _check_number("host_buffer_mb", self.host_buffer_mb, "a positive number of MiB", optional=True)

@@ -218,14 +218,13 @@ def _decoded(
     ``ident``, its blobs' CRCs and fields are the record's, and a base of its own is followed."""
     if depth > MAX_CHAIN:
         raise CorruptCheckpointError(f"its chain of bases is longer than {MAX_CHAIN} at {path}")
-    opened = cache.get(path)
+    opened = cache.get((path, ident))
     if opened is None:
-        opened = cache[path] = _Opened(path)
+        opened = cache[(path, ident)] = _opened(path, ident)
     if opened.id != ident:
         raise MissingBaseError(
             f"its base {path} was replaced by another file (serialization id {opened.id}, not {ident}): the delta "
-            "cannot be decoded without the file it was saved against",
-            path,
+            "cannot be decoded without the file it was saved against"
         )
     try:
         blobs = [opened.blob(key) for key in keys]
@@ -260,6 +259,22 @@ def _decoded(
     return data
 
 
+def _opened(path: str, ident: str) -> _Opened:
+    """The base at ``path`` of id ``ident``: the file there, or where another file took its name, the copy of it
+    kept beside it (:func:`sidecar_name`)."""
+    storage = storage_for(path)
+    kept = storage.join(storage.parent(path), sidecar_name(os.path.basename(path), ident))
+    try:
+        opened = _Opened(path)
+    except MissingBaseError:
+        if not storage.exists(kept):
+            raise
+        return _Opened(kept)
+    if opened.id != ident and storage.exists(kept):
+        return _Opened(kept)
+    return opened
+
+
 class _Opened:
     """A base file opened for a load or a save: its id and its entries' places."""
 
@@ -270,8 +285,7 @@ class _Opened:
         except FileNotFoundError:
             raise MissingBaseError(
                 f"its base {path} is missing: a delta cannot be decoded without the checkpoint it was saved against "
-                "(restore that file, or load a checkpoint that does not need it)",
-                path,
+                "(restore that file, or load a checkpoint that does not need it)"
             ) from None
         try:
             archive = zipfile.ZipFile(self.file)
@@ -306,3 +320,24 @@ class _Opened:
             view[at : at + len(chunk)] = chunk
             at += len(chunk)
         return out
+
+
+def sidecar_name(file: str, ident: str) -> str:
+    """The hidden name a base ``file`` of id ``ident`` keeps its bytes under once another file took its name."""
+    return f".{file}.{ident}.base"
+
+
+def needed_bases(storage: StorageBackend, directory: str, exclude: set[str] = frozenset()) -> set[tuple[str, str]]:
+    """The (file name, id) of every base that a checkpoint in ``directory`` (but those in ``exclude``) is coded
+    against."""
+    needed = set()
+    for name in storage.listdir(directory):
+        path = storage.join(directory, name)
+        if path in exclude or storage.isdir(path):
+            continue
+        found = base_file(path, storage)
+        for rec in found.records if found is not None else []:
+            if "delta" in rec.record:
+                base = rec.record["delta"]["base"]
+                needed.add((base["file"], base["id"]))
+    return needed

@@ -19,7 +19,9 @@ from lightning_nvcomp.auto.policy import CodecPolicy, resolve_codec
 from lightning_nvcomp.auto.prediction import Prediction
 from lightning_nvcomp.auto.steps import StepTimer
 from lightning_nvcomp.format.contents import find_contents
+from lightning_nvcomp.format.delta import BaseFile
 from lightning_nvcomp.options import Codec, Durability, SaveOptions
+from lightning_nvcomp.saving.chain import DeltaChain
 from lightning_nvcomp.saving.single_file import Coded, Held, Streamed, finish_for, flushes, write_file
 from lightning_nvcomp.storage import StorageBackend, absolute_path, is_url, storage_for
 from lightning_nvcomp.storage.local import Storage, wait_for_discards
@@ -78,14 +80,17 @@ def _now(fn: Callable[..., T], *args: Any) -> T:
     return fn(*args)
 
 
-def _discard_after(earlier: list[Future], path: str, storage: StorageBackend) -> None:
+def _discard_after(earlier: list[Future], path: str, storage: StorageBackend, chain: DeltaChain | None = None) -> None:
     """Delete ``path`` if the writes queued before (``earlier``, done by now: one writer thread runs both) all
-    succeeded; else keep it: it may be the newest durable checkpoint."""
+    succeeded; else keep it: it may be the newest durable checkpoint. With delta ``chain`` s, a file a checkpoint
+    beside it still needs is kept until none does."""
     failed = [f for f in earlier if f.exception() is not None]
     if failed:
         log.warning("lightning_nvcomp: kept %s (not pruned): a newer save failed: %s", path, failed[0].exception())
-    elif storage.exists(path):
-        storage.discard(path)
+        return
+    for gone in chain.removable(path, storage) if chain is not None else [path]:
+        if storage.exists(gone):
+            storage.discard(gone)
 
 
 def _resolved(path: str | os.PathLike) -> str:
@@ -152,6 +157,9 @@ class CheckpointWriter:
         #: The training's optimizer steps, timed from the first save that writes behind it (async, or ``background``
         #: durability) until :meth:`close`: how much slower they run while a write is in progress.
         self.steps = StepTimer(lambda: self.pending() > 0)
+        #: Delta checkpoints' chains (None: every checkpoint stands alone).
+        self.chain = DeltaChain(options.delta) if options.delta is not None else None
+        self._bases: dict[str, BaseFile | None] = {}  # what each file of the current group was coded against
 
     def storage_for(self, path: str | os.PathLike) -> StorageBackend:
         """The storage ``path`` is written to and read from: :attr:`storage` for a local path, the remote storage of
@@ -196,13 +204,26 @@ class CheckpointWriter:
             probe_s += self.policy.measuring_s - measured_s  # the one-off measurements are not the save's time
             self._probe_s += probe_s
             begin += probe_s
-            coded = self._code(obj, contents, codec, self.options.staging_nbytes)
+            base = self._delta_base(path, storage)
+            coded = self._code(obj, contents, codec, self.options.staging_nbytes, base)
             saved = self._run(self._write, coded, path, storage, prediction, begin)
         if isinstance(saved, Future):
             self._queue(path, saved, coded.held_nbytes)
         else:
             self._group.append(saved)
         self._blocked += time.perf_counter() - begin
+
+    def _delta_base(self, path: str, storage: StorageBackend) -> BaseFile | None:
+        """With delta checkpoints: the file a save to ``path`` is coded against (its write done first), a file it
+        replaces kept where others need it."""
+        if self.chain is None:
+            return None
+        self.chain.before_replacing(path, storage)
+        candidate = self.chain.next_base()
+        if candidate is not None:
+            self.wait(candidate)
+        self._bases[path] = base = self.chain.base_for(path, storage)
+        return base
 
     def discard(self, path: str | os.PathLike) -> None:
         """Delete the checkpoint file ``path`` (pruning): at once when nothing is being written, else on the writer
@@ -211,15 +232,20 @@ class CheckpointWriter:
         path = _resolved(path)
         storage = self.storage_for(path)
         earlier = [future for _, future in self._inflight]  # a failure stays here until wait() has raised it
+        chain = self.chain
         if any(not future.done() for future in earlier):
-            self._inflight.append((path, self._background(_discard_after, earlier, path, storage)))
+            self._inflight.append((path, self._background(_discard_after, earlier, path, storage, chain)))
         else:
-            _discard_after(earlier, path, storage)
+            _discard_after(earlier, path, storage, chain)
 
     def commit(self, step: int, label: str) -> None:
         """Close the current group of saves (checkpoint ``label``, a file or a directory, at training ``step``) and
         record its savings."""
         label = _resolved(label)
+        if self.chain is not None:
+            for path, base in self._bases.items():
+                self.chain.saved(path, base, step)
+            self._bases = {}
         group, blocked, waited, probe_s = self._group, self._blocked, self._waited, self._probe_s
         self._group, self._blocked, self._waited, self._probe_s = [], 0.0, 0.0, 0.0
         if not group:

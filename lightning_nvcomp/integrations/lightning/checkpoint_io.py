@@ -27,7 +27,7 @@ from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.codec import pinned
 from lightning_nvcomp.integrations.dcp.staging import local_tensors_named
 from lightning_nvcomp.integrations.lightning.config import one_line_errors
-from lightning_nvcomp.options import Codec, Durability, SaveOptions
+from lightning_nvcomp.options import Codec, DeltaOptions, Durability, SaveOptions
 from lightning_nvcomp.saving.writer import CheckpointWriter
 from lightning_nvcomp.storage import storage_for
 from lightning_nvcomp.storage.remote.options import RemoteOptions
@@ -63,6 +63,9 @@ class NvcompCheckpointIO(CheckpointIO):
             (a logger that uploads it, a copy), when ``save_checkpoint`` returns.
         host_buffer_mb: async saves: most MiB of compressed snapshots held in host memory while earlier ones are
             written (default: two checkpoints); a save past it waits, with a warning.
+        delta: store each checkpoint as a delta against the previous one where that codes smaller
+            (:class:`~lightning_nvcomp.options.DeltaOptions`; default: none). ``remove_checkpoint`` (top-k pruning)
+            keeps every file a kept checkpoint needs, and deletes it once none does.
         options: all of the above in one :class:`~lightning_nvcomp.options.SaveOptions` (a config's
             ``init_args: {options: {codec: zstd}}``); a keyword argument given beside it overrides its field.
 
@@ -94,6 +97,7 @@ class NvcompCheckpointIO(CheckpointIO):
         remote: RemoteOptions | None = None,
         durable: Durability | str | None = None,
         host_buffer_mb: float | None = None,
+        delta: DeltaOptions | None = None,
         *,
         options: SaveOptions | None = None,
     ) -> None:
@@ -109,6 +113,7 @@ class NvcompCheckpointIO(CheckpointIO):
             remote=remote,
             durable=durable,
             host_buffer_mb=host_buffer_mb,
+            delta=delta,
         )
         self.writer = CheckpointWriter(options, report=self._report)
         self.logger_attached = False

@@ -1,0 +1,114 @@
+"""Chains of delta checkpoints (:class:`DeltaChain`): which earlier file a run's save is coded against, and which files
+a pruning may delete.
+
+A save's base is the first file saved at the latest step before it (Lightning saves ``epoch=..-step=N.ckpt``, then
+``last.ckpt`` with the same state: the first is the base, so that the file replaced at every step never is). A save is
+stored alone (a keyframe) every ``keyframe_every`` saves of a chain, when the base is in another directory, is the
+file being written, or is not a file of ours (after a restart, the first save). What files need is read from the files
+themselves (each delta record names its base's file and id), so pruning stays safe across restarts: a file another
+checkpoint of its directory needs is kept until none does; a file replaced while others need it keeps its old bytes
+under a hidden name beside it (``.NAME.ID.base``), which loads find.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from lightning_nvcomp.format.delta import BaseFile, base_file, needed_bases, sidecar_name
+from lightning_nvcomp.options import DeltaOptions
+from lightning_nvcomp.storage import StorageBackend
+
+
+class DeltaChain:
+    """The delta chains of one writer.
+
+    Args:
+        options: how often a chain starts again with a keyframe.
+    """
+
+    def __init__(self, options: DeltaOptions) -> None:
+        self.options = options
+        self._step: int | None = None  # the step of the latest committed save
+        self._first: str | None = None  # the first file committed at that step: the next base
+        self._depth: dict[str, int] = {}  # deltas since the keyframe, by file saved here
+        self._pending: set[str] = set()  # asked to be deleted while others still needed them
+        self._lock = threading.Lock()
+
+    def next_base(self) -> str | None:
+        """The file the next save would be coded against (its write must be done first)."""
+        with self._lock:
+            return self._first
+
+    def base_for(self, path: str, storage: StorageBackend) -> BaseFile | None:
+        """The file a save to ``path`` is coded against, or None for a keyframe."""
+        base = self.next_base()
+        if base is None or self._depth.get(base, self.options.keyframe_every) + 1 >= self.options.keyframe_every:
+            return None
+        if base == path or storage.parent(base) != storage.parent(path) or not storage.exists(base):
+            return None
+        return base_file(base, storage)
+
+    def saved(self, path: str, base: BaseFile | None, step: int) -> None:
+        """A save to ``path`` at training ``step`` was committed, coded against ``base`` (None: alone)."""
+        with self._lock:
+            self._depth[path] = self._depth[base.path] + 1 if base is not None and base.path in self._depth else 0
+            if step != self._step or self._first is None:
+                self._step, self._first = step, path
+
+    def before_replacing(self, path: str, storage: StorageBackend) -> None:
+        """``path`` is about to be written over: where checkpoints beside it need its bytes, keep them under its
+        hidden name (a hard link, or a copy on storage without links)."""
+        if not storage.exists(path):
+            return
+        old = base_file(path, storage)
+        if old is None or (os.path.basename(path), old.id) not in needed_bases(storage, storage.parent(path)):
+            return
+        kept = storage.join(storage.parent(path), sidecar_name(os.path.basename(path), old.id))
+        try:
+            os.link(path, kept)
+        except (OSError, TypeError, ValueError):
+            with storage.open_read(path) as src:
+                storage.write(kept, lambda f: _copy(src, f))
+
+    def removable(self, path: str, storage: StorageBackend) -> list[str]:
+        """The files to delete now that ``path`` is to be deleted: ``path`` unless a checkpoint beside it needs it
+        (then it is deleted by a later call, once none does), and the files and hidden copies that only it needed."""
+        directory = storage.parent(path)
+        with self._lock:
+            self._pending.add(path)
+            candidates = {p for p in self._pending if storage.parent(p) == directory}
+        ids = {}
+        for candidate in candidates:
+            found = base_file(candidate, storage) if storage.exists(candidate) else None
+            ids[candidate] = found.id if found is not None else None
+        gone: list[str] = []
+        for _ in range(len(candidates) + 1):  # deleting one may free its own base: until nothing changes
+            keep = {p for p in candidates if p not in gone}
+            needed = needed_bases(storage, directory, exclude=set(gone))
+            free = [p for p in keep if ids[p] is None or (os.path.basename(p), ids[p]) not in needed]
+            if not free:
+                break
+            gone.extend(free)
+        with self._lock:
+            self._pending -= set(gone)
+        hidden = [
+            storage.join(directory, name)
+            for name in storage.listdir(directory)
+            if name.endswith(".base") and name.startswith(".")
+        ]
+        needed = needed_bases(storage, directory, exclude=set(gone))
+        gone += [h for h in hidden if _sidecar_key(os.path.basename(h)) not in needed]
+        return gone
+
+
+def _sidecar_key(name: str) -> tuple[str, str] | None:
+    """The (file name, id) a hidden copy ``.NAME.ID.base`` keeps."""
+    inner = name[1 : -len(".base")]
+    file, _, ident = inner.rpartition(".")
+    return (file, ident) if file and ident.isdigit() else None
+
+
+def _copy(src, dst) -> None:  # type: ignore[no-untyped-def]
+    while chunk := src.read(64 << 20):
+        dst.write(chunk)
