@@ -14,6 +14,7 @@ from tqdm import tqdm
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.format import DTYPES, TensorInfo
 from lightning_nvcomp.format.contents import leaves
+from lightning_nvcomp.format.delta import chain
 from lightning_nvcomp.telemetry.stats import ratio
 
 
@@ -56,6 +57,12 @@ class Survey:
     def stored_nbytes(self) -> int:
         return sum(e.stored_nbytes for e in self.holders().values())
 
+    def chain(self) -> list[str]:
+        """The files it needs to load, nearest first (a delta checkpoint's chain of bases; empty for most)."""
+        if not any(" delta" in e.codec for e in self.entries):
+            return []
+        return chain(self.path)
+
     def codecs(self) -> list[str]:
         """The codecs its records use (``raw``: planes stored as they are; ``torch``: plain storages), sorted."""
         return sorted({codec for e in self.holders().values() for codec in e.codec.split()[0].split("+")})
@@ -70,8 +77,11 @@ def _walk(obj: object) -> Iterator[tuple[str, TensorInfo | torch.Tensor]]:
 
 
 def _codec_label(rec: dict) -> str:
-    """``zstd``, ``ans+raw 4 planes``, ``ans <f4``: the record's codecs (``raw`` last) and its layout."""
+    """``zstd``, ``ans+raw 4 planes``, ``zstd delta 4 planes``, ``ans <f4``: the record's codecs (``raw`` last),
+    whether it is coded against a base, and its layout."""
     label = "+".join(sorted(set(rec["codecs"]), key=lambda codec: (codec == "raw", codec)))
+    if "delta" in rec:
+        label += " delta"
     if rec["data_type"] != "|u1":
         return f"{label} {rec['data_type']}"
     return f"{label} {rec['planes']} planes" if rec["planes"] > 1 else label

@@ -89,8 +89,10 @@ def run(args: argparse.Namespace) -> int:
     obj = load(surveyed, _device(args, surveyed), args.quiet)
     after, codec = _save(obj, args)
     before = storage_for(args.input).size(args.input)
+    needs = surveyed.chain()
+    alone = f"; it stands alone (the input needed {', '.join(needs)})" if needs else ""
     print(
         f"converted {args.input} -> {args.output} ({codec}): {size(before)} -> {size(after)} "
-        f"({ratio(before, after):.2f}x), {time.perf_counter() - begin:.1f} s"
+        f"({ratio(before, after):.2f}x), {time.perf_counter() - begin:.1f} s{alone}"
     )
     return 0

@@ -84,6 +84,13 @@ def inspect_file(path: str, all_rows: bool) -> None:
     print()
     file_nbytes = storage_for(path).size(path)
     print(f"file: {path}, {size(file_nbytes)}; raw tensor bytes / file size: {surveyed.raw_nbytes() / file_nbytes:.2f}")
+    needs = surveyed.chain()
+    if needs:
+        deltas = sum(" delta" in e.codec for e in surveyed.holders().values())
+        print(
+            f"a delta checkpoint: {deltas} of {len(surveyed.holders())} records coded against {needs[0]}; loading it "
+            f"reads {' <- '.join(needs)} too (convert makes a file that stands alone)"
+        )
     if surveyed.gans_writers:
         print(f"gANS records written by nvCOMP {', '.join(surveyed.gans_writers)} (decoding them needs a CUDA GPU)")
 

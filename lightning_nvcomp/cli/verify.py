@@ -53,7 +53,9 @@ def verify_file(path: str, quiet: bool) -> str:
     load(surveyed, "cpu", quiet)
     compressed = surveyed.raw_nbytes(compressed_only=True)
     checked = "checksums and decode verified" if compressed else "plain torch.save file, zip checksums verified"
-    return f"{len(surveyed.entries)} tensors, {size(surveyed.raw_nbytes())} raw, {checked}"
+    needs = surveyed.chain()
+    chained = f"; a delta: its bases {', '.join(needs)} decoded and checked with it" if needs else ""
+    return f"{len(surveyed.entries)} tensors, {size(surveyed.raw_nbytes())} raw, {checked}{chained}"
 
 
 def verify_dcp(path: str, quiet: bool, only: str | None = None) -> tuple[int, str]:

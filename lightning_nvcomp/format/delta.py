@@ -341,3 +341,22 @@ def needed_bases(storage: StorageBackend, directory: str, exclude: set[str] = fr
                 base = rec.record["delta"]["base"]
                 needed.add((base["file"], base["id"]))
     return needed
+
+
+def chain(path: str, storage: StorageBackend | None = None) -> list[str]:
+    """The files the checkpoint at ``path`` needs to load, nearest first: its base, the base's base, and so on back
+    to a file that stands alone (empty for a standalone file). Read from the files' pickles, decoding nothing."""
+    storage = storage or storage_for(path)
+    found: list[str] = []
+    current = base_file(path, storage)
+    while current is not None and len(found) < MAX_CHAIN:
+        bases = [r.record["delta"]["base"] for r in current.records if "delta" in r.record]
+        if not bases:
+            break
+        following = storage.join(storage.parent(current.path), bases[0]["file"])
+        kept = storage.join(storage.parent(current.path), sidecar_name(bases[0]["file"], bases[0]["id"]))
+        found.append(following)
+        current = base_file(following, storage)
+        if (current is None or current.id != bases[0]["id"]) and storage.exists(kept):
+            current = base_file(kept, storage)
+    return found

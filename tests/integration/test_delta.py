@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 import lightning_nvcomp
 from lightning_nvcomp import DeltaOptions, NvcompCheckpointIO, SaveOptions
+from lightning_nvcomp.cli import main
 from lightning_nvcomp.codec import delta as transforms
 from lightning_nvcomp.errors import CorruptCheckpointError, MissingBaseError
 from lightning_nvcomp.format.delta import base_file
@@ -169,3 +170,26 @@ def test_lightning_top_k_with_deltas_resumes_bit_exactly(tmp_path: Path) -> None
     resumed = quiet_trainer(tmp_path / "r", max_epochs=7, plugins=[NvcompCheckpointIO(codec="zstd")])
     resumed.fit(TinyModule(in_dim=64, hidden=256), datamodule=data, ckpt_path=str(ckdir / "last.ckpt"))
     assert resumed.global_step > last["global_step"]
+
+
+def cli(capsys: pytest.CaptureFixture, *argv: object) -> tuple[int, str]:
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_the_cli_shows_checks_and_cuts_the_chain(tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    lightning_nvcomp.save(drifting_state(0), "k.ckpt", codec="zstd")
+    lightning_nvcomp.save(drifting_state(1), "d.ckpt", codec="zstd", base="k.ckpt")
+    code, out = cli(capsys, "inspect", "d.ckpt")
+    assert code == 0 and "zstd delta" in out and "a delta checkpoint" in out and "k.ckpt" in out
+    code, out = cli(capsys, "verify", "d.ckpt")
+    assert code == 0 and "its bases" in out and "k.ckpt" in out
+    code, out = cli(capsys, "convert", "d.ckpt", "alone.ckpt", "--codec", "zstd")
+    assert code == 0 and "stands alone" in out
+    assert not delta_records("alone.ckpt")
+    os.remove("k.ckpt")
+    assert_tree_bit_exact(lightning_nvcomp.load("alone.ckpt"), drifting_state(1))
+    code, out = cli(capsys, "verify", "d.ckpt")
+    assert code != 0 and "k.ckpt is missing" in out

@@ -1,0 +1,158 @@
+"""Delta checkpoints on a real training run: a byte-level GPT trained with AdamW on the standard library's sources, its
+state saved at the run's last step alone and as a delta against the states 10, 50 and 200 steps earlier.
+
+Per interval and state (fp32 weights + AdamW moments; the weights in bf16; in FP8 scaled per tensor) and per tensor
+class: the ratio (raw bytes / file bytes) stored alone and as a delta, the order-0 byte-plane bound of the class alone
+and of its XOR with the base (the ideal a stateless coder of the transformed bits approaches), save and load seconds,
+and a bit-exact check of every load. CPU zstd, through the public API (``lightning_nvcomp.save(..., base=...)``).
+
+    python benchmarks/delta_bench.py --json benchmarks/results/delta/latest-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+import lightning_nvcomp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from peers_bench import plane_bound  # noqa: E402
+
+from common import same_bytes, write_result  # noqa: E402
+from gpt import GPT, stdlib_corpus  # noqa: E402
+
+INTERVALS = (10, 50, 200)
+
+
+def train_states(dim: int, layers: int, steps: int, cache: pathlib.Path) -> dict[int, dict]:
+    """The run's fp32 weights and AdamW moments at ``steps`` and at each interval before it (cached)."""
+    keep = {steps - i for i in INTERVALS} | {steps}
+    path = cache / f"delta-gpt-{dim}x{layers}-{steps}.pt"
+    if path.exists():
+        return torch.load(path, weights_only=True)
+    torch.manual_seed(0)
+    model = GPT(dim=dim, layers=layers, heads=max(1, dim // 64), context=128)
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1)
+    corpus, gen, states = stdlib_corpus(), torch.Generator().manual_seed(0), {}
+    for step in range(1, steps + 1):
+        starts = torch.randint(0, corpus.numel() - model.context - 1, (8,), generator=gen)
+        rows = torch.stack([corpus[s : s + model.context + 1] for s in starts.tolist()]).long()
+        for group in opt.param_groups:
+            group["lr"] = 6e-4 * min(1.0, step / 50)
+        F.cross_entropy(model(rows[:, :-1]).flatten(0, 1).float(), rows[:, 1:].flatten()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step in keep:
+            opt_state = opt.state_dict()["state"]
+            states[step] = {
+                "weights": {k: v.clone() for k, v in model.state_dict().items()},
+                "exp_avg": {str(k): s["exp_avg"].clone() for k, s in opt_state.items()},
+                "exp_avg_sq": {str(k): s["exp_avg_sq"].clone() for k, s in opt_state.items()},
+            }
+    cache.mkdir(parents=True, exist_ok=True)
+    torch.save(states, path)
+    return states
+
+
+def kinds(state: dict) -> dict[str, dict[str, dict]]:
+    """The states measured, each by tensor class: fp32 weights and moments, bf16 weights, FP8 weights per tensor."""
+    fp8 = {}
+    for k, w in state["weights"].items():
+        scale = w.abs().amax().clamp(min=1e-12) / 448
+        fp8[k] = (w / scale).to(torch.float8_e4m3fn)
+    return {
+        "fp32 AdamW": state,
+        "bf16 weights": {"weights": {k: w.to(torch.bfloat16) for k, w in state["weights"].items()}},
+        "FP8 weights": {"weights": fp8},
+    }
+
+
+def xor(a: dict, b: dict) -> list[torch.Tensor]:
+    return [
+        (a[k].contiguous().view(-1).view(torch.uint8) ^ b[k].contiguous().view(-1).view(torch.uint8)).view(a[k].dtype)
+        for k in a
+    ]
+
+
+def measure(target: dict, base: dict, folder: pathlib.Path) -> dict:
+    """One state against one base: sizes, ideal bounds, times, bit-exactness."""
+    alone, delta, base_path = folder / "alone.ckpt", folder / "delta.ckpt", folder / "base.ckpt"
+    lightning_nvcomp.save(base, base_path, codec="zstd")
+    t = time.perf_counter()
+    lightning_nvcomp.save(target, alone, codec="zstd")
+    alone_save = time.perf_counter() - t
+    t = time.perf_counter()
+    lightning_nvcomp.save(target, delta, codec="zstd", base=base_path)
+    delta_save = time.perf_counter() - t
+    t = time.perf_counter()
+    back_alone = lightning_nvcomp.load(alone)
+    alone_load = time.perf_counter() - t
+    t = time.perf_counter()
+    back = lightning_nvcomp.load(delta)
+    delta_load = time.perf_counter() - t
+    tensors = lambda tree: [t for cls in tree.values() for t in cls.values()]  # noqa: E731
+    raw = sum(t.nbytes for t in tensors(target))
+    return {
+        "raw_nbytes": raw,
+        "alone": raw / alone.stat().st_size,
+        "delta": raw / delta.stat().st_size,
+        "ideal_alone": plane_bound([list(c.values()) for c in target.values()], rotated=True),
+        "ideal_xor": plane_bound([xor(target[c], base[c]) for c in target]),
+        "save_s": {"alone": alone_save, "delta": delta_save},
+        "load_s": {"alone": alone_load, "delta": delta_load},
+        "bit_exact": same_bytes(tensors(back), tensors(target)) and same_bytes(tensors(back_alone), tensors(target)),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/lightning_nvcomp_bench"))
+    parser.add_argument("--json", help="write the result here")
+    args = parser.parse_args(argv)
+    states = train_states(args.dim, args.layers, args.steps, pathlib.Path(args.cache_dir))
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for interval in INTERVALS:
+            targets, bases = kinds(states[args.steps]), kinds(states[args.steps - interval])
+            for kind, target in targets.items():
+                for cls in ("whole", *target):
+                    part = target if cls == "whole" else {cls: target[cls]}
+                    part_base = bases[kind] if cls == "whole" else {cls: bases[kind][cls]}
+                    if cls != "whole" and len(target) == 1:
+                        continue
+                    row = {"interval": interval, "state": kind, "class": cls}
+                    row.update(measure(part, part_base, pathlib.Path(scratch)))
+                    rows.append(row)
+                    print(
+                        f"{interval:4d} {kind:13s} {cls:11s} alone {row['alone']:.4f} delta {row['delta']:.4f} "
+                        f"ideal {row['ideal_alone']:.4f}/{row['ideal_xor']:.4f} save {row['save_s']['delta']:.2f}/"
+                        f"{row['save_s']['alone']:.2f} s load {row['load_s']['delta']:.2f}/{row['load_s']['alone']:.2f} s "
+                        f"exact {row['bit_exact']}",
+                        flush=True,
+                    )
+    write_result(
+        args.json,
+        "delta",
+        setup=f"GPT {args.dim}x{args.layers} (context 128, batch 8) trained {args.steps} AdamW steps on the stdlib; "
+        "CPU zstd; the last step's state alone and against the states 10, 50 and 200 steps earlier",
+        repetitions=1,
+        statistic="one run",
+        rows=rows,
+    )
+    return 0 if all(r["bit_exact"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
