@@ -522,6 +522,14 @@ def test_bad_codec_is_refused_before_anything_changes():
     assert "save_state" not in vars(run.accelerator)
 
 
+def test_delta_checkpoints_are_refused_before_anything_changes():
+    run = R.build(seed=13)
+    options = lightning_nvcomp.SaveOptions(codec="zstd", delta=lightning_nvcomp.DeltaOptions())
+    with pytest.raises(ValueError, match="total_limit"):
+        attach(run.accelerator, options=options)
+    assert "save_state" not in vars(run.accelerator)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without a GPU")
 def test_ans_without_a_gpu_is_refused():
     run = R.build(seed=12)

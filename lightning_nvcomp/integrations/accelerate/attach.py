@@ -361,7 +361,9 @@ def attach(
         The :class:`Attachment`; ``detach()`` restores the Accelerator.
 
     Raises:
-        ValueError, CodecUnavailableError: as :class:`~lightning_nvcomp.options.SaveOptions`, before anything is attached.
+        ValueError, CodecUnavailableError: as :class:`~lightning_nvcomp.options.SaveOptions`, before anything is attached;
+            ValueError for ``delta`` options too: Accelerate deletes old checkpoint folders itself (``total_limit``),
+            which could delete the base of a checkpoint it keeps, so ``attach`` writes no delta checkpoints.
     """
     options = SaveOptions.merged(
         "attach",
@@ -376,4 +378,9 @@ def attach(
         durable=durable,
         host_buffer_mb=host_buffer_mb,
     )
+    if options.delta is not None:
+        raise ValueError(
+            "attach does not write delta checkpoints: Accelerate deletes old checkpoint folders itself (total_limit), "
+            "which could delete the base a kept checkpoint needs; leave SaveOptions.delta at None"
+        )
     return Attachment(accelerator, CheckpointWriter(options), state_on_gpu)
