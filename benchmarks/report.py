@@ -424,6 +424,41 @@ def peers_headline(result: dict) -> str:
     return text + (f" (ZipNN {zipnn['ratio']:.4f}x, {zipnn['load_gbps']:.2f} GB/s)" if zipnn else "")
 
 
+def delta_tables(result: dict) -> list[str]:
+    rows = [
+        {
+            **r,
+            "gain": r["delta"] / r["alone"],
+            "save_x": r["save_s"]["delta"] / r["save_s"]["alone"],
+            "load_x": r["load_s"]["delta"] / r["load_s"]["alone"],
+        }
+        for r in result["rows"]
+    ]
+    return table(
+        [
+            Column("steps apart", key("interval")),
+            Column("state", key("state")),
+            Column("class", key("class")),
+            Column("raw MB", lambda r: r["raw_nbytes"] / 1e6, ".1f"),
+            Column("alone", key("alone"), ".4f"),
+            Column("delta", key("delta"), ".4f"),
+            Column("delta / alone", key("gain"), ".3f"),
+            Column("bound alone", key("ideal_alone"), ".4f"),
+            Column("bound of the XOR", key("ideal_xor"), ".4f"),
+            Column("save time, delta / alone", key("save_x"), ".2f"),
+            Column("load time, delta / alone", key("load_x"), ".2f"),
+            Column("bit-exact", key("bit_exact")),
+        ],
+        rows,
+        result,
+    )
+
+
+def delta_headline(result: dict) -> str:
+    found = [r for r in result["rows"] if r["interval"] == 50 and r["class"] == "whole"]
+    return "; ".join(f"{r['state']} 50 steps apart: {r['delta']:.4f}x (alone {r['alone']:.4f}x)" for r in found) or "-"
+
+
 def title_of(result: dict) -> str:
     """The machine a result ran on, for a plot's title: "GPU run: NVIDIA H100 ..." or "CPU run: AMD EPYC, 2 cores"."""
     hw = result["hardware"]
@@ -580,6 +615,18 @@ BENCHMARKS = (
         "byte-plane bound, plain and with the sign rotated out of the exponent byte.",
         peers_tables,
         peers_headline,
+    ),
+    Benchmark(
+        "delta",
+        "Delta checkpoints",
+        "delta_bench.py",
+        "A training run's last state (a GPT trained with AdamW on the standard library's sources) saved alone and as "
+        "a delta against the states 10, 50 and 200 steps earlier, CPU zstd: fp32 weights and moments (whole and per "
+        "class), the weights in bf16, in FP8 scaled per tensor. The bounds are the order-0 entropy of the byte planes "
+        "alone (sign-rotated) and of the bits XORed with the base's; times are one save and one load each, the delta's "
+        "over the file's alone. Every load is checked bit-exact.",
+        delta_tables,
+        delta_headline,
     ),
     Benchmark(
         "steady",

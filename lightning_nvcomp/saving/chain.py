@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 
 from lightning_nvcomp.format.delta import BaseFile, base_file, needed_bases, sidecar_name
 from lightning_nvcomp.options import DeltaOptions
@@ -33,6 +34,7 @@ class DeltaChain:
         self._first: str | None = None  # the first file committed at that step: the next base
         self._depth: dict[str, int] = {}  # deltas since the keyframe, by file saved here
         self._pending: set[str] = set()  # asked to be deleted while others still needed them
+        self._group: list[tuple[str, BaseFile | None]] = []  # files prepared, not yet committed, and their bases
         self._lock = threading.Lock()
 
     def next_base(self) -> str | None:
@@ -49,12 +51,26 @@ class DeltaChain:
             return None
         return base_file(base, storage)
 
-    def saved(self, path: str, base: BaseFile | None, step: int) -> None:
-        """A save to ``path`` at training ``step`` was committed, coded against ``base`` (None: alone)."""
+    def prepare(self, path: str, storage: StorageBackend, wait: Callable[[str], None]) -> BaseFile | None:
+        """Before a save to ``path``: a file it replaces kept where others need it, and the file the save is coded
+        against (``wait`` ed for, should its write still run), or None for a keyframe."""
+        self.before_replacing(path, storage)
+        candidate = self.next_base()
+        if candidate is not None:
+            wait(candidate)
+        base = self.base_for(path, storage)
         with self._lock:
-            self._depth[path] = self._depth[base.path] + 1 if base is not None and base.path in self._depth else 0
-            if step != self._step or self._first is None:
-                self._step, self._first = step, path
+            self._group.append((path, base))
+        return base
+
+    def committed(self, step: int) -> None:
+        """The files prepared since the last call make the checkpoint of training ``step``."""
+        with self._lock:
+            for path, base in self._group:
+                self._depth[path] = self._depth[base.path] + 1 if base is not None and base.path in self._depth else 0
+                if step != self._step or self._first is None:
+                    self._step, self._first = step, path
+            self._group = []
 
     def before_replacing(self, path: str, storage: StorageBackend) -> None:
         """``path`` is about to be written over: where checkpoints beside it need its bytes, keep them under its

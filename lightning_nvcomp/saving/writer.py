@@ -19,7 +19,6 @@ from lightning_nvcomp.auto.policy import CodecPolicy, resolve_codec
 from lightning_nvcomp.auto.prediction import Prediction
 from lightning_nvcomp.auto.steps import StepTimer
 from lightning_nvcomp.format.contents import find_contents
-from lightning_nvcomp.format.delta import BaseFile
 from lightning_nvcomp.options import Codec, Durability, SaveOptions
 from lightning_nvcomp.saving.chain import DeltaChain
 from lightning_nvcomp.saving.single_file import Coded, Held, Streamed, finish_for, flushes, write_file
@@ -159,7 +158,6 @@ class CheckpointWriter:
         self.steps = StepTimer(lambda: self.pending() > 0)
         #: Delta checkpoints' chains (None: every checkpoint stands alone).
         self.chain = DeltaChain(options.delta) if options.delta is not None else None
-        self._bases: dict[str, BaseFile | None] = {}  # what each file of the current group was coded against
 
     def storage_for(self, path: str | os.PathLike) -> StorageBackend:
         """The storage ``path`` is written to and read from: :attr:`storage` for a local path, the remote storage of
@@ -204,7 +202,7 @@ class CheckpointWriter:
             probe_s += self.policy.measuring_s - measured_s  # the one-off measurements are not the save's time
             self._probe_s += probe_s
             begin += probe_s
-            base = self._delta_base(path, storage)
+            base = self.chain.prepare(path, storage, self.wait) if self.chain is not None else None
             coded = self._code(obj, contents, codec, self.options.staging_nbytes, base)
             saved = self._run(self._write, coded, path, storage, prediction, begin)
         if isinstance(saved, Future):
@@ -212,18 +210,6 @@ class CheckpointWriter:
         else:
             self._group.append(saved)
         self._blocked += time.perf_counter() - begin
-
-    def _delta_base(self, path: str, storage: StorageBackend) -> BaseFile | None:
-        """With delta checkpoints: the file a save to ``path`` is coded against (its write done first), a file it
-        replaces kept where others need it."""
-        if self.chain is None:
-            return None
-        self.chain.before_replacing(path, storage)
-        candidate = self.chain.next_base()
-        if candidate is not None:
-            self.wait(candidate)
-        self._bases[path] = base = self.chain.base_for(path, storage)
-        return base
 
     def discard(self, path: str | os.PathLike) -> None:
         """Delete the checkpoint file ``path`` (pruning): at once when nothing is being written, else on the writer
@@ -243,9 +229,7 @@ class CheckpointWriter:
         record its savings."""
         label = _resolved(label)
         if self.chain is not None:
-            for path, base in self._bases.items():
-                self.chain.saved(path, base, step)
-            self._bases = {}
+            self.chain.committed(step)
         group, blocked, waited, probe_s = self._group, self._blocked, self._waited, self._probe_s
         self._group, self._blocked, self._waited, self._probe_s = [], 0.0, 0.0, 0.0
         if not group:

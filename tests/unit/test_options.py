@@ -23,7 +23,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import lightning_nvcomp
-from lightning_nvcomp import Codec, DecodeLimitError, Durability, RemoteOptions, SaveOptions
+from lightning_nvcomp import Codec, DecodeLimitError, DeltaOptions, Durability, RemoteOptions, SaveOptions
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.accelerate import attach
 from lightning_nvcomp.dcp import NvcompFileSystemWriter
@@ -74,6 +74,12 @@ def test_sizes_are_given_in_mib_and_read_in_bytes() -> None:
     assert SaveOptions().staging_nbytes is None  # the default: the coder's own, per device
 
 
+@pytest.mark.parametrize("every", [1, 0, 2.5, True, "8"])
+def test_a_chain_is_two_saves_or_more(every: object) -> None:
+    with pytest.raises(ValueError, match="keyframe_every must be an integer of 2 or more"):
+        DeltaOptions(keyframe_every=every)  # type: ignore[arg-type]
+
+
 def test_choices_are_enums_however_they_are_given() -> None:
     options = SaveOptions(codec="zstd", durable="os")  # type: ignore[arg-type]
     assert options.codec is Codec.ZSTD and options.durable is Durability.OS
@@ -100,6 +106,7 @@ def test_choices_are_enums_however_they_are_given() -> None:
         ("interval_s", 0, ValueError, "interval_s must be a positive number of seconds"),
         ("gpu_hour_usd", -0.5, ValueError, "gpu_hour_usd must be a price in USD"),
         ("remote", {"anon": True}, TypeError, "remote must be a RemoteOptions"),
+        ("delta", {"keyframe_every": 4}, TypeError, "delta must be a DeltaOptions"),
     ],
 )
 def test_every_option_is_checked_when_made(field: str, value: object, error: type, match: str) -> None:
@@ -115,8 +122,8 @@ ENTRY_POINTS: dict[str, tuple[tuple[str, ...], Callable[..., SaveOptions]]] = {
         tuple(f.name for f in dataclasses.fields(SaveOptions)),
         lambda **kw: lightning_nvcomp.NvcompCheckpointIO(**kw).writer.options,
     ),
-    "attach": (
-        tuple(f.name for f in dataclasses.fields(SaveOptions)),
+    "attach": (  # all but delta, which it refuses (tests/integration/test_accelerate.py)
+        tuple(f.name for f in dataclasses.fields(SaveOptions) if f.name != "delta"),
         lambda **kw: _attached(**kw),
     ),
     "NvcompFileSystemWriter": (
@@ -141,6 +148,7 @@ OTHER = dict(
     remote=RemoteOptions(max_parallel=2),
     durable=Durability.OS,
     host_buffer_mb=8,
+    delta=DeltaOptions(keyframe_every=4),
 )
 
 

@@ -85,6 +85,8 @@ class Attachment:
     """Compression attached to one ``Accelerator`` (made by :func:`attach`); :meth:`detach` undoes it."""
 
     def __init__(self, accelerator: Accelerator, writer: CheckpointWriter, state_on_gpu: bool = True) -> None:
+        if writer.options.delta is not None:
+            raise ValueError("attach does not write delta checkpoints: Accelerate's total_limit could delete their bases")
         if isinstance(getattr(accelerator.save_state, "__self__", None), Attachment):
             raise ValueError("this Accelerator already has lightning_nvcomp attached: detach() it first")
         self.accelerator, self.writer, self.state_on_gpu = accelerator, writer, state_on_gpu
@@ -361,9 +363,7 @@ def attach(
         The :class:`Attachment`; ``detach()`` restores the Accelerator.
 
     Raises:
-        ValueError, CodecUnavailableError: as :class:`~lightning_nvcomp.options.SaveOptions`, before anything is attached;
-            ValueError for ``delta`` options too: Accelerate deletes old checkpoint folders itself (``total_limit``),
-            which could delete the base of a checkpoint it keeps, so ``attach`` writes no delta checkpoints.
+        ValueError, CodecUnavailableError: as SaveOptions, before anything is attached; ``delta`` options too.
     """
     options = SaveOptions.merged(
         "attach",
@@ -378,9 +378,4 @@ def attach(
         durable=durable,
         host_buffer_mb=host_buffer_mb,
     )
-    if options.delta is not None:
-        raise ValueError(
-            "attach does not write delta checkpoints: Accelerate deletes old checkpoint folders itself (total_limit), "
-            "which could delete the base a kept checkpoint needs; leave SaveOptions.delta at None"
-        )
     return Attachment(accelerator, CheckpointWriter(options), state_on_gpu)
