@@ -70,19 +70,30 @@ def _run(
 
 
 def choose(
-    data: torch.Tensor, base: torch.Tensor, itemsize: int, coded_nbytes: Callable[[torch.Tensor], int]
-) -> str | None:
-    """The transform that codes a window of ``data`` smallest against ``base`` (``coded_nbytes``: the size a buffer
-    codes to), or None where the record alone codes smaller than with every transform."""
-    n = data.numel()
-    length = min(n, SAMPLE_NBYTES) // 64 * 64
-    if length == 0:
-        return None
-    start = (n - length) // 2 // 64 * 64
-    window, base_window = data[start : start + length], base[start : start + length]
-    sizes: dict[str | None, int] = {None: coded_nbytes(window)}
-    scratch = torch.empty_like(window)
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    itemsize: int,
+    coded_nbytes: Callable[[list[torch.Tensor]], list[int]],
+) -> list[str | None]:
+    """For each (data, base) pair, the transform that codes a window of ``data`` (:data:`SAMPLE_NBYTES` from its
+    middle) smallest against the same window of ``base``, or None where the data alone codes smaller than with every
+    transform. ``coded_nbytes`` gives the sizes a list of buffers codes to: the windows of all pairs are coded
+    together, one call per candidate (on a GPU, one nvCOMP call instead of hundreds)."""
+    windows, base_windows = [], []
+    for data, base in pairs:
+        n = data.numel()
+        # whole 128 bytes: each plane of a window of 8-byte numbers is a 16-byte multiple, as nvCOMP's chunks must be
+        length = max(128, min(n, SAMPLE_NBYTES) // 128 * 128)
+        start = (n - length) // 2 // 128 * 128
+        windows.append(data[start : start + length])
+        base_windows.append(base[start : start + length])
+    if not windows:
+        return []
+    sizes: dict[str | None, list[int]] = {None: coded_nbytes(windows)}
     for transform in TRANSFORMS:
-        apply(transform, window, base_window, itemsize, scratch)
-        sizes[transform] = coded_nbytes(scratch)
-    return min(sizes, key=lambda t: (sizes[t], t is not None))
+        transformed = []
+        for window, base_window in zip(windows, base_windows):
+            out = torch.empty_like(window)
+            apply(transform, window, base_window, itemsize, out)
+            transformed.append(out)
+        sizes[transform] = coded_nbytes(transformed)
+    return [min(sizes, key=lambda t: (sizes[t][i], t is not None)) for i in range(len(windows))]

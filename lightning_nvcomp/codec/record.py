@@ -96,15 +96,30 @@ def choose_layout(engine: ChunkEngine | None, data: torch.Tensor, dtype: torch.d
     return typed_layout if torch.equal(check, sample) else layout
 
 
-def coded_nbytes(data: torch.Tensor, dtype: torch.dtype, codec: str) -> int:
-    """The bytes ``data`` (a sample of a record) codes to with ``codec`` in its plane layout: what a choice between
-    ways of coding it compares."""
-    engine = engine_for(codec, data.device)
+def coded_nbytes(windows: list[torch.Tensor], dtype: torch.dtype, codec: str) -> list[int]:
+    """The bytes each of ``windows`` (samples of records, whole numbers of ``dtype``, each at most a chunk per plane,
+    on one device) codes to with ``codec`` in its plane layout, all coded in one engine call: what a choice between
+    ways of coding them compares."""
+    device = windows[0].device
+    engine = engine_for(codec, device)
     if engine is None:
-        return data.numel()
-    if codes_on_gpu(engine, data.device):
-        data = data.to(torch.device("cuda", torch.cuda.current_device()) if data.device.type == "cpu" else data.device)
-    return sum(p.numel() for p in encode_segment(engine, data, plane_layout(engine, data.numel(), dtype, codec)))
+        return [w.numel() for w in windows]
+    if codes_on_gpu(engine, device) and device.type == "cpu":
+        windows = [w.to(torch.device("cuda", torch.cuda.current_device())) for w in windows]
+    layout = plane_layout(engine, 0, dtype, codec)
+    planes, spans, at = [], [], 0
+    for window in windows:
+        width = layout.planes if window.numel() % layout.planes == 0 else 1
+        rows = byte_planes.split(window, width)
+        if width > 1 and layout.rotate:
+            byte_planes.rotate(rows)
+        planes.append(rows.reshape(-1))
+        n = window.numel() // width
+        spans.append([(at + k * n, n) for k in range(width)])
+        at += window.numel()
+    flat = concatenate(planes)
+    coded = iter(engine.encode(flat, [span for window in spans for span in window], codec, layout.data_type))
+    return [sum(min(next(coded).numel(), n) for _, n in window) for window in spans]
 
 
 def to_host(packed: torch.Tensor) -> torch.Tensor:

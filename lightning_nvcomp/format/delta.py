@@ -19,6 +19,7 @@ import struct
 import zipfile
 from typing import Any, BinaryIO
 
+import numpy as np
 import torch
 
 from lightning_nvcomp.codec import delta as transforms
@@ -147,15 +148,12 @@ def encode_against(
     ``delta`` field. None where every storage codes smaller alone."""
     base_bytes = _decoded(base.path, base.id, rec.blobs, rec.record, storages[0].device, None, 0, {})
     itemsize = transforms.width(dtype)
-
-    def coded_nbytes(window: torch.Tensor) -> int:
-        return records.coded_nbytes(window, dtype, codec)
-
-    chosen = []
-    for data, (start, nbytes) in zip(storages, table):
-        window = base_bytes[start : start + nbytes]
-        transform = transforms.choose(data, window, itemsize, coded_nbytes) if nbytes >= _CHOOSE_NBYTES else None
-        chosen.append(transform)
+    measured = [i for i, (_, nbytes) in enumerate(table) if nbytes >= _CHOOSE_NBYTES]
+    pairs = [(storages[i], base_bytes[table[i][0] : table[i][0] + table[i][1]]) for i in measured]
+    choices = transforms.choose(pairs, itemsize, lambda windows: records.coded_nbytes(windows, dtype, codec))
+    chosen: list[str | None] = [None] * len(storages)
+    for i, transform in zip(measured, choices):
+        chosen[i] = transform
     if not any(chosen):
         return None
     for data, (start, nbytes), transform in zip(storages, table, chosen):
@@ -299,6 +297,11 @@ class _Opened:
             }
         except (zipfile.BadZipFile, KeyError, UnicodeDecodeError, ValueError, EOFError, struct.error) as err:
             raise CorruptCheckpointError(f"its base {path} is not a readable checkpoint ({err})") from None
+        self.mapped: np.ndarray | None = None  # a local file's pages, copy-on-write: blobs are read where they lie
+        try:
+            self.mapped = np.memmap(self.file, dtype=np.uint8, mode="c")
+        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+            pass
 
     def blob(self, key: str) -> torch.Tensor:
         """Entry ``data/<key>``'s bytes (stored, as every entry of ours), which the record's CRCs then check."""
@@ -310,7 +313,12 @@ class _Opened:
         if len(header) != 30 or header[:4] != b"PK\x03\x04":
             raise CorruptCheckpointError(f"entry data/{key} has no local header")
         name_len, extra_len = struct.unpack("<HH", header[26:30])
-        self.file.seek(info.header_offset + 30 + name_len + extra_len)
+        start = info.header_offset + 30 + name_len + extra_len
+        if self.mapped is not None:
+            if start + info.file_size > self.mapped.size:
+                raise CorruptCheckpointError(f"entry data/{key} is truncated")
+            return torch.from_numpy(self.mapped[start : start + info.file_size])
+        self.file.seek(start)
         out = torch.empty(info.file_size, dtype=torch.uint8)
         view, at = memoryview(out.numpy()), 0
         while at < info.file_size:

@@ -86,7 +86,9 @@ class Attachment:
 
     def __init__(self, accelerator: Accelerator, writer: CheckpointWriter, state_on_gpu: bool = True) -> None:
         if writer.options.delta is not None:
-            raise ValueError("attach does not write delta checkpoints: Accelerate's total_limit could delete their bases")
+            raise ValueError(
+                "attach does not write delta checkpoints: Accelerate's total_limit could delete their bases"
+            )
         if isinstance(getattr(accelerator.save_state, "__self__", None), Attachment):
             raise ValueError("this Accelerator already has lightning_nvcomp attached: detach() it first")
         self.accelerator, self.writer, self.state_on_gpu = accelerator, writer, state_on_gpu
