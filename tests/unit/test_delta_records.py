@@ -1,0 +1,87 @@
+"""Delta records (format 4): the transforms undone bit-exactly for any bytes, and a record's ``delta`` field
+validated before anything is decoded (it may come from a hostile file)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lightning_nvcomp.codec import delta, record, schema
+from lightning_nvcomp.errors import CorruptCheckpointError
+
+from tests.helpers.states import trained_like
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.binary(min_size=0, max_size=256), st.binary(min_size=0, max_size=256), st.sampled_from([1, 2, 4, 8]))
+def test_every_transform_is_undone_for_any_bytes(a: bytes, b: bytes, itemsize: int) -> None:
+    n = min(len(a), len(b)) // 8 * 8
+    data = torch.frombuffer(bytearray(a[:n]), dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
+    base = torch.frombuffer(bytearray(b[:n]), dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
+    for transform in delta.TRANSFORMS:
+        out = torch.empty_like(data)
+        delta.apply(transform, data, base, itemsize, out)
+        delta.undo(transform, out, base, itemsize)
+        assert torch.equal(out, data), transform
+
+
+def test_the_choice_is_measured_not_assumed() -> None:
+    w = trained_like(50_000, torch.float32).view(torch.uint8)
+    moved = (trained_like(50_000, torch.float32) + 1e-7).view(torch.uint8)
+    noise = torch.randint(0, 256, (200_000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    other = torch.randint(0, 256, (200_000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    choices = delta.choose(
+        [(moved, w), (noise, other)], 4, lambda windows: record.coded_nbytes(windows, torch.float32, "zstd")
+    )
+    assert choices[0] in delta.TRANSFORMS and choices[1] is None
+
+
+def delta_meta() -> dict:
+    blobs, meta = record.encode(trained_like(4096, torch.float32).view(torch.uint8), torch.float32, "zstd")
+    meta = copy.deepcopy(meta)
+    meta["storages"] = [[0, meta["nbytes"]]]
+    meta["delta"] = {
+        "transforms": ["xor"],
+        "itemsize": 4,
+        "base": {"file": "step-1.ckpt", "id": "1" * 40, "blobs": ["0"], "record": dict(meta)},
+    }
+    meta["format"] = 4
+    return schema.seal(meta), [b.numel() for b in blobs]
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda d: d.update(transforms=["rot13"]), "transforms"),
+        (lambda d: d.update(transforms=["xor", "xor"]), "transforms"),
+        (lambda d: d.update(itemsize=3), "3-byte"),
+        (lambda d: d["base"].update(file="../../etc/passwd"), "not a file name"),
+        (lambda d: d["base"].update(file="C:evil"), "not a file name"),
+        (lambda d: d["base"].update(file=".."), "not a file name"),
+        (lambda d: d["base"].update(id="12ab"), "base id"),
+        (lambda d: d["base"].update(blobs=["0", "x"]), "base blobs"),
+        (lambda d: d["base"].update(record=[1, 2]), "no record"),
+        (lambda d: d.update(extra=1), "field 'delta'"),
+    ],
+)
+def test_a_damaged_or_hostile_delta_field_is_refused(change, match: str) -> None:
+    meta, sizes = delta_meta()
+    schema.validate(meta, sizes)
+    change(meta["delta"])
+    with pytest.raises(CorruptCheckpointError, match=match):
+        schema.validate(schema.seal(meta), sizes)
+
+
+def test_the_format_says_whether_there_is_a_delta() -> None:
+    meta, sizes = delta_meta()
+    meta["format"] = 3
+    with pytest.raises(CorruptCheckpointError, match="format 3 record with a delta"):
+        schema.validate(schema.seal(meta), sizes)
+    meta["format"] = 4
+    del meta["delta"]
+    with pytest.raises(CorruptCheckpointError, match="format 4 record without a delta"):
+        schema.validate(schema.seal(meta), sizes)
