@@ -88,9 +88,11 @@ def xor(a: dict, b: dict) -> list[torch.Tensor]:
 
 
 def timed(fn: Callable[[], object]) -> tuple[float, object]:
-    """Seconds ``fn`` took (the GPU's work included) and what it returned; the best of two runs."""
+    """Seconds ``fn`` took (the GPU's work included) and what it returned; the best of two runs, the first one's
+    result freed before the second (else a load's second run finds its memory taken: it would time the allocator)."""
     best, out = math.inf, None
     for _ in range(2):
+        out = None
         sync()
         begin = time.perf_counter()
         out = fn()

@@ -53,20 +53,17 @@ def _run(
     step = itemsize if transform == "sub" else (8 if data.numel() % 8 == 0 else 1)
     if data.numel() % step:
         raise ValueError(f"a delta of {data.numel()} bytes is not whole {step}-byte numbers")
-    if data.device.type == "cpu":
+    if data.device.type == "cpu":  # numpy: ~3x faster than torch on the CPU for these
         kind = _NUMPY_INTEGER[step]
-        a, b, o = (t.numpy().view(kind) for t in (data, base, out))
+        arrays = [t.numpy().view(kind) for t in (data, base, out)]
         op: Callable = np.bitwise_xor if transform == "xor" else (np.add if inverse else np.subtract)
-        op(a, b, out=o)
+        op(arrays[0], arrays[1], out=arrays[2])
         return
     kind_t = _INTEGER[step]
-    a, b, o = (t.view(kind_t) for t in (data, base, out))
-    if transform == "xor":
-        torch.bitwise_xor(a, b, out=o)
-    elif inverse:  # integer arithmetic wraps on the GPU as on the CPU
-        torch.add(a, b, out=o)
-    else:
-        torch.sub(a, b, out=o)
+    tensors = [t.view(kind_t) for t in (data, base, out)]
+    # integer arithmetic wraps on the GPU as on the CPU
+    gpu_op: Callable = torch.bitwise_xor if transform == "xor" else (torch.add if inverse else torch.sub)
+    gpu_op(tensors[0], tensors[1], out=tensors[2])
 
 
 def choose(

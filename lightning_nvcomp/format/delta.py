@@ -17,6 +17,7 @@ import os
 import pickle
 import struct
 import zipfile
+from collections.abc import Collection
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -335,7 +336,7 @@ def sidecar_name(file: str, ident: str) -> str:
     return f".{file}.{ident}.base"
 
 
-def needed_bases(storage: StorageBackend, directory: str, exclude: set[str] = frozenset()) -> set[tuple[str, str]]:
+def needed_bases(storage: StorageBackend, directory: str, exclude: Collection[str] = ()) -> set[tuple[str, str]]:
     """The (file name, id) of every base that a checkpoint in ``directory`` (but those in ``exclude``) is coded
     against."""
     needed = set()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from typing import BinaryIO
 
 from lightning_nvcomp.format.delta import BaseFile, base_file, needed_bases, sidecar_name
 from lightning_nvcomp.options import DeltaOptions
@@ -125,6 +126,6 @@ def _sidecar_key(name: str) -> tuple[str, str] | None:
     return (file, ident) if file and ident.isdigit() else None
 
 
-def _copy(src, dst) -> None:  # type: ignore[no-untyped-def]
+def _copy(src: BinaryIO, dst: BinaryIO) -> None:
     while chunk := src.read(64 << 20):
         dst.write(chunk)
