@@ -167,7 +167,8 @@ class Encoder:
     Args:
         data: 1-D contiguous uint8, the bytes of numbers of ``dtype``, on the CPU or a GPU; or its consecutive parts,
             each whole numbers (a record's storages and the zeros between them: coded on the CPU without joining
-            them first).
+            them first); or a :class:`~lightning_nvcomp.codec.segment.Parts` whose ranges are made as they are coded
+            (a delta record's).
         dtype: what the bytes are (it picks the byte planes).
         codec: ``"ans"``, ``"zstd"`` or ``"raw"`` (stored as is, still checksummed).
         segment: the bytes coded per engine call, a multiple of 512, and so the scratch memory (default
@@ -181,27 +182,42 @@ class Encoder:
 
     def __init__(
         self,
-        data: torch.Tensor | list[torch.Tensor],
+        data: torch.Tensor | list[torch.Tensor] | Parts,
         dtype: torch.dtype,
         codec: str,
         segment: int | None = None,
         layout: Layout | None = None,
     ) -> None:
-        parts = data if isinstance(data, list) else [data]
-        device = parts[0].device if parts else torch.device("cpu")
+        parts: list[torch.Tensor] = data if isinstance(data, list) else [] if isinstance(data, Parts) else [data]
+        device = data.device if isinstance(data, Parts) else parts[0].device if parts else torch.device("cpu")
         self.engine = engine_for(codec, device)
         on_gpu = codes_on_gpu(self.engine, device)
         segment = segment or default_segment(on_gpu)
         if segment <= 0 or segment % 512:
             raise ValueError(f"segment size {segment} must be a positive multiple of 512 bytes")
-        if on_gpu or device.type != "cpu" or len(parts) == 1:
+        self._ranged = isinstance(data, Parts) and not (on_gpu and device.type == "cpu")
+        if isinstance(data, Parts) and not self._ranged:  # gANS codes it on the GPU: there, whole
+            self.data = Parts([concatenate(data.slice(0, data.nbytes)).to("cuda")])
+        elif isinstance(data, Parts):  # made a range at a time, on the device it is coded on
+            self.data = data
+        elif on_gpu or device.type != "cpu" or len(parts) == 1:
             parts = [concatenate(parts).to("cuda" if on_gpu else "cpu") if parts else torch.empty(0, dtype=torch.uint8)]
-        self.data = Parts(parts)
-        if layout is None and len(self.data.parts) == 1:
-            layout = choose_layout(self.engine, self.data.parts[0], dtype, codec)
+            self.data = Parts(parts)
+        else:
+            self.data = Parts(parts)
+        if layout is None and (self._ranged or len(self.data.parts) == 1):
+            layout = choose_layout(self.engine, self._sample(), dtype, codec)
         elif layout is None:  # several parts: coded on the CPU, where no layout is sampled
             layout = plane_layout(self.engine, self.data.nbytes, dtype, codec)
         self.coding = Coding(dtype, self.data.nbytes, layout, segment)
+
+    def _sample(self) -> torch.Tensor:
+        """The data whole, or for data made a range at a time, the middle range a layout is chosen on."""
+        if not self._ranged:
+            return self.data.parts[0]
+        n = self.data.nbytes
+        start = max(0, n // 2 - _TYPED_SAMPLE_NBYTES // 2) // 512 * 512
+        return concatenate(self.data.slice(start, min(n - start, _TYPED_SAMPLE_NBYTES)))
 
     def __iter__(self) -> Iterator[Segment]:
         """The segments in order, each as it lands in host memory. On the CPU they are coded in parallel on CPU
@@ -214,7 +230,7 @@ class Encoder:
 
     def _gpu_segments(self, spans: list[tuple[int, int]]) -> Iterator[Segment]:
         for start, length in spans:
-            seg = self.data.parts[0][start : start + length]
+            seg = concatenate(self.data.slice(start, length))
             if self.engine is None:  # stored raw: one copy to pinned host memory, no coding
                 blob, sizes = _raw_blob(seg), _raw_sizes(length, self.coding.layout.chunk)
             else:
@@ -332,11 +348,15 @@ def decode(
     return _delivered(out, device, move)
 
 
-def decode_into(blobs: list[torch.Tensor], meta: dict, targets: Targets, layout: Layout | None = None) -> None:
+def decode_into(
+    blobs: list[torch.Tensor], meta: dict, targets: Targets, layout: Layout | None = None, parallel: bool = True
+) -> None:
     """Decode the record straight into ``targets``: pieces of its bytes at their offsets, on the device
     :func:`~lightning_nvcomp.codec.engines.work_device` gives (bytes between pieces are not delivered), after checking
-    every field and checksum; ``layout`` as for :func:`decode`. Each storage of a record gets its own memory this way
-    without a second copy."""
+    every field and the checksum of every segment they lie in; ``layout`` as for :func:`decode`. Each storage of a
+    record gets its own memory this way without a second copy; a range of a record costs the segments it lies in (the
+    others' blobs may be stand-ins of their size: tensors on the ``meta`` device). ``parallel``: CPU segments on the
+    segment threads (not from one of them)."""
     layout = _checked_layout(blobs, meta, layout)
     if not targets:
         return
@@ -346,7 +366,6 @@ def decode_into(blobs: list[torch.Tensor], meta: dict, targets: Targets, layout:
         )
     work = targets[0][1].device
     engine = engine_on(work) if set(layout.codecs) - {"raw"} else None
-    hosts = _checked_hosts(blobs, meta[checksum_field(meta)], checksum_field(meta))
     jobs, pos = [], 0
     for s, (start, length) in enumerate(_segments(meta["nbytes"], meta["segment"])):
         count = len(_chunk_lengths(length, layout)) * layout.planes
@@ -355,10 +374,12 @@ def decode_into(blobs: list[torch.Tensor], meta: dict, targets: Targets, layout:
             for at, out in targets
             if at < start + length and start < at + out.numel()
         ]
-        jobs.append(
-            (s, blobs[s] if blobs[s].device == work else hosts[s], meta["sizes"][pos : pos + count], outs, length)
-        )
+        if outs:
+            jobs.append((s, blobs[s], meta["sizes"][pos : pos + count], outs, length))
         pos += count
+    field = checksum_field(meta)
+    hosts = _checked_hosts([job[1] for job in jobs], [meta[field][job[0]] for job in jobs], field, [j[0] for j in jobs])
+    jobs = [(s, blob if blob.device == work else host, *rest) for (s, blob, *rest), host in zip(jobs, hosts)]
 
     def run(job: tuple) -> None:
         s, stored, sizes, outs, length = job
@@ -367,7 +388,7 @@ def decode_into(blobs: list[torch.Tensor], meta: dict, targets: Targets, layout:
         except ValueError as err:
             raise CorruptCheckpointError(f"segment {s} of the record does not decode: {err}") from None
 
-    if work.type == "cuda" or len(jobs) == 1:  # one segment: no hand-off to another thread
+    if work.type == "cuda" or len(jobs) == 1 or not parallel:  # one segment: no hand-off to another thread
         for job in jobs:
             run(job)
     else:
@@ -384,14 +405,16 @@ def _checked_layout(blobs: list[torch.Tensor], meta: dict, layout: Layout | None
     return layout or validate(meta, [b.numel() for b in blobs])
 
 
-def _checked_hosts(blobs: list[torch.Tensor], crcs: list[int], algorithm: str) -> list[torch.Tensor]:
-    """The record's ``blobs`` in host memory, once each one's CRC (``algorithm``'s) is its ``crcs`` entry (a large
-    blob's computed in pieces on all the CRC threads). CorruptCheckpointError names the segment."""
+def _checked_hosts(
+    blobs: list[torch.Tensor], crcs: list[int], algorithm: str, segments: list[int]
+) -> list[torch.Tensor]:
+    """The record's ``blobs`` (its ``segments``) in host memory, once each one's CRC (``algorithm``'s) is its ``crcs``
+    entry (a large blob's computed in pieces on all the CRC threads). CorruptCheckpointError names the segment."""
     hosts = [b.cpu() for b in blobs]
     pending = [
         Crc32(h, algorithm=algorithm) if h.numel() > checksums.PIECE_NBYTES else crc32(h, algorithm) for h in hosts
     ]
-    for s, (got, want) in enumerate(zip(pending, crcs)):
+    for s, got, want in zip(segments, pending, crcs):
         if checksums.value(got) != want:
             raise CorruptCheckpointError(f"checksum mismatch in segment {s} of the record: the file is damaged")
     return hosts

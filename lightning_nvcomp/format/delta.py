@@ -16,16 +16,18 @@ import io
 import os
 import pickle
 import struct
+import threading
 import zipfile
 from collections.abc import Collection
 from typing import Any, BinaryIO
 
-import numpy as np
 import torch
 
 from lightning_nvcomp.codec import delta as transforms
+from lightning_nvcomp.codec import engines, schema
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec.schema import _padded
+from lightning_nvcomp.codec.segment import Parts
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, MissingBaseError
 from lightning_nvcomp.format.load_state import LoadState
 from lightning_nvcomp.storage import StorageBackend, storage_for
@@ -142,28 +144,89 @@ def encode_against(
     codec: str,
     base: BaseFile,
     rec: BaseRecord,
-) -> tuple[torch.Tensor, dict] | None:
+) -> tuple[Parts, dict] | None:
     """A record's bytes coded against ``rec`` of ``base``: its ``storages`` (1-D uint8, lying in it at ``table``'s
-    offsets) each transformed the way that codes a sample of it smallest (or kept), into a buffer that first holds
-    the base record's bytes (decoded on the storages' device: one record's worth of memory); with the record's
-    ``delta`` field. None where every storage codes smaller alone."""
-    base_bytes = _decoded(base.path, base.id, rec.blobs, rec.record, storages[0].device, None, 0, {})
+    offsets) each transformed the way that codes a sample of it smallest (or kept), as the parts to code and the
+    record's ``delta`` field; None where every storage codes smaller alone. The base is decoded on the storages'
+    device, a window of it at a time as the record's segments are coded (a base segment's worth of memory; a record
+    of several storages, at most 256 MiB, whole)."""
     itemsize = transforms.width(dtype)
+    source = _Against(storages, table, itemsize, base, rec)
     measured = [i for i, (_, nbytes) in enumerate(table) if nbytes >= _CHOOSE_NBYTES]
-    pairs = [(storages[i], base_bytes[table[i][0] : table[i][0] + table[i][1]]) for i in measured]
-    choices = transforms.choose(pairs, itemsize, lambda windows: records.coded_nbytes(windows, dtype, codec))
-    chosen: list[str | None] = [None] * len(storages)
+    choices = transforms.choose(
+        [source.sample(i) for i in measured], itemsize, lambda windows: records.coded_nbytes(windows, dtype, codec)
+    )
     for i, transform in zip(measured, choices):
-        chosen[i] = transform
-    if not any(chosen):
+        source.transforms[i] = transform
+    if not any(source.transforms):
         return None
-    for data, (start, nbytes), transform in zip(storages, table, chosen):
-        window = base_bytes[start : start + nbytes]
-        if transform is None:
-            window.copy_(data)
-        else:
-            transforms.apply(transform, data, window, itemsize, window)
-    return base_bytes, delta_field(chosen, itemsize, base, rec)
+    source.transform_whole()
+    return source, delta_field(source.transforms, itemsize, base, rec)
+
+
+class _Against(Parts):
+    """A record's bytes transformed against its base record, made a range at a time as its segments are coded
+    (:meth:`slice`), the base's range decoded for each; a record of several storages decodes its base whole, once."""
+
+    def __init__(
+        self, storages: list[torch.Tensor], table: list[list[int]], itemsize: int, base: BaseFile, rec: BaseRecord
+    ) -> None:
+        self.storages, self.table, self.itemsize, self.base, self.rec = storages, table, itemsize, base, rec
+        self.nbytes = int(rec.record["nbytes"])
+        self.transforms: list[str | None] = [None] * len(storages)
+        self._cache: dict = {}
+        self._whole = self._range(0, self.nbytes) if len(storages) > 1 else None
+
+    @property
+    def device(self) -> torch.device:
+        return self.storages[0].device
+
+    def _range(self, start: int, length: int) -> torch.Tensor:
+        return _decoded_range(
+            self.base.path,
+            self.base.id,
+            self.rec.blobs,
+            self.rec.record,
+            start,
+            length,
+            self.device,
+            None,
+            0,
+            self._cache,
+        )
+
+    def sample(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Storage ``i`` and the base's bytes where it lies, around its middle (what :func:`transforms.choose` takes)."""
+        start, nbytes = self.table[i]
+        if self._whole is not None:
+            return self.storages[i], self._whole[start : start + nbytes]
+        at = max(0, nbytes // 2 - transforms.SAMPLE_NBYTES) // 128 * 128
+        length = min(nbytes - at, 2 * transforms.SAMPLE_NBYTES)
+        return self.storages[i][at : at + length], self._range(start + at, length)
+
+    def transform_whole(self) -> None:
+        """A record decoded whole: its transforms made in place, once (its slices are then views)."""
+        if self._whole is not None:
+            self._whole = self._transformed(self._whole, 0)
+
+    def slice(self, start: int, length: int) -> list[torch.Tensor]:
+        if self._whole is not None:
+            return [self._whole[start : start + length]]
+        return [self._transformed(self._range(start, length), start)]
+
+    def _transformed(self, out: torch.Tensor, start: int) -> torch.Tensor:
+        """``out``, the base's bytes at ``start``, made the record's transformed bytes in place."""
+        length = out.numel()
+        for data, (at, nbytes), transform in zip(self.storages, self.table, self.transforms):
+            lo, hi = max(start, at), min(start + length, at + nbytes)
+            if lo >= hi:
+                continue
+            window = out[lo - start : hi - start]
+            if transform is None:
+                window.copy_(data[lo - at : hi - at])
+            else:
+                transforms.apply(transform, data[lo - at : hi - at], window, self.itemsize, window)
+        return out
 
 
 #: Storages smaller than this are stored as they are in a delta record: choosing costs more than it gains.
@@ -171,21 +234,49 @@ _CHOOSE_NBYTES = 16 << 10
 
 
 def undo(rec: dict, pieces: list[torch.Tensor], name: str, state: LoadState, cache: dict) -> None:
-    """Undo a delta record's transform on its decoded ``pieces`` (its storages, in place), with the bytes of its base
-    record: ``name`` is the path of the file that holds ``rec``; ``state`` the load's (the base is decoded within its
-    bound, which :func:`base_stored_nbytes` widened); ``cache`` keeps the bases' opened files for the rest of the
-    load."""
-    delta = rec["delta"]
-    base = delta["base"]
-    device = pieces[0].device if pieces else torch.device("cpu")
-    base_bytes = _decoded(
-        _base_path(name, base["file"]), base["id"], base["blobs"], base["record"], device, state, 1, cache
-    )
-    if base["record"].get("storages") != rec["storages"] or base_bytes.numel() != rec["nbytes"]:
+    """Undo a delta record's transforms on its decoded ``pieces`` (its storages, in place), with the bytes of its base
+    record, decoded a base segment at a time: ``name`` is the path of the file that holds ``rec``; ``state`` the load's
+    (the base is decoded within its bound, which :func:`base_stored_nbytes` widened); ``cache`` keeps the bases'
+    opened files for the rest of the load."""
+    base = rec["delta"]["base"]
+    if base["record"].get("storages") != rec["storages"] or base["record"].get("nbytes") != rec["nbytes"]:
         raise CorruptCheckpointError(f"its base record in {base['file']} does not lie as the record does")
-    for (start, nbytes), piece, transform in zip(rec["storages"], pieces, delta["transforms"]):
-        if transform != "none":
-            transforms.undo(transform, piece, base_bytes[start : start + nbytes], delta["itemsize"])
+    device = pieces[0].device if pieces else torch.device("cpu")
+    path, nbytes = _base_path(name, base["file"]), rec["nbytes"]
+    window = base["record"].get("segment")
+    window = window if isinstance(window, int) and window > 0 and not isinstance(window, bool) else max(nbytes, 1)
+    for start in range(0, nbytes, window):
+        length = min(window, nbytes - start)
+        if not _transformed_in(rec, start, length):
+            continue
+        base_bytes = _decoded_range(
+            path, base["id"], base["blobs"], base["record"], start, length, device, state, 1, cache
+        )
+        _undo_range(rec, [(at, piece) for (at, _), piece in zip(rec["storages"], pieces)], start, base_bytes)
+
+
+def _transformed_in(rec: dict, start: int, length: int) -> bool:
+    """Whether a storage that a transform was applied to lies in bytes ``[start, start + length)`` of ``rec``."""
+    return any(
+        t != "none" and at < start + length and start < at + n
+        for (at, n), t in zip(rec["storages"], rec["delta"]["transforms"])
+    )
+
+
+def _undo_range(
+    rec: dict, pieces: list[tuple[int, torch.Tensor]], start: int, base_bytes: torch.Tensor, clip: bool = False
+) -> None:
+    """Undo ``rec``'s transforms where its storages meet the base's bytes ``base_bytes``, which lie at ``start`` in
+    the record. ``pieces``: for each storage, where its bytes are: a tensor and the record offset it starts at (its
+    storage's own memory; with ``clip``, a range of the record that the storage is cut to)."""
+    end = start + base_bytes.numel()
+    for (at, piece), (storage_at, nbytes), transform in zip(pieces, rec["storages"], rec["delta"]["transforms"]):
+        lo, hi = max(start, at), min(end, at + piece.numel())
+        if clip:
+            lo, hi = max(lo, storage_at), min(hi, storage_at + nbytes)
+        if transform != "none" and lo < hi:
+            part = piece[lo - at : hi - at]
+            transforms.undo(transform, part, base_bytes[lo - start : hi - start], rec["delta"]["itemsize"])
 
 
 def base_stored_nbytes(rec: dict) -> int:
@@ -203,18 +294,21 @@ def _base_path(name: str, file: str) -> str:
     return storage.join(storage.parent(name), file)
 
 
-def _decoded(
+def _decoded_range(
     path: str,
     ident: str,
     keys: list[str],
     rec: dict,
+    start: int,
+    length: int,
     device: torch.device,
     state: LoadState | None,
     depth: int,
     cache: dict,
 ) -> torch.Tensor:
-    """The decoded bytes of record ``rec`` of the base at ``path`` (its blobs ``keys``), checked: its file's id is
-    ``ident``, its blobs' CRCs and fields are the record's, and a base of its own is followed."""
+    """Bytes ``[start, start + length)`` of record ``rec`` of the base at ``path`` (its blobs ``keys``), decoded on
+    ``device`` from the segments they lie in, checked: the file's id is ``ident``, the segments' CRCs and the record's
+    fields are the record's, and a base of its own is followed."""
     if depth > MAX_CHAIN:
         raise CorruptCheckpointError(f"its chain of bases is longer than {MAX_CHAIN} at {path}")
     opened = cache.get((path, ident))
@@ -226,36 +320,37 @@ def _decoded(
             "cannot be decoded without the file it was saved against"
         )
     try:
-        blobs = [opened.blob(key) for key in keys]
-        if state is not None:
-            state.charge(blobs, rec.get("nbytes", 0) if isinstance(rec.get("nbytes"), int) else 0, path)
-        data = records.decode(blobs, rec, device)
+        layout = schema.validate(rec, [opened.size(key) for key in keys])
+        if not 0 <= start <= start + length <= rec["nbytes"] or start % layout.planes or length % layout.planes:
+            raise CorruptCheckpointError(f"bytes {start}..{start + length} are not whole numbers of its record")
+        out = torch.empty(length, dtype=torch.uint8, device=engines.work_device(layout, rec, device))
+        stand_ins = [torch.empty(opened.size(key), dtype=torch.uint8, device="meta") for key in keys]
+        for s, (at, n) in enumerate(schema._segments(rec["nbytes"], rec["segment"])):
+            lo, hi = max(at, start), min(at + n, start + length)
+            if lo >= hi:
+                continue
+            blobs = [*stand_ins[:s], opened.blob(keys[s]), *stand_ins[s + 1 :]]  # one segment's bytes at a time
+            if state is not None:
+                state.charge([blobs[s]], hi - lo, path)
+            records.decode_into(blobs, rec, [(lo, out[lo - start : hi - start])], layout, parallel=False)
+        out = out.to(device)
         if "delta" in rec:
             inner = rec["delta"]["base"]
+            if inner["record"].get("storages") != rec.get("storages") or inner["record"].get("nbytes") != rec["nbytes"]:
+                raise CorruptCheckpointError(f"its base record in {inner['file']} does not lie as the record does")
             if state is not None:
                 state.include(_stored_nbytes(inner["record"]))
-            base_bytes = _decoded(
-                _base_path(path, inner["file"]),
-                inner["id"],
-                inner["blobs"],
-                inner["record"],
-                device,
-                state,
-                depth + 1,
-                cache,
+            base_path = _base_path(path, inner["file"])
+            base_bytes = _decoded_range(
+                base_path, inner["id"], inner["blobs"], inner["record"], start, length, device, state, depth + 1, cache
             )
-            if base_bytes.numel() != data.numel() or inner["record"].get("storages") != rec.get("storages"):
-                raise CorruptCheckpointError(f"its base record in {inner['file']} does not lie as the record does")
-            for (start, nbytes), transform in zip(rec["storages"], rec["delta"]["transforms"]):
-                if transform != "none":
-                    piece = data[start : start + nbytes]
-                    transforms.undo(transform, piece, base_bytes[start : start + nbytes], rec["delta"]["itemsize"])
+            _undo_range(rec, [(start, out)] * len(rec["storages"]), start, base_bytes, clip=True)
     except MissingBaseError:
         raise
     except CheckpointError as err:
         message = str(err)
         raise type(err)(message if message.startswith(path) else f"its base {path}: {message}") from None
-    return data
+    return out
 
 
 def _opened(path: str, ident: str) -> _Opened:
@@ -286,6 +381,7 @@ class _Opened:
                 f"its base {path} is missing: a delta cannot be decoded without the checkpoint it was saved against "
                 "(restore that file, or load a checkpoint that does not need it)"
             ) from None
+        self._lock = threading.Lock()
         try:
             archive = zipfile.ZipFile(self.file)
             names = archive.namelist()
@@ -298,36 +394,34 @@ class _Opened:
             }
         except (zipfile.BadZipFile, KeyError, UnicodeDecodeError, ValueError, EOFError, struct.error) as err:
             raise CorruptCheckpointError(f"its base {path} is not a readable checkpoint ({err})") from None
-        self.mapped: np.ndarray | None = None  # a local file's pages, copy-on-write: blobs are read where they lie
-        try:
-            self.mapped = np.memmap(self.file, dtype=np.uint8, mode="c")
-        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-            pass
+
+    def size(self, key: str) -> int:
+        """The size of entry ``data/<key>`` (0 for none: the record's validation then fails)."""
+        info = self.entries.get(key)
+        return info.file_size if info is not None else 0
 
     def blob(self, key: str) -> torch.Tensor:
-        """Entry ``data/<key>``'s bytes (stored, as every entry of ours), which the record's CRCs then check."""
+        """Entry ``data/<key>``'s bytes (stored, as every entry of ours), which the record's CRCs then check: read
+        into memory of their own (a base is read a segment at a time, so that only that much is in memory)."""
         info = self.entries.get(key)
         if info is None or info.compress_type != zipfile.ZIP_STORED:
             raise CorruptCheckpointError(f"it holds no stored entry data/{key}")
-        self.file.seek(info.header_offset)
-        header = self.file.read(30)
-        if len(header) != 30 or header[:4] != b"PK\x03\x04":
-            raise CorruptCheckpointError(f"entry data/{key} has no local header")
-        name_len, extra_len = struct.unpack("<HH", header[26:30])
-        start = info.header_offset + 30 + name_len + extra_len
-        if self.mapped is not None:
-            if start + info.file_size > self.mapped.size:
-                raise CorruptCheckpointError(f"entry data/{key} is truncated")
-            return torch.from_numpy(self.mapped[start : start + info.file_size])
-        self.file.seek(start)
         out = torch.empty(info.file_size, dtype=torch.uint8)
-        view, at = memoryview(out.numpy()), 0
-        while at < info.file_size:
-            chunk = self.file.read(min(info.file_size - at, 64 << 20))
-            if not chunk:
-                raise CorruptCheckpointError(f"entry data/{key} is truncated")
-            view[at : at + len(chunk)] = chunk
-            at += len(chunk)
+        view = memoryview(out.numpy())
+        with self._lock:  # one position for all the threads that code a record's segments
+            self.file.seek(info.header_offset)
+            header = self.file.read(30)
+            if len(header) != 30 or header[:4] != b"PK\x03\x04":
+                raise CorruptCheckpointError(f"entry data/{key} has no local header")
+            name_len, extra_len = struct.unpack("<HH", header[26:30])
+            self.file.seek(info.header_offset + 30 + name_len + extra_len)
+            at = 0
+            while at < info.file_size:
+                chunk = self.file.read(min(info.file_size - at, 64 << 20))
+                if not chunk:
+                    raise CorruptCheckpointError(f"entry data/{key} is truncated")
+                view[at : at + len(chunk)] = chunk
+                at += len(chunk)
         return out
 
 

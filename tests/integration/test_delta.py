@@ -193,3 +193,18 @@ def test_the_cli_shows_checks_and_cuts_the_chain(tmp_path: Path, capsys: pytest.
     assert_tree_bit_exact(lightning_nvcomp.load("alone.ckpt"), drifting_state(1))
     code, out = cli(capsys, "verify", "d.ckpt")
     assert code != 0 and "k.ckpt is missing" in out
+
+
+def test_a_record_is_coded_and_undone_a_window_at_a_time_across_segment_sizes(tmp_path: Path) -> None:
+    """One large storage (a record of its own): its delta is made a base range at a time as its segments are coded,
+    and undone a base segment at a time, whatever the segment sizes of the base, its base and the delta."""
+    w = trained_like(1_500_000, torch.float32)
+    steps = [{"w": w + step * 1e-6} for step in range(3)]
+    lightning_nvcomp.save(steps[0], tmp_path / "k.ckpt", codec="zstd", staging_mb=1)
+    lightning_nvcomp.save(steps[1], tmp_path / "d1.ckpt", codec="zstd", staging_mb=0.5, base=tmp_path / "k.ckpt")
+    lightning_nvcomp.save(steps[2], tmp_path / "d2.ckpt", codec="zstd", staging_mb=1.5, base=tmp_path / "d1.ckpt")
+    (rec,) = delta_records(str(tmp_path / "d2.ckpt"))
+    assert rec["segment"] == 3 << 19 and rec["delta"]["base"]["record"]["segment"] == 1 << 19
+    assert (tmp_path / "d2.ckpt").stat().st_size < 0.9 * (tmp_path / "k.ckpt").stat().st_size
+    for name, state in (("d1.ckpt", steps[1]), ("d2.ckpt", steps[2])):
+        assert_tree_bit_exact(lightning_nvcomp.load(tmp_path / name), state)
