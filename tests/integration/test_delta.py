@@ -117,9 +117,11 @@ def test_a_base_elsewhere_or_not_ours_makes_a_standalone_file(tmp_path: Path) ->
     assert not delta_records(str(tmp_path / "a.ckpt")) and not delta_records(str(tmp_path / "b.ckpt"))
 
 
-def test_the_writer_keeps_what_a_chain_needs_and_prunes_the_rest(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("async_save", [False, True])
+def test_the_writer_keeps_what_a_chain_needs_and_prunes_the_rest(tmp_path: Path, monkeypatch, async_save: bool) -> None:
     monkeypatch.chdir(tmp_path)
-    writer = CheckpointWriter(SaveOptions(codec="zstd", durable="os", delta=DeltaOptions(keyframe_every=3)))
+    options = SaveOptions(codec="zstd", durable="os", async_save=async_save, delta=DeltaOptions(keyframe_every=3))
+    writer = CheckpointWriter(options)
     for step in range(6):
         for name in (f"step{step}.ckpt", "last.ckpt"):  # as Lightning saves: a top-k file, then last.ckpt
             writer.save(drifting_state(step), name)
