@@ -25,7 +25,7 @@ import zstandard
 
 import lightning_nvcomp
 from lightning_nvcomp import _process as resources
-from lightning_nvcomp.codec import engines, planes, record, segment
+from lightning_nvcomp.codec import engines, layouts, planes, record, segment
 from lightning_nvcomp.codec.gpu import gpu_available, nvcomp_version
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
@@ -60,7 +60,7 @@ def plane_bound(data: torch.Tensor, width: int) -> float:
 def gpu_codec_rows(data: torch.Tensor, dtype: torch.dtype, codec: str) -> dict:
     """Ratio and kernel-level GB/s (planes + nvCOMP, one batch over the whole buffer) for our GPU path."""
     engine = engines.engine_for(codec, data.device)
-    layout = record.choose_layout(engine, data, dtype, codec)
+    layout = layouts.choose_layout(engine, data, dtype, codec)
     enc_s, pieces = timed(lambda: segment.encode_segment(engine, data, layout))
     stored = segment.pack(pieces)
     sizes = [p.numel() for p in pieces]
@@ -122,16 +122,16 @@ def cpu_rows(data_cpu: torch.Tensor, dtype: torch.dtype, threads: int) -> dict:
 def chunk_sweep(classes: dict[str, torch.Tensor]) -> list[str]:
     """Kernel-level gANS / Zstd GB/s and ratio per uncompressed chunk size (what CHUNK_NBYTES trades)."""
     lines = ["| class | codec | chunk KiB | ratio | enc GB/s | dec GB/s |", "|---|---|---|---|---|---|"]
-    saved = dict(record.CHUNK_NBYTES)
+    saved = dict(layouts.CHUNK_NBYTES)
     for name in ("bf16 w", "adam m"):
         data = classes[name].contiguous().view(torch.uint8)
         for codec, sizes in (("ans", (1024, 4096, 16384)), ("zstd", (64, 128, 256))):
             for kib in sizes:
-                record.CHUNK_NBYTES[(codec, "cuda")] = kib << 10
+                layouts.CHUNK_NBYTES[(codec, "cuda")] = kib << 10
                 row = gpu_codec_rows(data, classes[name].dtype, codec)
                 lines.append(f"| {name} | {codec} | {kib} | {row['ratio']:.3f} | {row['enc']:.1f} | {row['dec']:.1f} |")
                 print(lines[-1], flush=True)
-    record.CHUNK_NBYTES.update(saved)
+    layouts.CHUNK_NBYTES.update(saved)
     return lines
 
 

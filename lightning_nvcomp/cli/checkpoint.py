@@ -13,8 +13,8 @@ from tqdm import tqdm
 
 from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.format import DTYPES, TensorInfo
+from lightning_nvcomp.format.bases import chain
 from lightning_nvcomp.format.contents import leaves
-from lightning_nvcomp.format.delta import chain
 from lightning_nvcomp.telemetry.stats import ratio
 
 

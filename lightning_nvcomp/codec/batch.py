@@ -17,7 +17,8 @@ from lightning_nvcomp.codec import planes as byte_planes
 from lightning_nvcomp.codec.checksum import Crc32, crc32_batch
 from lightning_nvcomp.codec.engine import ChunkEngine
 from lightning_nvcomp.codec.engines import codes_on_gpu, default_segment, engine_for, engine_on
-from lightning_nvcomp.codec.record import CHECKSUM, Coding, Segment, choose_layout, raw_layout, to_host
+from lightning_nvcomp.codec.layouts import choose_layout, raw_layout
+from lightning_nvcomp.codec.record import CHECKSUM, Coding, Segment, to_host
 from lightning_nvcomp.codec.schema import _CHUNK_ALIGN, Layout, _padded, _segments, checksum_field
 from lightning_nvcomp.codec.segment import _raw_sizes, concatenate, pack
 from lightning_nvcomp.errors import CorruptCheckpointError

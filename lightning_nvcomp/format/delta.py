@@ -1,6 +1,5 @@
-"""Delta checkpoints in the file: what a written checkpoint offers as a base (:func:`base_file`: its id and its records,
-read from its pickle without running it), a record's bytes coded against the same record of the base
-(:func:`encode_against`), and the base's bytes fetched back to undo it (:func:`undo`).
+"""Delta records in the file: a record's bytes coded against the same record of its base (:func:`encode_against`), and
+the base's bytes fetched back to undo it (:func:`undo`); what a file offers as a base is :mod:`.bases`'.
 
 A delta record names its base by file name (in its own directory), the base's zip ``serialization_id`` and the base
 record whole (see docs/FORMAT.md, format 4). Decoding one opens the base, checks its id, reads that record's blobs and
@@ -11,120 +10,26 @@ replaced base raises :class:`~lightning_nvcomp.errors.MissingBaseError` naming i
 
 from __future__ import annotations
 
-import dataclasses
 import io
+import mmap
 import os
-import pickle
 import struct
 import threading
 import zipfile
-from collections.abc import Collection
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
+import numpy as np
 import torch
 
 from lightning_nvcomp.codec import delta as transforms
-from lightning_nvcomp.codec import engines, schema
+from lightning_nvcomp.codec import engines, layouts, schema
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec.schema import _padded
 from lightning_nvcomp.codec.segment import Parts
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, MissingBaseError
+from lightning_nvcomp.format.bases import MAX_CHAIN, BaseFile, BaseRecord, sidecar_name
 from lightning_nvcomp.format.load_state import LoadState
-from lightning_nvcomp.storage import StorageBackend, storage_for
-
-#: The longest chain of bases a load follows (a longer one is a damaged or hostile file: a base cannot be newer).
-MAX_CHAIN = 64
-
-
-@dataclasses.dataclass(frozen=True)
-class BaseRecord:
-    """A record of a written checkpoint: its dict and the keys of its blobs (``data/<key>`` entries)."""
-
-    record: dict
-    blobs: list[str]
-
-    def fits(self, dtype: torch.dtype, storages: list[list[int]]) -> bool:
-        """Whether a record of ``dtype`` whose storages lie at ``storages`` can be coded against this one."""
-        rec = self.record
-        return rec.get("dtype") == str(dtype).removeprefix("torch.") and rec.get("storages") == storages
-
-
-@dataclasses.dataclass(frozen=True)
-class BaseFile:
-    """A checkpoint file that later saves may be coded against.
-
-    Attributes:
-        path: where it is (a local path or a URL).
-        id: its zip's ``serialization_id``, which a delta records: a different file under its name is not its base.
-        records: its records in coding order (their first blobs' order).
-    """
-
-    path: str
-    id: str
-    records: list[BaseRecord]
-
-
-def base_file(path: str, storage: StorageBackend | None = None) -> BaseFile | None:
-    """What the checkpoint at ``path`` offers as a base, or None where it offers nothing (not a file of ours, written by
-    an older version, unreadable): the save is then stored alone. Nothing in the file runs: its pickle is read by an
-    unpickler that builds inert stand-ins and notes the records of our decoders' calls."""
-    storage = storage or storage_for(path)
-    try:
-        with storage.open_read(path) as f:
-            archive = zipfile.ZipFile(f)
-            top = archive.namelist()[0].split("/")[0]
-            ident = archive.read(f"{top}/.data/serialization_id").decode("ascii")
-            calls = _Calls(archive.read(f"{top}/data.pkl"))
-            calls.load()
-    except Exception:  # noqa: BLE001 - a file that offers no base is saved against by no one: a keyframe follows
-        return None
-    found: dict[int, BaseRecord] = {}
-    for blobs, rec in calls.records:
-        if isinstance(rec, dict) and rec.get("format", 0) >= 3 and blobs and all(isinstance(b, str) for b in blobs):
-            found.setdefault(rec.get("check", 0), BaseRecord(rec, blobs))
-    ordered = sorted(found.values(), key=lambda r: int(r.blobs[0]))
-    return BaseFile(path, ident, ordered)
-
-
-class _Inert:
-    """What every object of a base's pickle becomes while its records are read: takes anything, does nothing."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __setstate__(self, state: Any) -> None:
-        pass
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        pass
-
-    def append(self, value: Any) -> None:
-        pass
-
-    def extend(self, values: Any) -> None:
-        pass
-
-
-class _Calls(pickle.Unpickler):
-    """Reads a pickle noting the (blob keys, record) of every call of our decoders; every other global is inert."""
-
-    def __init__(self, data: bytes) -> None:
-        super().__init__(io.BytesIO(data))
-        self.records: list[tuple[list, object]] = []
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module == "lightning_nvcomp" and name in ("decode_tensor", "decode_storage"):
-            return self._note
-        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
-            return lambda key, *args: key
-        return _Inert
-
-    def persistent_load(self, pid: Any) -> Any:
-        return pid[2] if isinstance(pid, tuple) and len(pid) > 2 else None
-
-    def _note(self, blobs: Any = None, rec: Any = None, *args: Any) -> _Inert:
-        self.records.append((list(blobs) if isinstance(blobs, list) else [], rec))
-        return _Inert()
+from lightning_nvcomp.storage import storage_for
 
 
 def delta_field(transforms_: list[str | None], itemsize: int, base: BaseFile, rec: BaseRecord) -> dict:
@@ -154,7 +59,7 @@ def encode_against(
     source = _Against(storages, table, itemsize, base, rec)
     measured = [i for i, (_, nbytes) in enumerate(table) if nbytes >= _CHOOSE_NBYTES]
     choices = transforms.choose(
-        [source.sample(i) for i in measured], itemsize, lambda windows: records.coded_nbytes(windows, dtype, codec)
+        [source.sample(i) for i in measured], itemsize, lambda windows: layouts.coded_nbytes(windows, dtype, codec)
     )
     for i, transform in zip(measured, choices):
         source.transforms[i] = transform
@@ -333,6 +238,7 @@ def _decoded_range(
             if state is not None:
                 state.charge([blobs[s]], hi - lo, path)
             records.decode_into(blobs, rec, [(lo, out[lo - start : hi - start])], layout, parallel=False)
+            opened.drop(blobs[s])
         out = out.to(device)
         if "delta" in rec:
             inner = rec["delta"]["base"]
@@ -394,6 +300,14 @@ class _Opened:
             }
         except (zipfile.BadZipFile, KeyError, UnicodeDecodeError, ValueError, EOFError, struct.error) as err:
             raise CorruptCheckpointError(f"its base {path} is not a readable checkpoint ({err})") from None
+        # A local file is mapped copy-on-write: blobs are read where they lie, without a copy (writable for torch)
+        self._map: mmap.mmap | None = None
+        self._pages: np.ndarray | None = None
+        try:
+            self._map = mmap.mmap(self.file.fileno(), 0, access=mmap.ACCESS_COPY)
+            self._pages = np.frombuffer(self._map, dtype=np.uint8)
+        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+            pass
 
     def size(self, key: str) -> int:
         """The size of entry ``data/<key>`` (0 for none: the record's validation then fails)."""
@@ -401,65 +315,50 @@ class _Opened:
         return info.file_size if info is not None else 0
 
     def blob(self, key: str) -> torch.Tensor:
-        """Entry ``data/<key>``'s bytes (stored, as every entry of ours), which the record's CRCs then check: read
-        into memory of their own (a base is read a segment at a time, so that only that much is in memory)."""
+        """Entry ``data/<key>``'s bytes (stored, as every entry of ours), which the record's CRCs then check: where
+        they lie in a local file's pages (copy-on-write), else read into memory of their own."""
         info = self.entries.get(key)
         if info is None or info.compress_type != zipfile.ZIP_STORED:
             raise CorruptCheckpointError(f"it holds no stored entry data/{key}")
-        out = torch.empty(info.file_size, dtype=torch.uint8)
-        view = memoryview(out.numpy())
         with self._lock:  # one position for all the threads that code a record's segments
             self.file.seek(info.header_offset)
             header = self.file.read(30)
             if len(header) != 30 or header[:4] != b"PK\x03\x04":
                 raise CorruptCheckpointError(f"entry data/{key} has no local header")
             name_len, extra_len = struct.unpack("<HH", header[26:30])
-            self.file.seek(info.header_offset + 30 + name_len + extra_len)
-            at = 0
-            while at < info.file_size:
-                chunk = self.file.read(min(info.file_size - at, 64 << 20))
-                if not chunk:
+            start = info.header_offset + 30 + name_len + extra_len
+            if self._pages is not None:
+                if start + info.file_size > self._pages.size:
                     raise CorruptCheckpointError(f"entry data/{key} is truncated")
-                view[at : at + len(chunk)] = chunk
-                at += len(chunk)
+                return torch.from_numpy(self._pages[start : start + info.file_size])
+            out = torch.empty(info.file_size, dtype=torch.uint8)
+            self.file.seek(start)
+            if _read_into(self.file, memoryview(out.numpy())) != info.file_size:
+                raise CorruptCheckpointError(f"entry data/{key} is truncated")
         return out
 
-
-def sidecar_name(file: str, ident: str) -> str:
-    """The hidden name a base ``file`` of id ``ident`` keeps its bytes under once another file took its name."""
-    return f".{file}.{ident}.base"
-
-
-def needed_bases(storage: StorageBackend, directory: str, exclude: Collection[str] = ()) -> set[tuple[str, str]]:
-    """The (file name, id) of every base that a checkpoint in ``directory`` (but those in ``exclude``) is coded
-    against."""
-    needed = set()
-    for name in storage.listdir(directory):
-        path = storage.join(directory, name)
-        if path in exclude or storage.isdir(path):
-            continue
-        found = base_file(path, storage)
-        for rec in found.records if found is not None else []:
-            if "delta" in rec.record:
-                base = rec.record["delta"]["base"]
-                needed.add((base["file"], base["id"]))
-    return needed
+    def drop(self, blob: torch.Tensor) -> None:
+        """``blob`` (from :meth:`blob`) is decoded: its pages leave this process's memory (the page cache keeps them),
+        so that a base read a segment at a time holds one segment's worth."""
+        if self._map is None or blob.numel() == 0:
+            return
+        offset = blob.data_ptr() - self._pages.ctypes.data  # type: ignore[union-attr]
+        first = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        last = (offset + blob.numel()) // mmap.PAGESIZE * mmap.PAGESIZE
+        if last > first:
+            self._map.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
-def chain(path: str, storage: StorageBackend | None = None) -> list[str]:
-    """The files the checkpoint at ``path`` needs to load, nearest first: its base, the base's base, and so on back
-    to a file that stands alone (empty for a standalone file). Read from the files' pickles, decoding nothing."""
-    storage = storage or storage_for(path)
-    found: list[str] = []
-    current = base_file(path, storage)
-    while current is not None and len(found) < MAX_CHAIN:
-        bases = [r.record["delta"]["base"] for r in current.records if "delta" in r.record]
-        if not bases:
+def _read_into(f: BinaryIO, view: memoryview) -> int:
+    """Fill ``view`` from ``f``'s position on: the bytes read (fewer at the file's end)."""
+    at = 0
+    while at < len(view):
+        n = f.readinto(view[at:]) if hasattr(f, "readinto") else None
+        if n is None:
+            chunk = f.read(len(view) - at)
+            view[at : at + len(chunk)] = chunk
+            n = len(chunk)
+        if not n:
             break
-        following = storage.join(storage.parent(current.path), bases[0]["file"])
-        kept = storage.join(storage.parent(current.path), sidecar_name(bases[0]["file"], bases[0]["id"]))
-        found.append(following)
-        current = base_file(following, storage)
-        if (current is None or current.id != bases[0]["id"]) and storage.exists(kept):
-            current = base_file(kept, storage)
-    return found
+        at += n
+    return at

@@ -17,6 +17,7 @@ from lightning_nvcomp.codec import batch as batch_coding
 from lightning_nvcomp.codec import engines
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec.cpu import cpu_threads
+from lightning_nvcomp.codec.layouts import raw_layout
 from lightning_nvcomp.codec.schema import Layout
 from lightning_nvcomp.format.contents import DTYPES
 from lightning_nvcomp.format.writer import _LayoutCache
@@ -156,7 +157,7 @@ def _code_batch(
     datas = [_bytes(tensors[i][1]) for i in batch]
     dtype, device = tensors[batch[0]][1].dtype, datas[0].device
     if coder == "raw":  # one layout: nothing to learn, nor to look up by the tensors' addresses
-        coded = _encode(datas, dtype, coder, records.raw_layout(), streamed)
+        coded = _encode(datas, dtype, coder, raw_layout(), streamed)
     else:
         layouts = shared("layouts", _LayoutCache)
         key = (coder, dtype, "batch", tuple((d.device, d.data_ptr(), d.numel()) for d in datas))

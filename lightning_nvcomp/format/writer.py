@@ -20,9 +20,10 @@ from lightning_nvcomp.codec import pinned, schema
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec.checksum import Checksum
 from lightning_nvcomp.errors import CheckpointError
+from lightning_nvcomp.format.bases import BaseFile, BaseRecord
 from lightning_nvcomp.format.contents import DTYPES, Contents, _storage_of, _tensor_names, find_contents
 from lightning_nvcomp.format.decode import Placement, decode_storage, decode_tensor, storage_check, tensor_check
-from lightning_nvcomp.format.delta import BaseFile, BaseRecord, encode_against
+from lightning_nvcomp.format.delta import encode_against
 from lightning_nvcomp.format.sink import MemorySink, SegmentSink
 from lightning_nvcomp.format.zip import ArchiveWriter
 

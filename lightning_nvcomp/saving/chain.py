@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import BinaryIO
 
-from lightning_nvcomp.format.delta import BaseFile, base_file, needed_bases, sidecar_name
+from lightning_nvcomp.format.bases import BaseFile, base_file, needed_bases, sidecar_name
 from lightning_nvcomp.options import DeltaOptions
 from lightning_nvcomp.storage import StorageBackend
 

@@ -22,8 +22,8 @@ from typing import BinaryIO, Callable, NamedTuple
 from lightning_nvcomp._process import collector_paused
 from lightning_nvcomp.auto.policy import CodecPolicy, default_policy, resolve_codec
 from lightning_nvcomp.auto.prediction import Prediction
+from lightning_nvcomp.format.bases import BaseFile, base_file
 from lightning_nvcomp.format.contents import Contents, find_contents
-from lightning_nvcomp.format.delta import BaseFile, base_file
 from lightning_nvcomp.format.sink import ArchiveSink
 from lightning_nvcomp.format.writer import Snapshot, snapshot
 from lightning_nvcomp.format.zip import ArchiveWriter

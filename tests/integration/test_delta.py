@@ -15,7 +15,7 @@ from lightning_nvcomp import DeltaOptions, NvcompCheckpointIO, SaveOptions
 from lightning_nvcomp.cli import main
 from lightning_nvcomp.codec import delta as transforms
 from lightning_nvcomp.errors import CorruptCheckpointError, MissingBaseError
-from lightning_nvcomp.format.delta import base_file
+from lightning_nvcomp.format.bases import base_file
 from lightning_nvcomp.saving.writer import CheckpointWriter
 
 from tests.helpers.lightning_models import TinyData, TinyModule, quiet_trainer
@@ -210,3 +210,20 @@ def test_a_record_is_coded_and_undone_a_window_at_a_time_across_segment_sizes(tm
     assert (tmp_path / "d2.ckpt").stat().st_size < 0.9 * (tmp_path / "k.ckpt").stat().st_size
     for name, state in (("d1.ckpt", steps[1]), ("d2.ckpt", steps[2])):
         assert_tree_bit_exact(lightning_nvcomp.load(tmp_path / name), state)
+
+
+def test_a_delta_at_a_url_reads_its_base_there() -> None:
+    """Remote storage (fsspec's memory file system): the base is read through ranged reads, not a mapping."""
+    fsspec = pytest.importorskip("fsspec")
+    root = f"memory://delta-{os.getpid()}"
+    try:
+        lightning_nvcomp.save(drifting_state(0), f"{root}/k.ckpt", codec="zstd")
+        lightning_nvcomp.save(drifting_state(1), f"{root}/d.ckpt", codec="zstd", base=f"{root}/k.ckpt")
+        lightning_nvcomp.save(drifting_state(2), f"{root}/d2.ckpt", codec="zstd", base=f"{root}/d.ckpt")
+        assert delta_records(f"{root}/d2.ckpt")
+        assert_tree_bit_exact(lightning_nvcomp.load(f"{root}/d2.ckpt"), drifting_state(2))
+        fsspec.filesystem("memory").rm(f"{root}/k.ckpt")
+        with pytest.raises(MissingBaseError, match="k.ckpt is missing"):
+            lightning_nvcomp.load(f"{root}/d2.ckpt")
+    finally:
+        fsspec.filesystem("memory").rm(root, recursive=True)

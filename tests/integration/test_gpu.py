@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lightning_nvcomp
-from lightning_nvcomp.codec import engines, record
+from lightning_nvcomp.codec import engines, layouts, record
 from lightning_nvcomp.codec.cpu import CpuZstdEngine
 from lightning_nvcomp.codec.gpu import NvcompEngine, gpu_available
 
@@ -81,7 +81,7 @@ def monkeypatch_chunks():
     """Small segments and chunks, so that hypothesis's small inputs cross every boundary."""
     mp = pytest.MonkeyPatch()
     mp.setattr(engines, "SEGMENT_NBYTES", 64 * 8 * 16)
-    mp.setattr(record, "CHUNK_NBYTES", {k: 256 for k in record.CHUNK_NBYTES})
+    mp.setattr(layouts, "CHUNK_NBYTES", {k: 256 for k in layouts.CHUNK_NBYTES})
     yield
     mp.undo()
 

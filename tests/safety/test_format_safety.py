@@ -161,7 +161,7 @@ def overlapping_views_file(path: Path, views: int, view_nbytes: int = 1 << 20) -
         view = blob[16 * k : 16 * k + view_nbytes]
         rec = schema.seal(
             {
-                "format": schema.FORMAT_VERSION,
+                "format": schema.PLAIN_FORMAT,
                 "dtype": "uint8",
                 "nbytes": view_nbytes,
                 "planes": 1,

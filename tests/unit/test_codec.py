@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightning_nvcomp.codec import batch, checksum, engines, planes, record, schema, segment
+from lightning_nvcomp.codec import batch, checksum, engines, layouts, planes, record, schema, segment
 from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.errors import (
     CheckpointError,
@@ -64,8 +64,8 @@ def stored_nbytes(blobs: list[torch.Tensor]) -> int:
 
 def small_layout(mp: pytest.MonkeyPatch, segment: int, chunk: int) -> None:
     mp.setattr(engines, "SEGMENT_NBYTES", segment)
-    for key in list(record.CHUNK_NBYTES):
-        mp.setitem(record.CHUNK_NBYTES, key, chunk)
+    for key in list(layouts.CHUNK_NBYTES):
+        mp.setitem(layouts.CHUNK_NBYTES, key, chunk)
 
 
 def data_bytes(kind: str, nbytes: int, seed: int) -> torch.Tensor:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import lightning_nvcomp
 from lightning_nvcomp import format as fileformat
-from lightning_nvcomp.codec import engines, record
+from lightning_nvcomp.codec import engines, layouts, record
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.format import DTYPES, TensorInfo, describe
 from lightning_nvcomp.format import writer as format_writer
@@ -144,8 +144,8 @@ def test_roundtrip_hypothesis(case, codec, small_groups):
             mp.setattr(format_writer, "_SMALL_NBYTES", 64)
             mp.setattr(format_writer, "_GROUP_NBYTES", 256)
             mp.setattr(engines, "SEGMENT_NBYTES", 1024)
-            for key in list(record.CHUNK_NBYTES):
-                mp.setitem(record.CHUNK_NBYTES, key, 128)
+            for key in list(layouts.CHUNK_NBYTES):
+                mp.setitem(layouts.CHUNK_NBYTES, key, 128)
         path = Path(tmp) / "ck.pt"
         stats = lightning_nvcomp.save(obj, path, codec=codec)
         assert stats.codec == codec and stats.file_nbytes == path.stat().st_size
@@ -289,7 +289,7 @@ def test_replaced_and_discarded_files_are_freed_and_stale_names_swept(tmp_path):
 def test_layouts_are_chosen_once_per_record_across_saves(tmp_path, monkeypatch):
     """A run saves the same tensors again and again: the byte layout of each record is chosen (sampled) once."""
     chosen = []
-    choose = record.choose_layout
+    choose = layouts.choose_layout
     monkeypatch.setattr(record, "choose_layout", lambda *args: chosen.append(args[2]) or choose(*args))
     state = {"w": random_tensor((300_000,), torch.float32, 1), "b": random_tensor((1000,), torch.bfloat16, 2)}
     lightning_nvcomp.save(state, tmp_path / "a.ckpt", codec="zstd")

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_nvcomp.codec import delta, record, schema
+from lightning_nvcomp.codec import delta, layouts, record, schema
 from lightning_nvcomp.errors import CorruptCheckpointError
 
 from tests.helpers.states import trained_like
@@ -35,7 +35,7 @@ def test_the_choice_is_measured_not_assumed() -> None:
     noise = torch.randint(0, 256, (200_000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     other = torch.randint(0, 256, (200_000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
     choices = delta.choose(
-        [(moved, w), (noise, other)], 4, lambda windows: record.coded_nbytes(windows, torch.float32, "zstd")
+        [(moved, w), (noise, other)], 4, lambda windows: layouts.coded_nbytes(windows, torch.float32, "zstd")
     )
     assert choices[0] in delta.TRANSFORMS and choices[1] is None
 

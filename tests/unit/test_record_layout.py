@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import lightning_nvcomp
-from lightning_nvcomp.codec import planes, record, schema, segment
+from lightning_nvcomp.codec import layouts, planes, record, schema, segment
 from lightning_nvcomp.codec.cpu import CpuZstdEngine
 from lightning_nvcomp.errors import CorruptCheckpointError
 
@@ -113,7 +113,7 @@ def test_a_chunk_with_repeats_keeps_the_match_finder_s_frame():
 @pytest.mark.parametrize("layout", ["planes", "raw"])
 def test_decode_into_fills_each_target_with_exactly_its_bytes(layout):
     data = tensor_bytes(trained_like(300_000, torch.float32, 4))
-    chosen = None if layout == "planes" else record.raw_layout()
+    chosen = None if layout == "planes" else layouts.raw_layout()
     blobs, meta = record.encode(data, torch.float32, "zstd" if layout == "planes" else "raw", 1 << 19, chosen)
     spans = [(0, 4096), (4096 + 64, 700_000), (800_000, 400_000)]  # across segments, with bytes between
     targets = [(start, torch.full((n,), 0xAB, dtype=torch.uint8)) for start, n in spans]
