@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import lightning_nvcomp
+from lightning_nvcomp.storage import ThrottledStorage
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
@@ -101,12 +102,21 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
     return best, out
 
 
-def measure(target: dict, base: dict, folder: pathlib.Path, codec: str, device: str) -> dict:
-    """One state against one base: sizes, ideal bounds, times, bit-exactness."""
+def measure(
+    target: dict, base: dict, folder: pathlib.Path, codec: str, device: str, slow: ThrottledStorage | None = None
+) -> dict:
+    """One state against one base: sizes, ideal bounds, times, bit-exactness; with ``slow``, the time to durable of
+    each save written through it too (sync saves: written and fsynced when they return)."""
     alone, delta, base_path = folder / "alone.ckpt", folder / "delta.ckpt", folder / "base.ckpt"
     lightning_nvcomp.save(base, base_path, codec=codec)
     alone_save, _ = timed(lambda: lightning_nvcomp.save(target, alone, codec=codec))
     delta_save, _ = timed(lambda: lightning_nvcomp.save(target, delta, codec=codec, base=base_path))
+    durable = None
+    if slow is not None:
+        durable = {
+            "alone": timed(lambda: lightning_nvcomp.save(target, alone, codec=codec, storage=slow))[0],
+            "delta": timed(lambda: lightning_nvcomp.save(target, delta, codec=codec, base=base_path, storage=slow))[0],
+        }
     alone_load, back_alone = timed(lambda: lightning_nvcomp.load(alone, map_location=device))
     delta_load, back = timed(lambda: lightning_nvcomp.load(delta, map_location=device))
     tensors = lambda tree: [t for cls in tree.values() for t in cls.values()]  # noqa: E731
@@ -119,6 +129,7 @@ def measure(target: dict, base: dict, folder: pathlib.Path, codec: str, device: 
         "ideal_xor": plane_bound([xor(target[c], base[c]) for c in target]),
         "save_s": {"alone": alone_save, "delta": delta_save},
         "load_s": {"alone": alone_load, "delta": delta_load},
+        "durable_s": durable,
         "bit_exact": same_bytes(tensors(back), tensors(target)) and same_bytes(tensors(back_alone), tensors(target)),
     }
 
@@ -131,10 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/lightning_nvcomp_bench"))
     parser.add_argument("--device", default="cpu", help="where the run trains and its state lies (cuda: a GPU)")
     parser.add_argument("--codec", default="zstd", help="the codec of every save (ans: gANS, on a GPU)")
+    parser.add_argument(
+        "--write-mbps", type=float, default=200, help="the storage-bound disk the whole fp32 state is also saved to"
+    )
     parser.add_argument("--json", help="write the result here")
     args = parser.parse_args(argv)
     states = train_states(args.dim, args.layers, args.steps, pathlib.Path(args.cache_dir), args.device)
     rows = []
+    slow_disk = ThrottledStorage(args.write_mbps * 1e6)
     with tempfile.TemporaryDirectory() as scratch:
         for interval in INTERVALS:
             targets, bases = kinds(states[args.steps]), kinds(states[args.steps - interval])
@@ -145,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                     if cls != "whole" and len(target) == 1:
                         continue
                     row = {"interval": interval, "state": kind, "class": cls}
-                    row.update(measure(part, part_base, pathlib.Path(scratch), args.codec, args.device))
+                    slow = slow_disk if (kind, cls) == ("fp32 AdamW", "whole") else None
+                    row.update(measure(part, part_base, pathlib.Path(scratch), args.codec, args.device, slow))
                     rows.append(row)
                     print(
                         f"{interval:4d} {kind:13s} {cls:11s} alone {row['alone']:.4f} delta {row['delta']:.4f} "
@@ -159,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         "delta",
         setup=f"GPT {args.dim}x{args.layers} (context 128, batch 8) trained {args.steps} AdamW steps on the stdlib "
         f"({args.device}), codec {args.codec}; the last step's state alone and against the states 10, 50 and 200 "
-        "steps earlier",
+        f"steps earlier; time to durable of the whole fp32 state written to a disk held to {args.write_mbps:g} MB/s",
         repetitions=1,
         statistic="one run",
         rows=rows,

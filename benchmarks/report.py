@@ -431,6 +431,7 @@ def delta_tables(result: dict) -> list[str]:
             "gain": r["delta"] / r["alone"],
             "save_x": r["save_s"]["delta"] / r["save_s"]["alone"],
             "load_x": r["load_s"]["delta"] / r["load_s"]["alone"],
+            "durable_x": r["durable_s"]["delta"] / r["durable_s"]["alone"] if r.get("durable_s") else None,
         }
         for r in result["rows"]
     ]
@@ -447,6 +448,7 @@ def delta_tables(result: dict) -> list[str]:
             Column("bound of the XOR", key("ideal_xor"), ".4f"),
             Column("save time, delta / alone", key("save_x"), ".2f"),
             Column("load time, delta / alone", key("load_x"), ".2f"),
+            Column("time to durable on a slow disk, delta / alone", key("durable_x"), ".2f"),
             Column("bit-exact", key("bit_exact")),
         ],
         rows,
