@@ -144,3 +144,17 @@ def test_v0_2_0_files_load_bit_exactly(codec, loader):
     path = folder / f"{codec}.pt"
     obj = lightning_nvcomp.load(path) if loader == "lightning_nvcomp.load" else torch.load(path, weights_only=True)
     assert json.loads(json.dumps(full_digest(obj))) == json.loads((folder / "state.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["none", "zstd", "delta"])
+@pytest.mark.parametrize("loader", ["lightning_nvcomp.load", "torch.load"])
+def test_v0_3_0_files_load_bit_exactly(name, loader):
+    """Files of release 0.3.0: record format 3 of every float width, and a delta checkpoint (record format 4, its
+    records transformed by XOR and by integer difference) through its base."""
+    from tests.fixtures.make_v0_3_dev import digest as full_digest
+
+    folder = FIXTURES / "v0.3.0"
+    path = folder / f"{name}.pt"
+    obj = lightning_nvcomp.load(path) if loader == "lightning_nvcomp.load" else torch.load(path, weights_only=True)
+    expected = folder / ("delta.json" if name == "delta" else "state.json")
+    assert json.loads(json.dumps(full_digest(obj))) == json.loads(expected.read_text())
