@@ -227,3 +227,20 @@ def test_a_delta_at_a_url_reads_its_base_there() -> None:
             lightning_nvcomp.load(f"{root}/d2.ckpt")
     finally:
         fsspec.filesystem("memory").rm(root, recursive=True)
+
+
+@pytest.mark.parametrize(
+    "init_args",
+    [{"codec": "zstd", "delta": {"keyframe_every": 8}}, {"options": {"codec": "zstd", "delta": {"keyframe_every": 8}}}],
+)
+def test_a_lightning_cli_config_turns_deltas_on(init_args: dict) -> None:
+    """As a LightningCLI YAML's ``trainer.plugins`` entry writes it (jsonargparse makes the plugin)."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_argument("--plugin", type=NvcompCheckpointIO)
+    config = parser.parse_object(
+        {"plugin": {"class_path": "lightning_nvcomp.NvcompCheckpointIO", "init_args": init_args}}
+    )
+    plugin = parser.instantiate(config).plugin
+    assert plugin.writer.options.delta == DeltaOptions(keyframe_every=8) and plugin.writer.chain is not None
