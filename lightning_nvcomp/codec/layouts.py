@@ -51,8 +51,7 @@ def choose_layout(engine: ChunkEngine | None, data: torch.Tensor, dtype: torch.d
     layout = plane_layout(engine, data.numel(), dtype, codec)
     if engine is None or codec != "ans" or data.numel() < 4096:
         return layout
-    start = (data.numel() // 2 - _TYPED_SAMPLE_NBYTES // 2) // 64 * 64
-    sample = data[max(0, start) : max(0, start) + _TYPED_SAMPLE_NBYTES]
+    sample = _spread_sample(data)
     # gANS models each chunk on its own: smaller chunks follow a plane's statistics closer (Adam's second moments),
     # larger ones pay less for their tables (weights); the sample tells which.
     sizes = {
@@ -72,6 +71,27 @@ def choose_layout(engine: ChunkEngine | None, data: torch.Tensor, dtype: torch.d
     packed = pack(typed_pieces)
     decode_segment(engine, packed, [p.numel() for p in typed_pieces], [(0, check)], check.numel(), typed_layout)
     return typed_layout if torch.equal(check, sample) else layout
+
+
+#: Windows a layout's sample is taken from, spread over the data. One 8 MiB window from the middle chose 1 MiB gANS
+#: chunks for a trained GPT's Adam moments, which code 0.05% (first) and 0.44% (second) smaller in 256 KiB ones;
+#: 4 windows of 2 MiB chose 256 KiB for its bf16 weights, 0.25% larger (H100, GPT 768x12): four of 4 MiB choose
+#: the best of 1 MiB, 256 KiB, 128 KiB, 64 KiB and 32 KiB for every class.
+_SAMPLE_WINDOWS = 4
+
+
+#: Bytes of each window: several of the largest chunk per plane, so that the chunk sizes compare as they code.
+_WINDOW_NBYTES = 4 << 20
+
+
+def _spread_sample(data: torch.Tensor) -> torch.Tensor:
+    """:data:`_SAMPLE_WINDOWS` windows of :data:`_WINDOW_NBYTES` spread evenly over ``data`` (all of it when it is
+    smaller), each at a multiple of 64 bytes."""
+    window = _WINDOW_NBYTES
+    if data.numel() <= window * _SAMPLE_WINDOWS:
+        return data
+    gap = (data.numel() - window) // (_SAMPLE_WINDOWS - 1) // 64 * 64
+    return concatenate([data[i * gap : i * gap + window] for i in range(_SAMPLE_WINDOWS)])
 
 
 def coded_nbytes(windows: list[torch.Tensor], dtype: torch.dtype, codec: str) -> list[int]:
