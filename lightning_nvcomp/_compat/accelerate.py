@@ -19,11 +19,19 @@ factories (:func:`lightning_nvcomp._compat.dcp.filesystem_classes_as`).
 ``AcceleratedOptimizer`` around the user's (its ``optimizer``). No public attribute lists them, and the attachment
 times their steps while a checkpoint is written behind training (:class:`~lightning_nvcomp.auto.steps.StepTimer`);
 where the name is gone, no step is timed (the slowdown is not measured).
+
+Which folders ``Accelerator.save_state`` deletes (read in Accelerate 1.15, the same since 0.2x): with automatic
+checkpoint naming and a ``total_limit``, before it saves, the main process lists ``project_dir/checkpoints``, sorts the
+folders by the last number in their names and deletes the oldest ``len(folders) + 1 - total_limit`` with
+``shutil.rmtree``. Delta checkpoints must move what the kept folders need out of them first
+(:func:`folders_save_state_deletes`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -64,3 +72,19 @@ def optimizers_of(accelerator: Any) -> list[torch.optim.Optimizer]:
     return [
         getattr(o, "optimizer", o) for o in prepared if isinstance(getattr(o, "optimizer", o), torch.optim.Optimizer)
     ]
+
+
+def folders_save_state_deletes(accelerator: Any) -> tuple[list[str], list[str]]:
+    """(the folders the next ``save_state`` will delete, the folders it keeps), as Accelerate decides them (see the
+    module docstring); both empty where it deletes none."""
+    config = accelerator.project_configuration
+    root = os.path.join(accelerator.project_dir or "", "checkpoints")
+    if not (config.automatic_checkpoint_naming and config.total_limit is not None and os.path.isdir(root)):
+        return [], []
+    folders = [os.path.join(root, name) for name in os.listdir(root)]
+    numbered = [f for f in folders if re.findall(r"[\/]?([0-9]+)(?=[^\/]*$)", f)]
+    numbered.sort(key=lambda f: int(re.findall(r"[\/]?([0-9]+)(?=[^\/]*$)", f)[0]))
+    excess = len(folders) + 1 - config.total_limit
+    if excess <= 0:
+        return [], []
+    return numbered[:excess], numbered[excess:]

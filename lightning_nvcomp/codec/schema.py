@@ -18,9 +18,10 @@ The layout, whole:
   damaged field is caught before it is used, by any loader. Format 1 records (v0.1) have none.
 * ``delta`` (format 4, and only there) says the decoded bytes are a transform of the record's bytes against the same
   record of an earlier checkpoint, its base (:mod:`.delta`): ``transforms`` (one per storage: ``"xor"``, ``"sub"``
-  or ``"none"``), ``itemsize`` (the bytes of one number ``sub`` works on), and ``base``: the base's ``file`` (a file name, in the directory of the
-  file that holds the record), its ``id`` (its zip's ``serialization_id``), the ``blobs`` (entry keys) of its record
-  there and that ``record`` dict whole. A record without one is written as format 3, which 0.3 reads.
+  or ``"none"``), ``itemsize`` (the bytes of one number ``sub`` works on), and ``base``: the base's ``file``
+  (``NAME`` in the directory of the file that holds the record, or ``../DIR/NAME`` in a directory beside it), its
+  ``id`` (its zip's ``serialization_id``), the ``blobs`` (entry keys) of its record there and that ``record`` dict
+  whole. A record without one is written as format 3, which 0.3 reads.
 
 Every field is validated against the blobs before a byte is decoded: the dict may come from a hostile file.
 """
@@ -218,6 +219,11 @@ def validate(meta: object, blob_sizes: list[int]) -> Layout:
     return _validate_delta(meta, version, nbytes, layout)
 
 
+def _plain_name(name: str) -> bool:
+    """Whether ``name`` names a file or directory in a directory: no separator, drive, NUL, ``.`` or ``..``."""
+    return 0 < len(name) <= 255 and name not in (".", "..") and not any(c in name for c in "/\\\0:")
+
+
 def _validate_delta(meta: dict, version: int, nbytes: int, layout: Layout) -> Layout:
     """Check a record's ``delta`` field, there from format 4 on and only there (its base record is validated when it
     is decoded); the record's ``layout`` passes through."""
@@ -241,13 +247,9 @@ def _validate_delta(meta: dict, version: int, nbytes: int, layout: Layout) -> La
     ):
         raise CorruptCheckpointError(f"record delta transforms {chosen!r} do not fit its storages")
     name, ident, blobs = base.get("file"), base.get("id"), base.get("blobs")
-    if not (
-        isinstance(name, str)
-        and 0 < len(name) <= 255
-        and name not in (".", "..")
-        and not any(c in name for c in "/\\\0:")
-    ):
-        raise CorruptCheckpointError(f"record delta names its base {name!r}: not a file name")
+    parts = name.split("/") if isinstance(name, str) else []
+    if not (len(parts) == 1 or (len(parts) == 3 and parts[0] == "..")) or not all(map(_plain_name, parts[-2:])):
+        raise CorruptCheckpointError(f"record delta names its base {name!r}: not NAME or ../DIR/NAME")
     if not (isinstance(ident, str) and 0 < len(ident) <= 64 and ident.isdigit() and ident.isascii()):
         raise CorruptCheckpointError(f"record delta's base id {ident!r} is invalid")
     if not isinstance(blobs, list) or any(not isinstance(b, str) or not b.isdigit() or not b.isascii() for b in blobs):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import pickle
 import zipfile
 from collections.abc import Collection
@@ -45,6 +46,8 @@ class BaseFile:
     path: str
     id: str
     records: list[BaseRecord]
+    #: How a delta in another file names it (``NAME`` or ``../DIR/NAME``: see :func:`reference`).
+    ref: str = ""
 
 
 def base_file(path: str, storage: StorageBackend | None = None) -> BaseFile | None:
@@ -110,6 +113,38 @@ class _Calls(pickle.Unpickler):
         return _Inert()
 
 
+def offered(base: str, path: str, storage: StorageBackend) -> BaseFile | None:
+    """What the checkpoint ``base`` offers a save to ``path`` as its base, named as that save names it (its
+    :attr:`BaseFile.ref`); None where it offers nothing (see :func:`base_file` and :func:`reference`)."""
+    ref = reference(base, path, storage)
+    found = base_file(base, storage) if ref is not None else None
+    return dataclasses.replace(found, ref=ref) if found is not None and ref is not None else None
+
+
+def reference(base: str, path: str, storage: StorageBackend) -> str | None:
+    """How a delta at ``path`` names its base ``base``: ``NAME`` in the same directory, ``../DIR/NAME`` in a
+    directory beside it (Accelerate's ``checkpoint_N`` folders), or None where it cannot (elsewhere, or itself)."""
+    here, there = storage.parent(path), storage.parent(base)
+    name = base.rstrip("/").rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1]
+    if there == here:
+        return None if base == path else name
+    if storage.parent(there) == storage.parent(here):
+        folder = there.rstrip("/").rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1]
+        return f"../{folder}/{name}"
+    return None
+
+
+def candidates(holder: str, ref: str, ident: str, storage: StorageBackend) -> list[str]:
+    """Where the base that the file ``holder`` names ``ref`` (of id ``ident``) may be, in order: the file itself, the
+    copy kept under its hidden name beside it (a base replaced while needed), the copy beside ``holder`` (a base whose
+    folder was pruned while needed)."""
+    directory = storage.parent(holder)
+    parts = ref.split("/")
+    folder = storage.join(storage.parent(directory), parts[1]) if len(parts) == 3 else directory
+    hidden = sidecar_name(parts[-1], ident)
+    return [storage.join(folder, parts[-1]), storage.join(folder, hidden), storage.join(directory, hidden)]
+
+
 def sidecar_name(file: str, ident: str) -> str:
     """The hidden name a base ``file`` of id ``ident`` keeps its bytes under once another file took its name."""
     return f".{file}.{ident}.base"
@@ -141,10 +176,7 @@ def chain(path: str, storage: StorageBackend | None = None) -> list[str]:
         bases = [r.record["delta"]["base"] for r in current.records if "delta" in r.record]
         if not bases:
             break
-        following = storage.join(storage.parent(current.path), bases[0]["file"])
-        kept = storage.join(storage.parent(current.path), sidecar_name(bases[0]["file"], bases[0]["id"]))
-        found.append(following)
-        current = base_file(following, storage)
-        if (current is None or current.id != bases[0]["id"]) and storage.exists(kept):
-            current = base_file(kept, storage)
+        places = candidates(current.path, bases[0]["file"], bases[0]["id"], storage)
+        found.append(places[0])
+        current = next((f for f in map(lambda p: base_file(p, storage), places) if f and f.id == bases[0]["id"]), None)
     return found

@@ -11,6 +11,7 @@ replaced base raises :class:`~lightning_nvcomp.errors.MissingBaseError` naming i
 from __future__ import annotations
 
 import io
+import logging
 import mmap
 import os
 import struct
@@ -27,9 +28,11 @@ from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec.schema import _padded
 from lightning_nvcomp.codec.segment import Parts
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, MissingBaseError
-from lightning_nvcomp.format.bases import MAX_CHAIN, BaseFile, BaseRecord, sidecar_name
+from lightning_nvcomp.format.bases import MAX_CHAIN, BaseFile, BaseRecord, candidates
 from lightning_nvcomp.format.load_state import LoadState
 from lightning_nvcomp.storage import storage_for
+
+log = logging.getLogger(__name__)
 
 
 def delta_field(transforms_: list[str | None], itemsize: int, base: BaseFile, rec: BaseRecord) -> dict:
@@ -38,7 +41,7 @@ def delta_field(transforms_: list[str | None], itemsize: int, base: BaseFile, re
     return {
         "transforms": [t or "none" for t in transforms_],
         "itemsize": itemsize,
-        "base": {"file": os.path.basename(base.path), "id": base.id, "blobs": rec.blobs, "record": rec.record},
+        "base": {"file": base.ref, "id": base.id, "blobs": rec.blobs, "record": rec.record},
     }
 
 
@@ -56,11 +59,14 @@ def encode_against(
     device, a window of it at a time as the record's segments are coded (a base segment's worth of memory; a record
     of several storages, at most 256 MiB, whole)."""
     itemsize = transforms.width(dtype)
-    source = _Against(storages, table, itemsize, base, rec)
     measured = [i for i, (_, nbytes) in enumerate(table) if nbytes >= _CHOOSE_NBYTES]
-    choices = transforms.choose(
-        [source.sample(i) for i in measured], itemsize, lambda windows: layouts.coded_nbytes(windows, dtype, codec)
-    )
+    try:
+        source = _Against(storages, table, itemsize, base, rec)
+        samples = [source.sample(i) for i in measured]
+    except CheckpointError as err:  # its chain is broken (a base pruned, replaced, damaged): this record stands alone
+        log.warning("lightning_nvcomp: %s cannot be a base (%s): the record is stored alone", base.path, err)
+        return None
+    choices = transforms.choose(samples, itemsize, lambda windows: layouts.coded_nbytes(windows, dtype, codec))
     for i, transform in zip(measured, choices):
         source.transforms[i] = transform
     if not any(source.transforms):
@@ -88,7 +94,7 @@ class _Against(Parts):
 
     def _range(self, start: int, length: int) -> torch.Tensor:
         return _decoded_range(
-            self.base.path,
+            (self.base.path, os.path.basename(self.base.path)),  # the base itself, where the chain found it
             self.base.id,
             self.rec.blobs,
             self.rec.record,
@@ -147,7 +153,7 @@ def undo(rec: dict, pieces: list[torch.Tensor], name: str, state: LoadState, cac
     if base["record"].get("storages") != rec["storages"] or base["record"].get("nbytes") != rec["nbytes"]:
         raise CorruptCheckpointError(f"its base record in {base['file']} does not lie as the record does")
     device = pieces[0].device if pieces else torch.device("cpu")
-    path, nbytes = _base_path(name, base["file"]), rec["nbytes"]
+    nbytes = rec["nbytes"]
     window = base["record"].get("segment")
     window = window if isinstance(window, int) and window > 0 and not isinstance(window, bool) else max(nbytes, 1)
     for start in range(0, nbytes, window):
@@ -155,7 +161,7 @@ def undo(rec: dict, pieces: list[torch.Tensor], name: str, state: LoadState, cac
         if not _transformed_in(rec, start, length):
             continue
         base_bytes = _decoded_range(
-            path, base["id"], base["blobs"], base["record"], start, length, device, state, 1, cache
+            (name, base["file"]), base["id"], base["blobs"], base["record"], start, length, device, state, 1, cache
         )
         _undo_range(rec, [(at, piece) for (at, _), piece in zip(rec["storages"], pieces)], start, base_bytes)
 
@@ -194,13 +200,8 @@ def _stored_nbytes(rec: dict) -> int:
     return sum(_padded(n) for n in sizes if isinstance(n, int)) if isinstance(sizes, list) else 0
 
 
-def _base_path(name: str, file: str) -> str:
-    storage = storage_for(name)
-    return storage.join(storage.parent(name), file)
-
-
 def _decoded_range(
-    path: str,
+    named: tuple[str, str],
     ident: str,
     keys: list[str],
     rec: dict,
@@ -211,14 +212,16 @@ def _decoded_range(
     depth: int,
     cache: dict,
 ) -> torch.Tensor:
-    """Bytes ``[start, start + length)`` of record ``rec`` of the base at ``path`` (its blobs ``keys``), decoded on
-    ``device`` from the segments they lie in, checked: the file's id is ``ident``, the segments' CRCs and the record's
-    fields are the record's, and a base of its own is followed."""
+    """Bytes ``[start, start + length)`` of record ``rec`` of the base that the file ``named[0]`` names ``named[1]``
+    (its blobs ``keys``), decoded on ``device`` from the segments they lie in, checked: the file's id is ``ident``,
+    the segments' CRCs and the record's fields are the record's, and a base of its own is followed."""
+    places = candidates(*named, ident, storage_for(named[0]))
+    path = places[0]
     if depth > MAX_CHAIN:
         raise CorruptCheckpointError(f"its chain of bases is longer than {MAX_CHAIN} at {path}")
     opened = cache.get((path, ident))
     if opened is None:
-        opened = cache[(path, ident)] = _opened(path, ident)
+        opened = cache[(path, ident)] = _opened(places, ident)
     if opened.id != ident:
         raise MissingBaseError(
             f"its base {path} was replaced by another file (serialization id {opened.id}, not {ident}): the delta "
@@ -240,17 +243,8 @@ def _decoded_range(
             records.decode_into(blobs, rec, [(lo, out[lo - start : hi - start])], layout, parallel=False)
             opened.drop(blobs[s])
         out = out.to(device)
-        if "delta" in rec:
-            inner = rec["delta"]["base"]
-            if inner["record"].get("storages") != rec.get("storages") or inner["record"].get("nbytes") != rec["nbytes"]:
-                raise CorruptCheckpointError(f"its base record in {inner['file']} does not lie as the record does")
-            if state is not None:
-                state.include(_stored_nbytes(inner["record"]))
-            base_path = _base_path(path, inner["file"])
-            base_bytes = _decoded_range(
-                base_path, inner["id"], inner["blobs"], inner["record"], start, length, device, state, depth + 1, cache
-            )
-            _undo_range(rec, [(start, out)] * len(rec["storages"]), start, base_bytes, clip=True)
+        if "delta" in rec:  # a base of its own: undone on this range too
+            _undo_own_base(rec, out, start, opened.path, device, state, depth, cache)
     except MissingBaseError:
         raise
     except CheckpointError as err:
@@ -259,20 +253,48 @@ def _decoded_range(
     return out
 
 
-def _opened(path: str, ident: str) -> _Opened:
-    """The base at ``path`` of id ``ident``: the file there, or where another file took its name, the copy of it
-    kept beside it (:func:`sidecar_name`)."""
-    storage = storage_for(path)
-    kept = storage.join(storage.parent(path), sidecar_name(os.path.basename(path), ident))
-    try:
-        opened = _Opened(path)
-    except MissingBaseError:
-        if not storage.exists(kept):
-            raise
-        return _Opened(kept)
-    if opened.id != ident and storage.exists(kept):
-        return _Opened(kept)
-    return opened
+def _undo_own_base(
+    rec: dict,
+    out: torch.Tensor,
+    start: int,
+    holder: str,
+    device: torch.device,
+    state: LoadState | None,
+    depth: int,
+    cache: dict,
+) -> None:
+    """Undo the delta of base record ``rec`` (of the file ``holder``) on its decoded bytes ``out``, at ``start``."""
+    inner = rec["delta"]["base"]
+    if inner["record"].get("storages") != rec.get("storages") or inner["record"].get("nbytes") != rec["nbytes"]:
+        raise CorruptCheckpointError(f"its base record in {inner['file']} does not lie as the record does")
+    if state is not None:
+        state.include(_stored_nbytes(inner["record"]))
+    named = (holder, inner["file"])
+    length = out.numel()
+    base_bytes = _decoded_range(
+        named, inner["id"], inner["blobs"], inner["record"], start, length, device, state, depth + 1, cache
+    )
+    _undo_range(rec, [(start, out)] * len(rec["storages"]), start, base_bytes, clip=True)
+
+
+def _opened(places: list[str], ident: str) -> _Opened:
+    """The base of id ``ident`` at the first of ``places`` (:func:`~lightning_nvcomp.format.bases.candidates`) that
+    holds it; the first that exists where none does (its id then names what replaced it)."""
+    storage = storage_for(places[0])
+    found = None
+    for place in places:
+        if not storage.exists(place):
+            continue
+        opened = _Opened(place)
+        if opened.id == ident:
+            return opened
+        found = found or opened
+    if found is None:
+        raise MissingBaseError(
+            f"its base {places[0]} is missing: a delta cannot be decoded without the checkpoint it was saved against "
+            "(restore that file, or load a checkpoint that does not need it)"
+        )
+    return found
 
 
 class _Opened:
@@ -280,6 +302,7 @@ class _Opened:
 
     def __init__(self, path: str) -> None:
         storage = storage_for(path)
+        self.path = path
         try:
             self.file: BinaryIO = storage.open_read(path)
         except FileNotFoundError:

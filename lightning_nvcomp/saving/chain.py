@@ -1,13 +1,15 @@
 """Chains of delta checkpoints (:class:`DeltaChain`): which earlier file a run's save is coded against, and which files
 a pruning may delete.
 
-A save's base is the first file saved at the latest step before it (Lightning saves ``epoch=..-step=N.ckpt``, then
-``last.ckpt`` with the same state: the first is the base, so that the file replaced at every step never is). A save is
-stored alone (a keyframe) every ``keyframe_every`` saves of a chain, when the base is in another directory, is the
-file being written, or is not a file of ours (after a restart, the first save). What files need is read from the files
-themselves (each delta record names its base's file and id), so pruning stays safe across restarts: a file another
-checkpoint of its directory needs is kept until none does; a file replaced while others need it keeps its old bytes
-under a hidden name beside it (``.NAME.ID.base``), which loads find.
+A save's base is a file committed at the latest step before it: its namesake in another folder (Accelerate's
+``checkpoint_N/optimizer.bin``), else the first file (Lightning saves ``epoch=..-step=N.ckpt``, then ``last.ckpt``
+with the same state: the first is the base, so that the file replaced at every step never is). A save is stored alone
+(a keyframe) every ``keyframe_every`` saves of a chain, and when the base is elsewhere than its folder or the folder
+beside it, is the file being written, or is not a file of ours (after a restart, the first save). What files need is
+read from the files themselves (each delta record names its base's file and id), so pruning stays safe across
+restarts: a file another checkpoint of its directory needs is kept until none does (:meth:`DeltaChain.removable`); a
+file replaced while others need it keeps its old bytes under a hidden name beside it (``.NAME.ID.base``); files in
+folders about to be deleted whole move beside the files that need them (:meth:`DeltaChain.rescue`). Loads find both.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import threading
 from collections.abc import Callable
 from typing import BinaryIO
 
-from lightning_nvcomp.format.bases import BaseFile, base_file, needed_bases, sidecar_name
+from lightning_nvcomp.format.bases import BaseFile, base_file, candidates, needed_bases, offered, sidecar_name
 from lightning_nvcomp.options import DeltaOptions
 from lightning_nvcomp.storage import StorageBackend
+from lightning_nvcomp.storage.local import Storage
 
 
 class DeltaChain:
@@ -32,31 +35,35 @@ class DeltaChain:
     def __init__(self, options: DeltaOptions) -> None:
         self.options = options
         self._step: int | None = None  # the step of the latest committed save
-        self._first: str | None = None  # the first file committed at that step: the next base
+        self._latest: list[str] = []  # the files committed at that step, in order: the next saves' bases
         self._depth: dict[str, int] = {}  # deltas since the keyframe, by file saved here
         self._pending: set[str] = set()  # asked to be deleted while others still needed them
         self._group: list[tuple[str, BaseFile | None]] = []  # files prepared, not yet committed, and their bases
         self._lock = threading.Lock()
 
-    def next_base(self) -> str | None:
-        """The file the next save would be coded against (its write must be done first)."""
+    def next_base(self, path: str) -> str | None:
+        """The file a save to ``path`` would be coded against (its write must be done first): the file of its name
+        committed at the latest step in another folder (Accelerate's ``checkpoint_N``), else the first file committed
+        at that step (Lightning's top-k file, not ``last.ckpt``)."""
         with self._lock:
-            return self._first
+            name = os.path.basename(path)
+            same = [f for f in self._latest if os.path.basename(f) == name and f != path]
+            return same[0] if same else (self._latest[0] if self._latest else None)
 
     def base_for(self, path: str, storage: StorageBackend) -> BaseFile | None:
         """The file a save to ``path`` is coded against, or None for a keyframe."""
-        base = self.next_base()
+        base = self.next_base(path)
         if base is None or self._depth.get(base, self.options.keyframe_every) + 1 >= self.options.keyframe_every:
             return None
-        if base == path or storage.parent(base) != storage.parent(path) or not storage.exists(base):
+        if not storage.exists(base):
             return None
-        return base_file(base, storage)
+        return offered(base, path, storage)
 
     def prepare(self, path: str, storage: StorageBackend, wait: Callable[[str], None]) -> BaseFile | None:
         """Before a save to ``path``: a file it replaces kept where others need it, and the file the save is coded
         against (``wait`` ed for, should its write still run), or None for a keyframe."""
         self.before_replacing(path, storage)
-        candidate = self.next_base()
+        candidate = self.next_base(path)
         if candidate is not None:
             wait(candidate)
         base = self.base_for(path, storage)
@@ -69,9 +76,32 @@ class DeltaChain:
         with self._lock:
             for path, base in self._group:
                 self._depth[path] = self._depth[base.path] + 1 if base is not None and base.path in self._depth else 0
-                if step != self._step or self._first is None:
-                    self._step, self._first = step, path
+                if step != self._step:
+                    self._step, self._latest = step, []
+                self._latest.append(path)
             self._group = []
+
+    def rescue(self, doomed: list[str], kept: list[str], storage: StorageBackend) -> None:
+        """Before the folders ``doomed`` are deleted whole (Accelerate's ``total_limit``): every file in them that a
+        checkpoint in the folders ``kept`` needs (its bases, theirs, ...) is moved beside the file that needs it,
+        under its hidden name, where loads find it."""
+        for folder in kept:
+            for name in storage.listdir(folder):
+                path = storage.join(folder, name)
+                if not storage.isdir(path):
+                    self._rescue_bases(path, folder, set(doomed), storage)
+
+    def _rescue_bases(self, holder: str, into: str, doomed: set[str], storage: StorageBackend) -> None:
+        for ref, ident, place in _bases_of(holder, storage):
+            if place is None or storage.parent(place) not in doomed:
+                continue
+            self._rescue_bases(place, into, doomed, storage)  # its own bases, found from where it lies now
+            target = storage.join(into, sidecar_name(ref.rsplit("/", 1)[-1], ident))
+            if isinstance(storage, Storage):
+                os.replace(place, target)
+            else:
+                with storage.open_read(place) as src:
+                    storage.write(target, lambda f: _copy(src, f))
 
     def before_replacing(self, path: str, storage: StorageBackend) -> None:
         """``path`` is about to be written over: where checkpoints beside it need its bytes, keep them under its
@@ -117,6 +147,22 @@ class DeltaChain:
         needed = needed_bases(storage, directory, exclude=set(gone))
         gone += [h for h in hidden if _sidecar_key(os.path.basename(h)) not in needed]
         return gone
+
+
+def _bases_of(holder: str, storage: StorageBackend) -> list[tuple[str, str, str | None]]:
+    """The bases the file ``holder`` names, as (ref, id, where it is: the first candidate place that holds it)."""
+    found = base_file(holder, storage)
+    named = {
+        (r.record["delta"]["base"]["file"], r.record["delta"]["base"]["id"])
+        for r in (found.records if found is not None else [])
+        if "delta" in r.record
+    }
+    out = []
+    for ref, ident in sorted(named):
+        places = [p for p in candidates(holder, ref, ident, storage) if storage.exists(p)]
+        match = next((p for p in places if (b := base_file(p, storage)) is not None and b.id == ident), None)
+        out.append((ref, ident, match))
+    return out
 
 
 def _sidecar_key(name: str) -> tuple[str, str] | None:

@@ -22,7 +22,7 @@ from typing import BinaryIO, Callable, NamedTuple
 from lightning_nvcomp._process import collector_paused
 from lightning_nvcomp.auto.policy import CodecPolicy, default_policy, resolve_codec
 from lightning_nvcomp.auto.prediction import Prediction
-from lightning_nvcomp.format.bases import BaseFile, base_file
+from lightning_nvcomp.format.bases import BaseFile, offered
 from lightning_nvcomp.format.contents import Contents, find_contents
 from lightning_nvcomp.format.sink import ArchiveSink
 from lightning_nvcomp.format.writer import Snapshot, snapshot
@@ -185,14 +185,6 @@ def save_file(
     return stats
 
 
-def delta_base(base: str, path: str, storage: StorageBackend) -> BaseFile | None:
-    """What the checkpoint ``base`` offers a save to ``path`` as its base: None where it is in another directory, is
-    ``path`` itself, or offers nothing (:func:`~lightning_nvcomp.format.delta.base_file`)."""
-    if storage.parent(base) != storage.parent(path) or os.path.basename(base) == os.path.basename(path):
-        return None
-    return base_file(base, storage)
-
-
 def save(
     obj: object,
     path: str | os.PathLike,
@@ -230,10 +222,10 @@ def save(
             durably through the OS for a local path, through fsspec for a URL; pass
             ``storage_for(url, RemoteOptions(...))`` for other storage options).
         staging_nbytes: deprecated: ``staging_mb`` in bytes.
-        base: an earlier checkpoint of the same run in the same directory: each record is stored as its difference
-            from the same record there where that codes smaller (a *delta checkpoint*: loading it reads ``base`` too,
-            which must then stay; see docs/guides/delta.md). A file that offers no base (not ours, another
-            directory, written by 0.3 or earlier) is ignored: the save is stored alone.
+        base: an earlier checkpoint of the same run, in the same directory or a directory beside it: each record is
+            stored as its difference from the same record there where that codes smaller (a *delta checkpoint*:
+            loading it reads ``base`` too, which must then stay; see docs/guides/delta.md). A file that offers no
+            base (not ours, elsewhere, written before 0.3) is ignored: the save is stored alone.
 
     Raises:
         ValueError, CodecUnavailableError: as :class:`~lightning_nvcomp.options.SaveOptions` (an unknown codec, a
@@ -247,7 +239,7 @@ def save(
     storage = storage or storage_for(path)
     directory = storage.target_directory(os.fspath(path))
     policy = policy or default_policy()
-    against = delta_base(os.fspath(base), os.fspath(path), storage) if base is not None else None
+    against = offered(os.fspath(base), os.fspath(path), storage) if base is not None else None
     stats = save_file(obj, os.fspath(path), options.codec, policy, storage, directory, options.staging_nbytes, against)
     policy.observe_write(directory, stats.file_nbytes, stats.seconds)
     if stats.prediction is not None:  # auto chose: its model learns from what the save really did

@@ -244,3 +244,13 @@ def test_a_lightning_cli_config_turns_deltas_on(init_args: dict) -> None:
     )
     plugin = parser.instantiate(config).plugin
     assert plugin.writer.options.delta == DeltaOptions(keyframe_every=8) and plugin.writer.chain is not None
+
+
+def test_a_save_against_a_broken_chain_stands_alone(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A base whose own base is gone cannot be decoded: the save is stored alone (and says so), it does not fail."""
+    lightning_nvcomp.save(drifting_state(0), tmp_path / "k.ckpt", codec="zstd")
+    lightning_nvcomp.save(drifting_state(1), tmp_path / "d1.ckpt", codec="zstd", base=tmp_path / "k.ckpt")
+    os.remove(tmp_path / "k.ckpt")
+    lightning_nvcomp.save(drifting_state(2), tmp_path / "d2.ckpt", codec="zstd", base=tmp_path / "d1.ckpt")
+    assert not delta_records(str(tmp_path / "d2.ckpt")) and "cannot be a base" in caplog.text
+    assert_tree_bit_exact(lightning_nvcomp.load(tmp_path / "d2.ckpt"), drifting_state(2))

@@ -122,8 +122,8 @@ ENTRY_POINTS: dict[str, tuple[tuple[str, ...], Callable[..., SaveOptions]]] = {
         tuple(f.name for f in dataclasses.fields(SaveOptions)),
         lambda **kw: lightning_nvcomp.NvcompCheckpointIO(**kw).writer.options,
     ),
-    "attach": (  # all but delta, which it refuses (tests/integration/test_accelerate.py)
-        tuple(f.name for f in dataclasses.fields(SaveOptions) if f.name != "delta"),
+    "attach": (
+        tuple(f.name for f in dataclasses.fields(SaveOptions)),
         lambda **kw: _attached(**kw),
     ),
     "NvcompFileSystemWriter": (

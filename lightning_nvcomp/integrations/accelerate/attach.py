@@ -54,14 +54,14 @@ try:
     from accelerate.state import PartialState
     from accelerate.utils import DistributedType
 
-    from lightning_nvcomp._compat.accelerate import checkpoint_io_as, optimizers_of
+    from lightning_nvcomp._compat.accelerate import checkpoint_io_as, folders_save_state_deletes, optimizers_of
 except ImportError as err:
     raise MissingExtraError("accelerate", "lightning_nvcomp.integrations.accelerate.attach (attach)", err) from err
 
 from lightning_nvcomp._process import swapped
 from lightning_nvcomp.integrations.dcp import DcpCheckpointStats, NvcompFileSystemReader, NvcompFileSystemWriter
 from lightning_nvcomp.integrations.dcp.writer import new_policy
-from lightning_nvcomp.options import Codec, Durability, SaveOptions
+from lightning_nvcomp.options import Codec, DeltaOptions, Durability, SaveOptions
 from lightning_nvcomp.saving.writer import CheckpointWriter
 from lightning_nvcomp.storage import is_url
 from lightning_nvcomp.storage.remote.options import RemoteOptions
@@ -85,10 +85,6 @@ class Attachment:
     """Compression attached to one ``Accelerator`` (made by :func:`attach`); :meth:`detach` undoes it."""
 
     def __init__(self, accelerator: Accelerator, writer: CheckpointWriter, state_on_gpu: bool = True) -> None:
-        if writer.options.delta is not None:
-            raise ValueError(
-                "attach does not write delta checkpoints: Accelerate's total_limit could delete their bases"
-            )
         if isinstance(getattr(accelerator.save_state, "__self__", None), Attachment):
             raise ValueError("this Accelerator already has lightning_nvcomp attached: detach() it first")
         self.accelerator, self.writer, self.state_on_gpu = accelerator, writer, state_on_gpu
@@ -117,6 +113,9 @@ class Attachment:
         self.writer.steps.watch(optimizers_of(self.accelerator))  # their steps timed until detach
         if self._prunes():  # Accelerate deletes older checkpoints now: they stay until the newer are durable
             self.wait()
+            doomed, kept = folders_save_state_deletes(self.accelerator)
+            if self.writer.chain is not None and doomed and self.accelerator.is_main_process:
+                self.writer.chain.rescue(doomed, kept, self.writer.storage)  # what kept deltas need leaves them
         else:
             self.writer.raise_failures()
             self.flush()
@@ -333,6 +332,7 @@ def attach(
     remote: RemoteOptions | None = None,
     durable: Durability | str | None = None,
     host_buffer_mb: float | None = None,
+    delta: DeltaOptions | None = None,
     *,
     options: SaveOptions | None = None,
 ) -> Attachment:
@@ -347,8 +347,7 @@ def attach(
         gpu_hour_usd: price of a GPU-hour in USD, for the saved-dollars metric.
         staging_mb: MiB coded at once (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU); a save
             borrows about three times this much GPU memory.
-        probe_mb: largest size in MiB of the one-off write-bandwidth probe per file system (default 256; see
-            :class:`~lightning_nvcomp.options.SaveOptions`).
+        probe_mb: largest size in MiB of the one-off write-bandwidth probe per file system (default 256).
         interval_s: seconds between saves, for ``auto`` in async mode.
         state_on_gpu: FSDP sharded state dicts only: collect them without CPU offload for the save, so shards are
             coded on the GPU (see the module docstring); False: as the plugin says.
@@ -356,16 +355,15 @@ def attach(
         durable: when a checkpoint is on stable storage: ``"background"`` (default), ``"sync"`` or ``"os"`` (see
             :class:`~lightning_nvcomp.options.Durability`). Accelerate prunes old checkpoints itself (automatic
             naming with ``total_limit``): then each ``save_state`` first waits until the earlier ones are durable.
-        host_buffer_mb: async saves: most MiB of compressed snapshots held in host memory (default: two
-            checkpoints).
+        host_buffer_mb: async saves: most MiB of compressed snapshots held in host memory (default: two checkpoints).
+        delta: files as deltas against the previous ``checkpoint_N`` folder's (:class:`~lightning_nvcomp.DeltaOptions`).
         options: the save options above in one :class:`~lightning_nvcomp.options.SaveOptions`; a keyword argument
             given beside it overrides its field.
 
-    Returns:
-        The :class:`Attachment`; ``detach()`` restores the Accelerator.
+    Returns: the :class:`Attachment`; ``detach()`` restores the Accelerator.
 
     Raises:
-        ValueError, CodecUnavailableError: as SaveOptions, before anything is attached; ``delta`` options too.
+        ValueError, CodecUnavailableError: as :class:`~lightning_nvcomp.options.SaveOptions`, before anything is attached.
     """
     options = SaveOptions.merged(
         "attach",
@@ -379,5 +377,6 @@ def attach(
         remote=remote,
         durable=durable,
         host_buffer_mb=host_buffer_mb,
+        delta=delta,
     )
     return Attachment(accelerator, CheckpointWriter(options), state_on_gpu)
