@@ -152,7 +152,7 @@ def sidecar_name(file: str, ident: str) -> str:
 
 def needed_bases(storage: StorageBackend, directory: str, exclude: Collection[str] = ()) -> set[tuple[str, str]]:
     """The (file name, id) of every base that a checkpoint in ``directory`` (but those in ``exclude``) is coded
-    against."""
+    against, wherever the base lies."""
     needed = set()
     for name in storage.listdir(directory):
         path = storage.join(directory, name)
@@ -162,7 +162,7 @@ def needed_bases(storage: StorageBackend, directory: str, exclude: Collection[st
         for rec in found.records if found is not None else []:
             if "delta" in rec.record:
                 base = rec.record["delta"]["base"]
-                needed.add((base["file"], base["id"]))
+                needed.add((base["file"].rsplit("/", 1)[-1], base["id"]))  # by name: ids tell files apart
     return needed
 
 

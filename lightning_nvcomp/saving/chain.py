@@ -124,14 +124,14 @@ class DeltaChain:
         directory = storage.parent(path)
         with self._lock:
             self._pending.add(path)
-            candidates = {p for p in self._pending if storage.parent(p) == directory}
+            asked = {p for p in self._pending if storage.parent(p) == directory}
         ids = {}
-        for candidate in candidates:
-            found = base_file(candidate, storage) if storage.exists(candidate) else None
-            ids[candidate] = found.id if found is not None else None
+        for p in asked:
+            found = base_file(p, storage) if storage.exists(p) else None
+            ids[p] = found.id if found is not None else None
         gone: list[str] = []
-        for _ in range(len(candidates) + 1):  # deleting one may free its own base: until nothing changes
-            keep = {p for p in candidates if p not in gone}
+        for _ in range(len(asked) + 1):  # deleting one may free its own base: until nothing changes
+            keep = {p for p in asked if p not in gone}
             needed = needed_bases(storage, directory, exclude=set(gone))
             free = [p for p in keep if ids[p] is None or (os.path.basename(p), ids[p]) not in needed]
             if not free:
