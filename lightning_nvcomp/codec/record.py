@@ -44,7 +44,8 @@ def to_host(packed: torch.Tensor) -> torch.Tensor:
     return pinned.pool().copy(packed)
 
 
-def _segment_pool() -> ThreadPoolExecutor:
+def segment_pool() -> ThreadPoolExecutor:
+    """The threads CPU segments are coded and decoded on (one per core)."""
     # Separate from the chunk pool the CPU engine uses inside each segment, so the two never wait on each other.
     return shared(
         "segment-pool", lambda: ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="lnv-segment")
@@ -139,7 +140,7 @@ class Encoder:
         one is out."""
         spans = _segments(self.coding.nbytes, self.coding.segment)
         if self.data.device.type == "cpu":
-            return _segment_pool().map(self._cpu_segment, spans)
+            return segment_pool().map(self._cpu_segment, spans)
         return self._gpu_segments(spans)
 
     def _gpu_segments(self, spans: list[tuple[int, int]]) -> Iterator[Segment]:
@@ -306,7 +307,7 @@ def decode_into(
         for job in jobs:
             run(job)
     else:
-        for _ in _segment_pool().map(run, jobs):
+        for _ in segment_pool().map(run, jobs):
             pass
 
 

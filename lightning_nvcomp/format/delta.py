@@ -156,14 +156,22 @@ def undo(rec: dict, pieces: list[torch.Tensor], name: str, state: LoadState, cac
     nbytes = rec["nbytes"]
     window = base["record"].get("segment")
     window = window if isinstance(window, int) and window > 0 and not isinstance(window, bool) else max(nbytes, 1)
-    for start in range(0, nbytes, window):
-        length = min(window, nbytes - start)
-        if not _transformed_in(rec, start, length):
-            continue
+    spans = [(start, min(window, nbytes - start)) for start in range(0, nbytes, window)]
+    spans = [(start, length) for start, length in spans if _transformed_in(rec, start, length)]
+    placed = [(at, piece) for (at, _), piece in zip(rec["storages"], pieces)]
+
+    def one(span: tuple[int, int]) -> None:  # a base segment: its ranges of the storages are theirs alone
         base_bytes = _decoded_range(
-            (name, base["file"]), base["id"], base["blobs"], base["record"], start, length, device, state, 1, cache
+            (name, base["file"]), base["id"], base["blobs"], base["record"], *span, device, state, 1, cache
         )
-        _undo_range(rec, [(at, piece) for (at, _), piece in zip(rec["storages"], pieces)], start, base_bytes)
+        _undo_range(rec, placed, span[0], base_bytes)
+
+    if device.type == "cpu" and len(spans) > 1:  # the base's segments on the segment threads, as the record's were
+        for _ in records.segment_pool().map(one, spans):
+            pass
+    else:
+        for span in spans:
+            one(span)
 
 
 def _transformed_in(rec: dict, start: int, length: int) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 
 import torch
 
@@ -65,6 +66,7 @@ class LoadState:
         self.records: dict[int, tuple[dict, list, dict]] = {}  # id -> (the dict, its blobs' keys, validated copy)
         self.produced: set[int] = set()
         self.bases: dict = {}  # the delta bases opened by this load (format/delta.py), by path
+        self._counting = threading.Lock()
         self._seen: set[tuple] = set()
 
     def where(self, tensor: str) -> str:
@@ -79,13 +81,19 @@ class LoadState:
 
     def include(self, nbytes: int) -> None:
         """Count ``nbytes`` more stored bytes in the base of the bound: a delta's base is read as part of the load."""
-        if self.file_nbytes is not None:
-            self.file_nbytes += nbytes
-        else:
-            self.compressed += nbytes
+        with self._counting:
+            if self.file_nbytes is not None:
+                self.file_nbytes += nbytes
+            else:
+                self.compressed += nbytes
 
     def charge(self, blobs: list[torch.Tensor], nbytes: int, name: str) -> None:
-        """Count a record about to be decoded; raise DecodeLimitError if the load would exceed its bound."""
+        """Count a record about to be decoded; raise DecodeLimitError if the load would exceed its bound. Threads
+        that decode a delta's base segments charge at once: one at a time."""
+        with self._counting:
+            self._charge(blobs, nbytes, name)
+
+    def _charge(self, blobs: list[torch.Tensor], nbytes: int, name: str) -> None:
         if self.file_nbytes is None:
             # Count the storages blobs lie in, each once: views of one storage (several tensors' blobs, or views
             # crafted to overlap) add nothing.
