@@ -23,7 +23,6 @@ TYPED_ANS_CHUNK_NBYTES = 4 << 20
 ANS_SMALL_CHUNK_NBYTES = 256 << 10
 #: gANS data types worth trying on whole numbers instead of byte planes (``<f2`` is never used: lossy on bf16).
 _TYPED_ANS = {torch.float32: "<f4", torch.float8_e4m3fn: "|f1"}
-_TYPED_SAMPLE_NBYTES = 8 << 20
 
 
 def raw_layout() -> Layout:

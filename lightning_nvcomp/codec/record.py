@@ -16,7 +16,7 @@ from lightning_nvcomp.codec.checksum import Checksum, Crc32, crc32
 from lightning_nvcomp.codec.cpu import cpu_threads
 from lightning_nvcomp.codec.engines import codes_on_gpu, default_segment, engine_for, engine_on, work_device
 from lightning_nvcomp.codec.gpu import nvcomp_version
-from lightning_nvcomp.codec.layouts import _TYPED_SAMPLE_NBYTES, choose_layout, plane_layout
+from lightning_nvcomp.codec.layouts import choose_layout, plane_layout
 from lightning_nvcomp.codec.schema import (
     FORMAT_VERSION,
     PLAIN_FORMAT,
@@ -34,6 +34,9 @@ from lightning_nvcomp.errors import CorruptCheckpointError
 
 #: The checksum of the blobs of the records written now (a record dict names it as the field that lists them).
 CHECKSUM = "crc32c"
+#: Bytes from the middle of data made a range at a time that its layout is chosen on (as the four windows
+#: :func:`~lightning_nvcomp.codec.layouts.choose_layout` takes from data at hand).
+_RANGED_SAMPLE_NBYTES = 16 << 20
 
 
 def to_host(packed: torch.Tensor) -> torch.Tensor:
@@ -131,8 +134,8 @@ class Encoder:
         if not self._ranged:
             return self.data.parts[0]
         n = self.data.nbytes
-        start = max(0, n // 2 - _TYPED_SAMPLE_NBYTES // 2) // 512 * 512
-        return concatenate(self.data.slice(start, min(n - start, _TYPED_SAMPLE_NBYTES)))
+        start = max(0, n // 2 - _RANGED_SAMPLE_NBYTES // 2) // 512 * 512
+        return concatenate(self.data.slice(start, min(n - start, _RANGED_SAMPLE_NBYTES)))
 
     def __iter__(self) -> Iterator[Segment]:
         """The segments in order, each as it lands in host memory. On the CPU they are coded in parallel on CPU
