@@ -219,7 +219,7 @@ def validate(meta: object, blob_sizes: list[int]) -> Layout:
     return _validate_delta(meta, version, nbytes, layout)
 
 
-def _plain_name(name: str) -> bool:
+def plain_name(name: str) -> bool:
     """Whether ``name`` names a file or directory in a directory: no separator, drive, NUL, ``.`` or ``..``."""
     return 0 < len(name) <= 255 and name not in (".", "..") and not any(c in name for c in "/\\\0:")
 
@@ -248,12 +248,26 @@ def _validate_delta(meta: dict, version: int, nbytes: int, layout: Layout) -> La
         raise CorruptCheckpointError(f"record delta transforms {chosen!r} do not fit its storages")
     name, ident, blobs = base.get("file"), base.get("id"), base.get("blobs")
     parts = name.split("/") if isinstance(name, str) else []
-    if not (len(parts) == 1 or (len(parts) == 3 and parts[0] == "..")) or not all(map(_plain_name, parts[-2:])):
+    if not (len(parts) == 1 or (len(parts) == 3 and parts[0] == "..")) or not all(map(plain_name, parts[-2:])):
         raise CorruptCheckpointError(f"record delta names its base {name!r}: not NAME or ../DIR/NAME")
     if not (isinstance(ident, str) and 0 < len(ident) <= 64 and ident.isdigit() and ident.isascii()):
         raise CorruptCheckpointError(f"record delta's base id {ident!r} is invalid")
     if not isinstance(blobs, list) or any(not isinstance(b, str) or not b.isdigit() or not b.isascii() for b in blobs):
         raise CorruptCheckpointError(f"record delta's base blobs {blobs!r} are invalid")
-    if not isinstance(base.get("record"), dict) or set(base) != {"file", "id", "blobs", "record"}:
+    if not isinstance(base.get("record"), dict) or not {"file", "id", "blobs", "record"} <= set(base) <= _BASE_KEYS:
         raise CorruptCheckpointError("record delta's base holds no record")
+    span = base.get("range", [0, 0])
+    if not (
+        isinstance(span, list)
+        and len(span) == 2
+        and all(type(n) is int and 0 <= n < _MAX_OFFSET for n in span)
+        and (span[1] > 0 or "range" not in base)
+    ):
+        raise CorruptCheckpointError(f"record delta's base range {span!r} is invalid")
     return layout
+
+
+#: The keys of a delta's ``base``: ``range`` only where the base is an archive inside a file (a DCP item).
+_BASE_KEYS = {"file", "id", "blobs", "record", "range"}
+#: Offsets beyond this are refused before any arithmetic (no file is that large).
+_MAX_OFFSET = 1 << 62

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from lightning_nvcomp.storage import StorageBackend, storage_for
+from lightning_nvcomp.storage.sized_reader import Window
 
 #: The longest chain of bases a load follows (a longer one is a damaged or hostile file: a base cannot be newer).
 MAX_CHAIN = 64
@@ -48,16 +49,19 @@ class BaseFile:
     records: list[BaseRecord]
     #: How a delta in another file names it (``NAME`` or ``../DIR/NAME``: see :func:`reference`).
     ref: str = ""
+    #: ``(offset, length)`` of the archive in the file, where it is one item of a DCP data file; None: the file.
+    span: tuple[int, int] | None = None
 
 
-def base_file(path: str, storage: StorageBackend | None = None) -> BaseFile | None:
-    """What the checkpoint at ``path`` offers as a base, or None where it offers nothing (not a file of ours, written by
-    an older version, unreadable): the save is then stored alone. Nothing in the file runs: its pickle is read by an
-    unpickler that builds inert stand-ins and notes the records of our decoders' calls."""
+def base_file(path: str, storage: StorageBackend | None = None, span: tuple[int, int] | None = None) -> BaseFile | None:
+    """What the checkpoint at ``path`` (with ``span``: the archive at that ``(offset, length)`` in it) offers as a
+    base, or None where it offers nothing (not a file of ours, written by an older version, unreadable): the save is
+    then stored alone. Nothing in the file runs: its pickle is read by an unpickler that builds inert stand-ins and
+    notes the records of our decoders' calls."""
     storage = storage or storage_for(path)
     try:
         with storage.open_read(path) as f:
-            archive = zipfile.ZipFile(f)
+            archive = zipfile.ZipFile(f if span is None else Window(f, *span, path))
             top = archive.namelist()[0].split("/")[0]
             ident = archive.read(f"{top}/.data/serialization_id").decode("ascii")
             calls = _Calls(archive.read(f"{top}/data.pkl"))
@@ -69,7 +73,7 @@ def base_file(path: str, storage: StorageBackend | None = None) -> BaseFile | No
         if isinstance(rec, dict) and rec.get("format", 0) >= 3 and blobs and all(isinstance(b, str) for b in blobs):
             found.setdefault(rec.get("check", 0), BaseRecord(rec, blobs))
     ordered = sorted(found.values(), key=lambda r: int(r.blobs[0]))
-    return BaseFile(path, ident, ordered)
+    return BaseFile(path, ident, ordered, span=span)
 
 
 class _Inert:

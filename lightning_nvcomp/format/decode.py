@@ -83,13 +83,21 @@ def _record_storages(
             data = records.decode(blobs, rec, target, move=False, layout=layout)
             pieces = [data[start : start + n].to(target) for start, n in rec["storages"]]
         if "delta" in rec:
-            delta.undo(rec, pieces, state.name, state, state.bases)
+            delta.undo(rec, pieces, state.holder, state)
     except CheckpointError as err:
         raise type(err)(f"tensor {name!r}: {err}") from None
     state.cache[key] = pieces
     state.produced.update(p.untyped_storage()._cdata for p in pieces)
     context.decoded(rec["nbytes"])
     return pieces
+
+
+def _undo(placed: Placed, data: torch.Tensor, state: LoadState) -> None:
+    """Undo the delta of a DCP item's record (one storage, ``data`` decoded whole), naming the item on failure."""
+    try:
+        delta.undo(placed.rec, [data[start : start + n] for start, n in placed.rec["storages"]], state.holder, state)
+    except CheckpointError as err:
+        raise type(err)(f"tensor {placed.at.name!r}: {err}") from None
 
 
 def _tensor(placed: Placed, storage: torch.Tensor) -> torch.Tensor:
@@ -151,10 +159,6 @@ def decode_tensors(
             raise CorruptCheckpointError(f"a decode_tensor call with {len(args)} arguments")
         check = args[9] if len(args) >= 10 else None  # format 1: no check
         placed.append(place(args[0], args[1], Placement(*args[2:9]), check, tuple(args[10:]), state))
-        if "delta" in placed[-1].rec:
-            raise CorruptCheckpointError(
-                f"tensor {placed[-1].at.name!r}: an item holds a delta, which no DCP save writes"
-            )
     batches: dict[tuple, list[int]] = {}
     for i, p in enumerate(placed):
         layout = p.rec[LAYOUT]
@@ -166,6 +170,8 @@ def decode_tensors(
     decoded: dict[int, torch.Tensor] = {}
     for (layout, work), members in batches.items():
         for i in members:
+            if "delta" in placed[i].rec:  # its base is read as part of this load: it counts in the bound's base
+                state.include(delta.base_stored_nbytes(placed[i].rec))
             state.charge(placed[i].blobs, placed[i].rec["nbytes"], placed[i].at.name)
         batch = [(placed[i].blobs, placed[i].rec, layout) for i in members]
         try:
@@ -175,6 +181,8 @@ def decode_tensors(
             raise CorruptCheckpointError(f"tensors {names}{'...' if len(members) > 4 else ''}: {err}") from None
         for i, out in zip(members, outs):
             decoded[i] = out
+            if "delta" in placed[i].rec:
+                _undo(placed[i], out, state)
     tensors = []
     for i, p in enumerate(placed):
         start, nbytes = p.rec["storages"][p.at.storage]

@@ -31,6 +31,7 @@ from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, Mis
 from lightning_nvcomp.format.bases import MAX_CHAIN, BaseFile, BaseRecord, candidates
 from lightning_nvcomp.format.load_state import LoadState
 from lightning_nvcomp.storage import storage_for
+from lightning_nvcomp.storage.sized_reader import Window
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +39,10 @@ log = logging.getLogger(__name__)
 def delta_field(transforms_: list[str | None], itemsize: int, base: BaseFile, rec: BaseRecord) -> dict:
     """The ``delta`` field of a record whose storages are coded with ``transforms_`` (None: as they are) against
     ``rec`` of ``base`` (docs/FORMAT.md)."""
-    return {
-        "transforms": [t or "none" for t in transforms_],
-        "itemsize": itemsize,
-        "base": {"file": base.ref, "id": base.id, "blobs": rec.blobs, "record": rec.record},
-    }
+    named = {"file": base.ref, "id": base.id, "blobs": rec.blobs, "record": rec.record}
+    if base.span is not None:
+        named["range"] = list(base.span)
+    return {"transforms": [t or "none" for t in transforms_], "itemsize": itemsize, "base": named}
 
 
 def encode_against(
@@ -93,18 +93,9 @@ class _Against(Parts):
         return self.storages[0].device
 
     def _range(self, start: int, length: int) -> torch.Tensor:
-        return _decoded_range(
-            (self.base.path, os.path.basename(self.base.path)),  # the base itself, where the chain found it
-            self.base.id,
-            self.rec.blobs,
-            self.rec.record,
-            start,
-            length,
-            self.device,
-            None,
-            0,
-            self._cache,
-        )
+        named = {**delta_field([], 1, self.base, self.rec)["base"], "file": os.path.basename(self.base.path)}
+        # the base itself, where the chain found it: named by its own name, beside itself
+        return _decoded_range(self.base.path, named, start, length, self.device, None, 0, self._cache)
 
     def sample(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Storage ``i`` and the base's bytes where it lies, around its middle (what :func:`transforms.choose` takes)."""
@@ -144,12 +135,18 @@ class _Against(Parts):
 _CHOOSE_NBYTES = 16 << 10
 
 
-def undo(rec: dict, pieces: list[torch.Tensor], name: str, state: LoadState, cache: dict) -> None:
+def undo(rec: dict, pieces: list[torch.Tensor], holder: str | None, state: LoadState) -> None:
     """Undo a delta record's transforms on its decoded ``pieces`` (its storages, in place), with the bytes of its base
-    record, decoded a base segment at a time: ``name`` is the path of the file that holds ``rec``; ``state`` the load's
-    (the base is decoded within its bound, which :func:`base_stored_nbytes` widened); ``cache`` keeps the bases'
-    opened files for the rest of the load."""
+    record, decoded a base segment at a time: ``holder`` is the path of the file that holds ``rec`` (None: the load's
+    file); ``state`` the load's (the base is decoded within its bound, which :func:`base_stored_nbytes` widened; its
+    ``bases`` keep the bases' opened files for the rest of the load)."""
     base = rec["delta"]["base"]
+    if holder is None and "range" in base:
+        raise MissingBaseError(
+            f"it is a DCP item coded against an item of {base['file'].rsplit('/', 1)[0]}, which only "
+            "lightning_nvcomp's NvcompFileSystemReader finds (it knows the item's checkpoint directory)"
+        )
+    name = holder if holder is not None else state.name
     if base["record"].get("storages") != rec["storages"] or base["record"].get("nbytes") != rec["nbytes"]:
         raise CorruptCheckpointError(f"its base record in {base['file']} does not lie as the record does")
     device = pieces[0].device if pieces else torch.device("cpu")
@@ -161,9 +158,7 @@ def undo(rec: dict, pieces: list[torch.Tensor], name: str, state: LoadState, cac
     placed = [(at, piece) for (at, _), piece in zip(rec["storages"], pieces)]
 
     def one(span: tuple[int, int]) -> None:  # a base segment: its ranges of the storages are theirs alone
-        base_bytes = _decoded_range(
-            (name, base["file"]), base["id"], base["blobs"], base["record"], *span, device, state, 1, cache
-        )
+        base_bytes = _decoded_range(name, base, *span, device, state, 1, state.bases)
         _undo_range(rec, placed, span[0], base_bytes)
 
     if device.type == "cpu" and len(spans) > 1:  # the base's segments on the segment threads, as the record's were
@@ -209,10 +204,8 @@ def _stored_nbytes(rec: dict) -> int:
 
 
 def _decoded_range(
-    named: tuple[str, str],
-    ident: str,
-    keys: list[str],
-    rec: dict,
+    holder: str,
+    base: dict,
     start: int,
     length: int,
     device: torch.device,
@@ -220,16 +213,19 @@ def _decoded_range(
     depth: int,
     cache: dict,
 ) -> torch.Tensor:
-    """Bytes ``[start, start + length)`` of record ``rec`` of the base that the file ``named[0]`` names ``named[1]``
-    (its blobs ``keys``), decoded on ``device`` from the segments they lie in, checked: the file's id is ``ident``,
-    the segments' CRCs and the record's fields are the record's, and a base of its own is followed."""
-    places = candidates(*named, ident, storage_for(named[0]))
+    """Bytes ``[start, start + length)`` of the base record that the file ``holder`` names in ``base`` (a delta's
+    ``base`` field: the file, its id, the record's blobs and dict, the archive's range in the file), decoded on
+    ``device`` from the segments they lie in, checked: the file's id is the base's, the segments' CRCs and the
+    record's fields are the record's, and a base of its own is followed."""
+    ident, keys, rec = base["id"], base["blobs"], base["record"]
+    span = tuple(base["range"]) if "range" in base else None
+    places = candidates(holder, base["file"], ident, storage_for(holder))
     path = places[0]
     if depth > MAX_CHAIN:
         raise CorruptCheckpointError(f"its chain of bases is longer than {MAX_CHAIN} at {path}")
-    opened = cache.get((path, ident))
+    opened = cache.get((path, ident, span))
     if opened is None:
-        opened = cache[(path, ident)] = _opened(places, ident)
+        opened = cache[(path, ident, span)] = _opened(places, ident, span)
     if opened.id != ident:
         raise MissingBaseError(
             f"its base {path} was replaced by another file (serialization id {opened.id}, not {ident}): the delta "
@@ -277,23 +273,20 @@ def _undo_own_base(
         raise CorruptCheckpointError(f"its base record in {inner['file']} does not lie as the record does")
     if state is not None:
         state.include(_stored_nbytes(inner["record"]))
-    named = (holder, inner["file"])
-    length = out.numel()
-    base_bytes = _decoded_range(
-        named, inner["id"], inner["blobs"], inner["record"], start, length, device, state, depth + 1, cache
-    )
+    base_bytes = _decoded_range(holder, inner, start, out.numel(), device, state, depth + 1, cache)
     _undo_range(rec, [(start, out)] * len(rec["storages"]), start, base_bytes, clip=True)
 
 
-def _opened(places: list[str], ident: str) -> _Opened:
-    """The base of id ``ident`` at the first of ``places`` (:func:`~lightning_nvcomp.format.bases.candidates`) that
-    holds it; the first that exists where none does (its id then names what replaced it)."""
+def _opened(places: list[str], ident: str, span: tuple[int, int] | None) -> _Opened:
+    """The base of id ``ident`` (the archive at ``span`` in its file, if given) at the first of ``places``
+    (:func:`~lightning_nvcomp.format.bases.candidates`) that holds it; the first that exists where none does (its id
+    then names what replaced it)."""
     storage = storage_for(places[0])
     found = None
     for place in places:
         if not storage.exists(place):
             continue
-        opened = _Opened(place)
+        opened = _Opened(place, span)
         if opened.id == ident:
             return opened
         found = found or opened
@@ -306,9 +299,10 @@ def _opened(places: list[str], ident: str) -> _Opened:
 
 
 class _Opened:
-    """A base file opened for a load or a save: its id and its entries' places."""
+    """A base file opened for a load or a save (``span``: the archive at that ``(offset, length)`` in it, a DCP
+    item): its id and its entries' places."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, span: tuple[int, int] | None = None) -> None:
         storage = storage_for(path)
         self.path = path
         try:
@@ -319,8 +313,9 @@ class _Opened:
                 "(restore that file, or load a checkpoint that does not need it)"
             ) from None
         self._lock = threading.Lock()
+        self._start, self._end = span[0] if span else 0, span[0] + span[1] if span else None
         try:
-            archive = zipfile.ZipFile(self.file)
+            archive = zipfile.ZipFile(self.file if span is None else Window(self.file, *span, path))
             names = archive.namelist()
             top = names[0].split("/")[0] if names else ""
             self.id = archive.read(f"{top}/.data/serialization_id").decode("ascii")
@@ -352,12 +347,14 @@ class _Opened:
         if info is None or info.compress_type != zipfile.ZIP_STORED:
             raise CorruptCheckpointError(f"it holds no stored entry data/{key}")
         with self._lock:  # one position for all the threads that code a record's segments
-            self.file.seek(info.header_offset)
+            self.file.seek(self._start + info.header_offset)
             header = self.file.read(30)
             if len(header) != 30 or header[:4] != b"PK\x03\x04":
                 raise CorruptCheckpointError(f"entry data/{key} has no local header")
             name_len, extra_len = struct.unpack("<HH", header[26:30])
-            start = info.header_offset + 30 + name_len + extra_len
+            start = self._start + info.header_offset + 30 + name_len + extra_len
+            if self._end is not None and start + info.file_size > self._end:
+                raise CorruptCheckpointError(f"entry data/{key} lies beyond its archive")
             if self._pages is not None:
                 if start + info.file_size > self._pages.size:
                     raise CorruptCheckpointError(f"entry data/{key} is truncated")

@@ -8,7 +8,7 @@ import functools
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,7 +19,9 @@ from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec.cpu import cpu_threads
 from lightning_nvcomp.codec.layouts import raw_layout
 from lightning_nvcomp.codec.schema import Layout
+from lightning_nvcomp.format.bases import BaseFile
 from lightning_nvcomp.format.contents import DTYPES
+from lightning_nvcomp.format.delta import encode_against
 from lightning_nvcomp.format.writer import _LayoutCache
 
 #: Raw bytes coded per batch, by the tensors' device type (and so the scratch and pinned host memory one batch
@@ -50,6 +52,8 @@ class CodedTensor:
     device: str
     coding: records.Coding
     segments: Iterable[records.Segment]
+    #: More fields of its record dict: a delta's (see :func:`code_against`).
+    fields: dict = field(default_factory=dict)
 
     @property
     def raw_nbytes(self) -> int:
@@ -203,3 +207,21 @@ def _cut(
         nbytes += size
     if run:
         yield run
+
+
+def code_against(name: str, t: torch.Tensor, codec: str, base: BaseFile) -> CodedTensor | None:
+    """``t`` (:func:`storable`) coded as a delta against the one record of ``base`` (an item of an earlier save), or
+    None where it cannot be (another dtype or size, ``codec="none"``, a tiny tensor) or codes no smaller that way:
+    then it is coded alone, with its batch (:func:`code_tensors`)."""
+    data = _bytes(t)
+    table = [[0, data.numel()]]
+    if codec == "none" or data.numel() < RAW_NBYTES or len(base.records) != 1:
+        return None
+    if not base.records[0].fits(t.dtype, table):
+        return None
+    against = encode_against([data], table, t.dtype, codec, base, base.records[0])
+    if against is None:
+        return None
+    parts, delta = against
+    encoder = records.Encoder(parts, t.dtype, codec)
+    return CodedTensor(name, t.dtype, tuple(t.shape), data.device.type, encoder.coding, list(encoder), {"delta": delta})

@@ -39,7 +39,9 @@ def write_tensor(writer: ArchiveWriter, coded: CodedTensor, serialization_id: st
         blobs.append(_StoredBlob(str(k), segment.blob.numel()))
         sizes.extend(segment.sizes)
         crcs.append(segment.crc)
-    meta = records.describe(coded.coding, sizes, crcs, storages=[[0, coded.raw_nbytes]], device=coded.device)
+    meta = records.describe(
+        coded.coding, sizes, crcs, storages=[[0, coded.raw_nbytes]], device=coded.device, **coded.fields
+    )
     placement = Placement(0, 0, coded.shape, _contiguous_stride(coded.shape), False, False, coded.name)
     writer.add("data.pkl", _pickled_call(blobs, (meta, *placement, tensor_check(meta, *placement))))
     writer.finish("data.pkl")

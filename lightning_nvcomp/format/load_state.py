@@ -60,6 +60,9 @@ class LoadState:
                 f"default bound; not {limit!r}"
             )
         self.name, self.file_nbytes = name, file_nbytes
+        #: The file whose delta records name their bases from its directory: a DCP load sets each data file's (None:
+        #: the file named ``name``).
+        self.holder: str | None = None
         self.limit = limit if limit is not None else _env_limit()
         self.decoded = self.compressed = 0
         self.cache: dict[tuple, list[torch.Tensor]] = {}

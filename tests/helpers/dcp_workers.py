@@ -386,6 +386,73 @@ def job_two(results: dict, root: str) -> None:
     job_failure(results, f"{root}/failure")
 
 
+def _walked(name: str, version: int, shape: tuple[int, ...] = (96, 256)) -> torch.Tensor:
+    """A weight as training leaves it ``version`` saves on: the same start, a small step each save (fp32)."""
+    gen = torch.Generator().manual_seed(sum(map(ord, name)))
+    start = torch.randn(shape, generator=gen) * 0.02
+    steps = torch.randn((version + 1, *shape), generator=gen) * 1e-5
+    return start + steps[1:].sum(0) if version else start
+
+
+def job_delta(results: dict, root: str) -> None:
+    """Deltas per rank (3 ranks): ranks 0 and 1 save twice as a group of 2 (the second save a delta), then all 3 ranks
+    save with the same writers: a keyframe, though ranks 0 and 1 hold the same items (the world size changed); the
+    next save is a delta again. Every checkpoint then loads bit-exactly on the 3 ranks."""
+    import torch.distributed.checkpoint as dcp
+
+    from lightning_nvcomp import DeltaOptions
+    from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
+
+    rank = dist.get_rank()
+    pair = dist.new_group([0, 1])  # every rank makes it
+    distribute_tensor, Shard = dtensor_api().distribute_tensor, dtensor_api().Shard
+
+    def state(version: int, ranks: int) -> dict:
+        own = {f"own{r}": _walked(f"own{r}", version) for r in range(ranks) if r == rank}
+        if ranks == 3:
+            own["w"] = distribute_tensor(_walked("w", version), _mesh(), [Shard(0)])
+        return own
+
+    def bases(step: int) -> dict:
+        md = NvcompFileSystemReader(f"{root}/step-{step}").read_metadata()
+        return {index.fqn: info.base for index, info in md.storage_data.items()}
+
+    writer = NvcompFileSystemWriter(f"{root}/step-1", "zstd", delta=DeltaOptions(), process_group=pair)
+
+    def pair_saves() -> None:
+        if rank < 2:
+            for step in (1, 2):
+                dcp.save(state(step, 2), storage_writer=writer, checkpoint_id=f"{root}/step-{step}", process_group=pair)
+            assert bases(1) == {"own0": None, "own1": None}, bases(1)
+            assert bases(2) == {"own0": "../step-1", "own1": "../step-1"}, bases(2)
+        dist.barrier()
+
+    def world_saves() -> None:
+        writer.process_group = None
+        for step in (3, 4):
+            dcp.save(state(step, 3), storage_writer=writer, checkpoint_id=f"{root}/step-{step}")
+        found = bases(3)
+        assert set(found) == {"own0", "own1", "own2", "w"} and not any(found.values()), found
+        assert set(bases(4).values()) == {"../step-3"}, bases(4)
+
+    def loads() -> None:
+        for step, ranks in ((2, 2), (4, 3)):
+            names = [f"own{r}" for r in range(ranks)]
+            target = {n: torch.zeros(96, 256) for n in names}
+            if ranks == 3:
+                target["w"] = distribute_tensor(torch.zeros(96, 256), _mesh(), [Shard(0)])
+            dcp.load(target, storage_reader=NvcompFileSystemReader(f"{root}/step-{step}"))
+            for n in names:
+                assert_same(target[n], _walked(n, step), f"step-{step} {n}")
+            if ranks == 3:
+                expected = distribute_tensor(_walked("w", step), _mesh(), [Shard(0)]).to_local()
+                assert_same(target["w"].to_local(), expected, f"step-{step} w")
+
+    scenario(results, "pair_saves", pair_saves)
+    scenario(results, "world_saves", world_saves)
+    scenario(results, "loads", loads)
+
+
 JOBS = {
     "two": job_two,
     "roundtrip": job_roundtrip,
@@ -393,4 +460,5 @@ JOBS = {
     "failure": job_failure,
     "save": job_save,
     "reshard_load": job_reshard_load,
+    "delta": job_delta,
 }

@@ -113,6 +113,14 @@ def test_four_ranks_then_reshard_to_two(tmp_path):
     _ok(W.spawn("reshard_load", 2, tmp_path / "two", ckpt), "reshard")
 
 
+@pytest.mark.slow
+def test_deltas_per_rank_and_a_keyframe_when_the_world_size_changes(tmp_path):
+    """Ranks save deltas against their own previous save; the same writers saving with another world size store a
+    keyframe; every checkpoint loads bit-exactly on three gloo ranks (see ``job_delta``)."""
+    (tmp_path / "out").mkdir()
+    _ok(W.spawn("delta", 3, tmp_path / "out", str(tmp_path / "run")), "pair_saves", "world_saves", "loads")
+
+
 # -- one process (no process group) -----------------------------------------------------------------------------
 
 

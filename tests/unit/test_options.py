@@ -127,7 +127,7 @@ ENTRY_POINTS: dict[str, tuple[tuple[str, ...], Callable[..., SaveOptions]]] = {
         lambda **kw: _attached(**kw),
     ),
     "NvcompFileSystemWriter": (
-        ("codec", "staging_mb", "remote"),
+        ("codec", "staging_mb", "remote", "delta"),
         lambda **kw: NvcompFileSystemWriter("ckpt", **kw).options,
     ),
     "NvcompFSDPStrategy": (("codec", "staging_mb", "gpu_hour_usd"), lambda **kw: NvcompFSDPStrategy(**kw).options),
@@ -182,7 +182,7 @@ def test_an_option_an_entry_point_does_not_use_is_refused(tmp_path, monkeypatch,
 
 @pytest.mark.parametrize("entry", [e for e, (uses, _) in ENTRY_POINTS.items() if "delta" not in uses])
 def test_delta_checkpoints_are_refused_where_they_are_not_written(tmp_path, monkeypatch, entry: str) -> None:
-    """The DCP writer and the sharded strategies write no delta checkpoints: ``delta`` is refused, naming it."""
+    """The sharded strategies write no delta checkpoints: ``delta`` is refused, naming it."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=f"{entry} does not use delta"):
         ENTRY_POINTS[entry][1](options=SaveOptions(codec="zstd", delta=DeltaOptions()))

@@ -11,7 +11,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO, cast
@@ -24,7 +24,8 @@ from torch.distributed.checkpoint.storage import WriteResult
 from lightning_nvcomp._compat import dcp as _compat
 from lightning_nvcomp.errors import CheckpointError
 from lightning_nvcomp.format import items as tensor_items
-from lightning_nvcomp.format.item_batches import RAW_NBYTES, CodedTensor, code_tensors, storable
+from lightning_nvcomp.format.bases import BaseFile
+from lightning_nvcomp.format.item_batches import RAW_NBYTES, CodedTensor, code_against, code_tensors, storable
 from lightning_nvcomp.format.sink import DiskThread
 from lightning_nvcomp.format.writer import Snapshot, snapshot
 from lightning_nvcomp.format.zip import ArchiveWriter
@@ -53,6 +54,8 @@ class DataFiles:
             (:func:`~lightning_nvcomp.integrations.dcp.metadata.data_file_header`) and in every item's storage info.
         thread_count: files written at once.
         single_file_per_rank: one file per thread (else one per item), as ``FileSystemWriter``.
+        bases: each tensor item's base, an item of an earlier save it is coded against where that codes smaller
+            (:class:`~lightning_nvcomp.integrations.dcp.chain.ItemChain`); None: every item alone.
     """
 
     fs: Any
@@ -64,6 +67,7 @@ class DataFiles:
     checkpoint_id: str
     thread_count: int = 1
     single_file_per_rank: bool = True
+    bases: Callable[[WriteItem], BaseFile | None] | None = None
 
     def write(self, plan: SavePlan, planner: SavePlanner) -> list[Outcome]:
         """Write the plan's items into data files, ``thread_count`` files at once; each file's outcome."""
@@ -142,6 +146,7 @@ class DataFiles:
                 writes = [disk.put(file.write, ready)]
                 built = []
                 with ENCODE_LOCK:
+                    to_code = self._code_deltas(to_code, lambda pairs: writes.append(disk.put(file.write, pairs)))
                     # streamed: a large CPU tensor's segments are written as they are coded (dcp.save holds the
                     # tensors unchanged until write_data returns)
                     for batch in code_tensors([(i.index.fqn, d) for i, d in to_code], self.codec, streamed=True):
@@ -156,6 +161,22 @@ class DataFiles:
             if self.fsync:
                 flush_stream(stream)
         return results, encode_s, frozenset(devices)
+
+    def _code_deltas(
+        self, to_code: list[tuple[WriteItem, torch.Tensor]], write: Callable[[list[tuple[WriteItem, Stored]]], None]
+    ) -> list[tuple[WriteItem, torch.Tensor]]:
+        """Code as deltas the items that have a base and code smaller against it, ``write`` each; the others."""
+        if self.bases is None:
+            return to_code
+        rest = []
+        for item, data in to_code:
+            base = self.bases(item)
+            coded = code_against(item.index.fqn, data, self.codec, base) if base is not None else None
+            if coded is None:
+                rest.append((item, data))
+            else:
+                write([(item, coded)])
+        return rest
 
     def _resolve(
         self, items: list[WriteItem], planner: SavePlanner
@@ -184,6 +205,8 @@ class DataFiles:
 
 #: A tensor item as written: coded as a record of its own, or a snapshot of it (through ``torch.save``'s pickling).
 Stored = CodedTensor | Snapshot
+#: An archive written: its item, its length, the item's raw bytes and the directory of its base (a delta's).
+_Written = tuple[WriteItem, int, int, str | None]
 
 
 class _DataFile:
@@ -224,16 +247,16 @@ class _DataFile:
                 out.flush()
                 archive = ArchiveWriter(cast(BinaryIO, self.stream))
                 stored.write_to(archive)
-                written.append((item, archive.nbytes, stored.raw_nbytes))
+                written.append((item, archive.nbytes, stored.raw_nbytes, None))
         out.flush()
         return self._place(written)
 
-    def build(self, batch: list[tuple[WriteItem, CodedTensor]]) -> tuple[_Pieces, list[tuple[WriteItem, int, int]]]:
+    def build(self, batch: list[tuple[WriteItem, CodedTensor]]) -> tuple[_Pieces, list[_Written]]:
         """Tiny items' archives, built in memory (their bytes are the batch's) for :meth:`append`."""
         pieces = _Pieces()
         return pieces, [self._archive(pieces, item, coded) for item, coded in batch]
 
-    def append(self, built: Future[tuple[_Pieces, list[tuple[WriteItem, int, int]]]]) -> list[WriteResult]:
+    def append(self, built: Future[tuple[_Pieces, list[_Written]]]) -> list[WriteResult]:
         """Write archives :meth:`build` built (on the disk thread); their write results."""
         pieces, written = built.result()
         out = _Coalesced(self.stream)
@@ -242,16 +265,17 @@ class _DataFile:
         out.flush()
         return self._place(written)
 
-    def _archive(self, out: _Coalesced | _Pieces, item: WriteItem, coded: CodedTensor) -> tuple[WriteItem, int, int]:
-        """Write ``coded`` as its item's archive to ``out``: (item, archive bytes, raw bytes)."""
+    def _archive(self, out: _Coalesced | _Pieces, item: WriteItem, coded: CodedTensor) -> _Written:
+        """Write ``coded`` as its item's archive to ``out``."""
         writer = ArchiveWriter(cast(BinaryIO, out))
         tensor_items.write_tensor(writer, coded, self.serialization_id)
-        return item, writer.nbytes, coded.raw_nbytes
+        base = coded.fields["delta"]["base"]["file"].rsplit("/", 1)[0] if "delta" in coded.fields else None
+        return item, writer.nbytes, coded.raw_nbytes, base
 
-    def _place(self, written: list[tuple[WriteItem, int, int]]) -> list[WriteResult]:
-        """The write results of archives (each ``(item, length, raw bytes)``) written from the position on."""
+    def _place(self, written: list[_Written]) -> list[WriteResult]:
+        """The write results of archives written from the position on."""
         done = []
-        for item, length, raw_nbytes in written:
+        for item, length, raw_nbytes, base in written:
             info = NvcompStorageInfo(
                 self.name,
                 self.position,
@@ -259,6 +283,7 @@ class _DataFile:
                 codec=self.codec,
                 raw_nbytes=raw_nbytes,
                 checkpoint_id=self.checkpoint_id,
+                base=base,
             )
             done.append(WriteResult(item.index, length, info))
             self.position += length

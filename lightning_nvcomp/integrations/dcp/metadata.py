@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from lightning_nvcomp._compat.dcp import StorageInfo, private_metadata_names, transform_descriptors
+from lightning_nvcomp.codec.schema import plain_name
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, RefusedObjectsError
 from lightning_nvcomp.integrations.dcp.unpickle import CALLED, MADE, VALUE, Refused, restricted_loads
 from lightning_nvcomp.options import CONCRETE_CODECS
@@ -174,11 +175,14 @@ class NvcompStorageInfo(StorageInfo):
     """DCP's per-item storage record plus how the item was stored: ``codec`` (``ans``, ``zstd`` or ``none``; None: a
     plain ``torch.save`` item, such as a byte item), the shard's raw size and ``checkpoint_id``, the id of the save
     that wrote the item's data file, which starts with :func:`data_file_header` (None: written before checkpoint
-    ids existed, not checked). The item's bytes are a ``torch.save`` zip (the container format when compressed)."""
+    ids existed, not checked), and ``base``, the checkpoint directory beside this one that a delta item is coded
+    against (``../step-10``; None: the item stands alone). The item's bytes are a ``torch.save`` zip (the container
+    format when compressed)."""
 
     codec: str | None = None
     raw_nbytes: int | None = None
     checkpoint_id: str | None = None
+    base: str | None = None
 
 
 # The names every .metadata pickles (part of the file format, docs/FORMAT.md §7): pinned to lightning_nvcomp.dcp,
@@ -278,6 +282,11 @@ def _check_codec_fields(info: NvcompStorageInfo, rel: str, where: str) -> None:
     raw = info.raw_nbytes
     if raw is not None and (type(raw) is not int or not 0 <= raw < MAX_FILE_OFFSET):
         raise CorruptCheckpointError(f"{rel}: {where} has raw size {raw!r}; the checkpoint metadata is damaged")
+    base = getattr(info, "base", None)  # files of 0.3.0 and before have none
+    if base is not None and not (isinstance(base, str) and base.startswith("../") and plain_name(base[3:])):
+        raise CorruptCheckpointError(
+            f"{rel}: {where} names base {base!r}, not ../DIR; the checkpoint metadata is damaged"
+        )
     checkpoint_id = info.checkpoint_id
     if checkpoint_id is not None and (type(checkpoint_id) is not str or not _CHECKPOINT_ID.fullmatch(checkpoint_id)):
         raise CorruptCheckpointError(

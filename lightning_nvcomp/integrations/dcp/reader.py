@@ -35,7 +35,7 @@ from lightning_nvcomp.integrations.dcp.metadata import (
 )
 from lightning_nvcomp.integrations.dcp.read_windows import Filler, to_host, windows
 from lightning_nvcomp.storage.remote.options import RemoteOptions
-from lightning_nvcomp.storage.sized_reader import SizedReader
+from lightning_nvcomp.storage.sized_reader import Window
 
 
 class NvcompFileSystemReader(OnStorage, FileSystemReader):
@@ -126,6 +126,7 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
         """Read the items ``reqs`` asks of one data file: plain DCP items one by one, ours in windows, decoded in
         batches per target device."""
         path = self.fs.concat_path(self.path, relative_path)
+        budget.holder = str(path)  # a delta item names its base from its data file's directory
         with self.fs.create_stream(path, "rb") as stream:
             _check_data_file(stream, relative_path, reqs)
             size = _stream_size(stream)
@@ -182,7 +183,7 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
         budget: fileformat.LoadState,
     ) -> None:
         """Read an item stored by plain DCP (a byte item, or a tensor as ``torch.save`` wrote it)."""
-        view = _ItemView(stream, info.offset, info.length, where)
+        view = Window(stream, info.offset, info.length, where)
         descriptors = _compat.transform_descriptors(info)
         source: Any = view
         if descriptors:
@@ -233,24 +234,6 @@ class NvcompFileSystemReader(OnStorage, FileSystemReader):
                 f"{where} holds {tensor.dtype} {tuple(tensor.shape)} where the checkpoint metadata records "
                 f"{expected_dtype} {shape}: the item is damaged"
             )
-
-
-class _ItemView(SizedReader):
-    """Bytes ``offset`` to ``offset + length`` of an open data file as a seekable file of their own, for
-    ``torch.load`` and ``zipfile`` to read an item in place (DCP's own view of an item seeks from its end wrongly)."""
-
-    def __init__(self, stream: Any, offset: int, length: int, name: str) -> None:
-        super().__init__(length, name)
-        self._stream, self._offset = stream, offset
-
-    def readinto(self, buffer: Any) -> int:
-        n = max(0, min(len(buffer), self._nbytes - self.position))
-        if not n:
-            return 0
-        self._stream.seek(self._offset + self.position)
-        got = self._stream.readinto(memoryview(buffer).cast("B")[:n]) or 0
-        self.position += got
-        return got
 
 
 def _stored_nbytes(per_file: dict[str, list[tuple[ReadItem, StorageInfo]]]) -> int:

@@ -26,6 +26,7 @@ from lightning_nvcomp._compat import dcp as _compat
 from lightning_nvcomp._process import PauseBetweenCalls, collector_paused, shared
 from lightning_nvcomp.auto.policy import CodecPolicy
 from lightning_nvcomp.auto.prediction import Prediction
+from lightning_nvcomp.integrations.dcp.chain import ItemChain
 from lightning_nvcomp.integrations.dcp.data_files import DataFiles
 from lightning_nvcomp.integrations.dcp.filesystem import OnStorage
 from lightning_nvcomp.integrations.dcp.metadata import METADATA, NvcompStorageInfo, _CheckedMetadata, new_checkpoint_id
@@ -36,12 +37,12 @@ from lightning_nvcomp.integrations.dcp.staging import (
     local_tensors,
 )
 from lightning_nvcomp.integrations.dcp.stats import DcpCheckpointStats, gather
-from lightning_nvcomp.options import Codec, SaveOptions, mb_of_nbytes
+from lightning_nvcomp.options import Codec, DeltaOptions, SaveOptions, mb_of_nbytes
 from lightning_nvcomp.storage.remote.options import RemoteOptions
 from lightning_nvcomp.telemetry.stats import SaveStats
 
 #: The :class:`~lightning_nvcomp.options.SaveOptions` fields the writer acts on.
-WRITER_OPTIONS = ("codec", "staging_mb", "remote")
+WRITER_OPTIONS = ("codec", "staging_mb", "remote", "delta")
 #: What ``stage_compress`` may be: which shards ``dcp.async_save``'s staging compresses (the rest are copied).
 STAGE_COMPRESS = tuple(STAGE_DEVICES)
 #: Data files this writer (or DCP's) may have left in a checkpoint directory.
@@ -95,6 +96,16 @@ def _checkpoint_id(plan: SavePlan) -> str:
     return checkpoint_id
 
 
+def _check_arguments(stage_compress: str, thread_count: int, extensions: Sequence[Any] | None) -> None:
+    """Refuse the writer's own arguments that cannot be honoured (ValueError naming them)."""
+    if stage_compress not in STAGE_COMPRESS:
+        raise ValueError(f"stage_compress must be one of {STAGE_COMPRESS}, not {stage_compress!r}")
+    if type(thread_count) is not int or thread_count < 1:
+        raise ValueError(f"thread_count (files written at once) must be a positive int, not {thread_count!r}")
+    if extensions:
+        raise ValueError("NvcompFileSystemWriter compresses shards itself; DCP stream extensions are not supported")
+
+
 def _tally(infos: Sequence[Any]) -> tuple[int, int, int]:
     """``(items, raw bytes, stored bytes)`` of the tensor items this writer stored (byte items are stored as they are,
     with no codec)."""
@@ -114,11 +125,13 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
             ``"auto"`` (default: the codec with the shortest predicted save: all ranks probe the storage together,
             rank 0 decides, the choice is broadcast); a :class:`~lightning_nvcomp.options.Codec` or its name.
         options: a run's :class:`~lightning_nvcomp.options.SaveOptions`, of which the writer uses ``codec``,
-            ``staging_mb`` and ``remote`` (another field set is refused); a keyword argument given beside it
+            ``staging_mb``, ``remote`` and ``delta`` (another field set is refused); a keyword argument given beside it
             overrides its field.
         staging_mb: MiB coded at once per shard (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU;
             see :func:`lightning_nvcomp.format.snapshot`).
         remote: how a URL ``path`` is reached (:class:`~lightning_nvcomp.storage.remote.RemoteOptions`).
+        delta: code each tensor item against the same item of this writer's previous save, where that is smaller
+            (:class:`~lightning_nvcomp.DeltaOptions`; reuse the writer for a run's saves: see docs/guides/delta.md).
         policy: the :class:`CodecPolicy` behind ``"auto"`` (default: one per process and mode, with
             ``collective=True``).
         stage_compress: what ``dcp.async_save``'s staging compresses: ``"gpu"`` (CUDA shards, on the GPU; CPU shards
@@ -148,6 +161,7 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         options: SaveOptions | None = None,
         staging_mb: float | None = None,
         remote: RemoteOptions | None = None,
+        delta: DeltaOptions | None = None,
         policy: CodecPolicy | None = None,
         stage_compress: str = "gpu",
         staging_nbytes: int | None = None,
@@ -163,14 +177,9 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         owner = type(self).__name__
         staging_mb = mb_of_nbytes(owner, "staging_nbytes", staging_nbytes, staging_mb)
         options = SaveOptions.merged(
-            owner, options, uses=WRITER_OPTIONS, codec=codec, staging_mb=staging_mb, remote=remote
+            owner, options, uses=WRITER_OPTIONS, codec=codec, staging_mb=staging_mb, remote=remote, delta=delta
         )
-        if stage_compress not in STAGE_COMPRESS:
-            raise ValueError(f"stage_compress must be one of {STAGE_COMPRESS}, not {stage_compress!r}")
-        if type(thread_count) is not int or thread_count < 1:
-            raise ValueError(f"thread_count (files written at once) must be a positive int, not {thread_count!r}")
-        if _extensions:
-            raise ValueError("NvcompFileSystemWriter compresses shards itself; DCP stream extensions are not supported")
+        _check_arguments(stage_compress, thread_count, _extensions)
         super().__init__(
             path,
             single_file_per_rank=single_file_per_rank,
@@ -189,6 +198,8 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         self.stage_compress = stage_compress
         self.staging_nbytes = options.staging_nbytes
         self.process_group = process_group
+        #: The delta chain of this writer's saves (None: every item stored alone).
+        self.chain = ItemChain(options.delta) if options.delta is not None else None
         #: This rank's :class:`~lightning_nvcomp.telemetry.stats.SaveStats` of the last save (None before the first).
         self.stats: SaveStats | None = None
         #: On the coordinator after a save: ``{"raw_nbytes", "stored_nbytes", "items"}`` over all ranks.
@@ -210,6 +221,10 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         """Write bandwidth of one writer to this checkpoint's storage, GB/s, measured once per run and file system
         with every rank writing at once (a collective the first time: every rank calls it)."""
         return (self.policy or default_policy("sync")).write_gbps(self._directory())
+
+    def _place(self) -> str:
+        """The checkpoint's URL, or its absolute local path (how the delta chain compares directories)."""
+        return str(self.path) if self.remote_path else os.path.abspath(self.path)
 
     def _directory(self) -> str:
         """The directory the storage is measured in: the checkpoint's URL, or its nearest existing local directory."""
@@ -313,6 +328,8 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         stage_s, self._stage_s = self._stage_s, 0.0
         chosen, self._chosen = self._chosen, None
         codec, prediction = chosen if chosen is not None else self._write_codec(plan, planner)
+        directory = self._place()
+        world_size = dist.get_world_size(self.process_group) if self._distributed() else 1
         files = DataFiles(
             self.fs,
             self.path,
@@ -323,9 +340,12 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
             checkpoint_id=_checkpoint_id(plan),
             thread_count=self.thread_count,
             single_file_per_rank=self.single_file_per_rank,
+            bases=self.chain.bases(directory, world_size, self.storage) if self.chain is not None else None,
         )
         outcomes = files.write(plan, planner)
         results = [r for rs, _, _ in outcomes for r in rs]
+        if self.chain is not None:
+            self.chain.written(directory, world_size, plan.items, results)
         seconds = time.perf_counter() - begin
         encode_s = sum(e for _, e, _ in outcomes)
         self.shard_devices = frozenset().union(*(devices for _, _, devices in outcomes))

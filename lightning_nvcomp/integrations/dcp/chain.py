@@ -1,0 +1,97 @@
+"""The delta chain of one rank's DCP saves (:class:`ItemChain`): which item of the previous save each tensor item is
+coded against.
+
+An item's base is the item of the same fully qualified name, chunk offsets and chunk sizes in this rank's previous
+save, when that save's ``.metadata`` was written, lies in a directory beside this save's (``run/step-10`` for
+``run/step-20``: a delta names its base ``../step-10/<data file>``) and had the same world size. Anything else, and
+every ``keyframe_every`` saves, stores the items alone (a keyframe): a changed world size or sharding, a first save
+after a restart, a save into the previous one's directory (its data files are deleted once the new ``.metadata`` is
+written).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+
+from lightning_nvcomp.format.bases import BaseFile, base_file
+from lightning_nvcomp.integrations.dcp.metadata import METADATA, NvcompStorageInfo
+from lightning_nvcomp.options import DeltaOptions
+from lightning_nvcomp.storage import StorageBackend
+
+#: An item as the chain finds its base: fully qualified name, chunk offsets, chunk sizes.
+ItemKey = tuple[str, tuple[int, ...], tuple[int, ...]]
+
+
+def item_key(item: WriteItem) -> ItemKey | None:
+    """How ``item`` is matched with an item of the previous save (None: a byte item, never a delta)."""
+    if item.type == WriteItemType.BYTE_IO or item.tensor_data is None:
+        return None
+    chunk = item.tensor_data.chunk
+    return item.index.fqn, tuple(chunk.offsets), tuple(chunk.sizes)
+
+
+@dataclasses.dataclass
+class _Save:
+    """A save of this rank: its directory, world size, deltas since its keyframe and its coded items' places."""
+
+    directory: str
+    world_size: int
+    depth: int
+    items: dict[ItemKey, NvcompStorageInfo]
+
+
+class ItemChain:
+    """The delta chain of one rank's saves through one writer (or the writers a run object gives it).
+
+    Args:
+        options: how often the chain starts again with a keyframe.
+    """
+
+    def __init__(self, options: DeltaOptions) -> None:
+        self.options = options
+        self._last: _Save | None = None
+        self._coded_against: _Save | None = None  # the save the current one is coded against
+
+    def bases(self, directory: str, world_size: int, storage: StorageBackend) -> Callable[[WriteItem], BaseFile | None]:
+        """For a save into ``directory`` by ``world_size`` ranks: each tensor item's base (None: stored alone)."""
+        last, self._coded_against = self._last, None
+        if (
+            last is None
+            or last.world_size != world_size
+            or last.depth + 1 >= self.options.keyframe_every
+            or storage.parent(last.directory) != storage.parent(directory)
+            or last.directory.rstrip("/") == directory.rstrip("/")
+            or not storage.exists(storage.join(last.directory, METADATA))
+        ):
+            return lambda item: None
+        self._coded_against = last
+        folder = last.directory.rstrip("/").rsplit("/", 1)[-1]
+
+        def base(item: WriteItem) -> BaseFile | None:
+            key = item_key(item)
+            info = last.items.get(key) if key is not None else None
+            if info is None:
+                return None
+            path = storage.join(last.directory, info.relative_path)
+            found = base_file(path, storage, (info.offset, info.length))
+            return dataclasses.replace(found, ref=f"../{folder}/{info.relative_path}") if found is not None else None
+
+        return base
+
+    def written(
+        self, directory: str, world_size: int, items: Sequence[WriteItem], results: Sequence[WriteResult]
+    ) -> None:
+        """This rank's save into ``directory`` wrote ``results`` for ``items``: a later save's bases."""
+        keys = {item.index: item_key(item) for item in items}
+        places = {}
+        for result in results:
+            key, info = keys.get(result.index), result.storage_data
+            if key is not None and isinstance(info, NvcompStorageInfo) and info.codec is not None:
+                places[key] = info
+        against = self._coded_against
+        depth = against.depth + 1 if against is not None else 0
+        self._last = _Save(directory, world_size, depth, places)
