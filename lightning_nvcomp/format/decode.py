@@ -73,6 +73,7 @@ def _record_storages(
     state.charge(blobs, rec["nbytes"], name)
     layout = rec[LAYOUT]
     try:
+        undoing = delta.Undoing(rec, state.holder, state, target) if "delta" in rec else None
         if engines.work_device(layout, rec, target) == target:
             # Each storage gets its own memory, exactly its bytes, decoded straight into it: tensors are placed in it
             # by absolute offsets, and a tensor kept after the load (an optimizer keeps its state tensors) must not
@@ -82,8 +83,8 @@ def _record_storages(
         else:  # decoded on a GPU for a CPU load: one copy, straight into each storage's memory
             data = records.decode(blobs, rec, target, move=False, layout=layout)
             pieces = [data[start : start + n].to(target) for start, n in rec["storages"]]
-        if "delta" in rec:
-            delta.undo(rec, pieces, state.holder, state)
+        if undoing is not None:
+            undoing.finish(pieces)
     except CheckpointError as err:
         raise type(err)(f"tensor {name!r}: {err}") from None
     state.cache[key] = pieces

@@ -136,37 +136,61 @@ _CHOOSE_NBYTES = 16 << 10
 
 
 def undo(rec: dict, pieces: list[torch.Tensor], holder: str | None, state: LoadState) -> None:
-    """Undo a delta record's transforms on its decoded ``pieces`` (its storages, in place), with the bytes of its base
-    record, decoded a base segment at a time: ``holder`` is the path of the file that holds ``rec`` (None: the load's
-    file); ``state`` the load's (the base is decoded within its bound, which :func:`base_stored_nbytes` widened; its
-    ``bases`` keep the bases' opened files for the rest of the load)."""
-    base = rec["delta"]["base"]
-    if holder is None and "range" in base:
-        raise MissingBaseError(
-            f"it is a DCP item coded against an item of {base['file'].rsplit('/', 1)[0]}, which only "
-            "lightning_nvcomp's NvcompFileSystemReader finds (it knows the item's checkpoint directory)"
-        )
-    name = holder if holder is not None else state.name
-    if base["record"].get("storages") != rec["storages"] or base["record"].get("nbytes") != rec["nbytes"]:
-        raise CorruptCheckpointError(f"its base record in {base['file']} does not lie as the record does")
-    device = pieces[0].device if pieces else torch.device("cpu")
-    nbytes = rec["nbytes"]
-    window = base["record"].get("segment")
-    window = window if isinstance(window, int) and window > 0 and not isinstance(window, bool) else max(nbytes, 1)
-    spans = [(start, min(window, nbytes - start)) for start in range(0, nbytes, window)]
-    spans = [(start, length) for start, length in spans if _transformed_in(rec, start, length)]
-    placed = [(at, piece) for (at, _), piece in zip(rec["storages"], pieces)]
+    """Undo a delta record's transforms on its decoded ``pieces`` (its storages, in place): see :class:`Undoing`."""
+    Undoing(rec, holder, state, pieces[0].device if pieces else torch.device("cpu")).finish(pieces)
 
-    def one(span: tuple[int, int]) -> None:  # a base segment: its ranges of the storages are theirs alone
-        base_bytes = _decoded_range(name, base, *span, device, state, 1, state.bases)
-        _undo_range(rec, placed, span[0], base_bytes)
 
-    if device.type == "cpu" and len(spans) > 1:  # the base's segments on the segment threads, as the record's were
-        for _ in records.segment_pool().map(one, spans):
-            pass
-    else:
-        for span in spans:
-            one(span)
+class Undoing:
+    """A delta record's transforms being undone with the bytes of its base record, decoded a base segment at a time
+    on ``device``; on the CPU the first of them on a segment thread from the start, while the record's own bytes
+    decode (a record of one segment, most of a state's, would otherwise decode its own and its base's bytes one after
+    the other on one core).
+
+    Args:
+        rec: the delta record. holder: the path of the file that holds it (None: the load's file). state: the load's
+            (the base is decoded within its bound, which :func:`base_stored_nbytes` widened; its ``bases`` keep the
+            bases' opened files for the rest of the load).
+    """
+
+    def __init__(self, rec: dict, holder: str | None, state: LoadState, device: torch.device) -> None:
+        base = rec["delta"]["base"]
+        if holder is None and "range" in base:
+            raise MissingBaseError(
+                f"it is a DCP item coded against an item of {base['file'].rsplit('/', 1)[0]}, which only "
+                "lightning_nvcomp's NvcompFileSystemReader finds (it knows the item's checkpoint directory)"
+            )
+        if base["record"].get("storages") != rec["storages"] or base["record"].get("nbytes") != rec["nbytes"]:
+            raise CorruptCheckpointError(f"its base record in {base['file']} does not lie as the record does")
+        self.rec, self.base, self.state, self.device = rec, base, state, device
+        self.name = holder if holder is not None else state.name
+        nbytes = rec["nbytes"]
+        window = base["record"].get("segment")
+        window = window if isinstance(window, int) and window > 0 and not isinstance(window, bool) else max(nbytes, 1)
+        spans = [(start, min(window, nbytes - start)) for start in range(0, nbytes, window)]
+        self.spans = [(start, length) for start, length in spans if _transformed_in(rec, start, length)]
+        cpu = device.type == "cpu" and self.spans
+        self._first = records.segment_pool().submit(self._decoded, self.spans[0]) if cpu else None
+
+    def _decoded(self, span: tuple[int, int]) -> torch.Tensor:
+        return _decoded_range(self.name, self.base, *span, self.device, self.state, 1, self.state.bases)
+
+    def finish(self, pieces: list[torch.Tensor]) -> None:
+        """Undo the transforms on the record's decoded ``pieces`` (its storages, in place)."""
+        placed = [(at, piece) for (at, _), piece in zip(self.rec["storages"], pieces)]
+
+        def one(span: tuple[int, int]) -> None:  # a base segment: its ranges of the storages are theirs alone
+            _undo_range(self.rec, placed, span[0], self._decoded(span))
+
+        rest = self.spans
+        if self._first is not None:
+            _undo_range(self.rec, placed, rest[0][0], self._first.result())
+            rest = rest[1:]
+        if self.device.type == "cpu" and len(rest) > 1:  # the base's segments on the segment threads, as the record's
+            for _ in records.segment_pool().map(one, rest):
+                pass
+        else:
+            for span in rest:
+                one(span)
 
 
 def _transformed_in(rec: dict, start: int, length: int) -> bool:
