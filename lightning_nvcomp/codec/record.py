@@ -123,7 +123,7 @@ class Encoder:
             self.data = Parts(parts)
         else:
             self.data = Parts(parts)
-        if layout is None and (self._ranged or len(self.data.parts) == 1):
+        if layout is None and self.data.one_tensor:
             layout = choose_layout(self.engine, self._sample(), dtype, codec)
         elif layout is None:  # several parts: coded on the CPU, where no layout is sampled
             layout = plane_layout(self.engine, self.data.nbytes, dtype, codec)

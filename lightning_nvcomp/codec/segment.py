@@ -83,6 +83,12 @@ class Parts:
         """Where the parts are (the CPU for none)."""
         return self.parts[0].device if self.parts else torch.device("cpu")
 
+    @property
+    def one_tensor(self) -> bool:
+        """Whether the bytes are one tensor's (a layout is then chosen on a sample of them; a record of several
+        tensors' bytes is coded with the plane layout of its dtype, sampling nothing)."""
+        return len(self.parts) == 1
+
     def slice(self, start: int, length: int) -> list[torch.Tensor]:
         """Views of the parts that hold bytes ``[start, start + length)``, in order."""
         pieces, i = [], max(0, bisect.bisect_right(self.starts, start) - 1)

@@ -1,5 +1,6 @@
 """Delta records in the file: a record's bytes coded against the same record of its base (:func:`encode_against`), and
-the base's bytes fetched back to undo it (:func:`undo`); what a file offers as a base is :mod:`.bases`'.
+undone with the base's bytes on load (:class:`Undoing`); what a file offers as a base is :mod:`.bases`', how its
+bytes are read back :mod:`.base_reads`'.
 
 A delta record names its base by file name (in its own directory), the base's zip ``serialization_id`` and the base
 record whole (see docs/FORMAT.md, format 4). Decoding one opens the base, checks its id, reads that record's blobs and
@@ -10,28 +11,20 @@ replaced base raises :class:`~lightning_nvcomp.errors.MissingBaseError` naming i
 
 from __future__ import annotations
 
-import io
 import logging
-import mmap
 import os
-import struct
 import threading
-import zipfile
-from typing import BinaryIO
 
-import numpy as np
 import torch
 
 from lightning_nvcomp.codec import delta as transforms
-from lightning_nvcomp.codec import engines, layouts, schema
+from lightning_nvcomp.codec import layouts
 from lightning_nvcomp.codec import record as records
-from lightning_nvcomp.codec.schema import _padded
 from lightning_nvcomp.codec.segment import Parts
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, MissingBaseError
-from lightning_nvcomp.format.bases import MAX_CHAIN, BaseFile, BaseRecord, candidates
+from lightning_nvcomp.format.base_reads import decoded_range, stored_nbytes, undo_range
+from lightning_nvcomp.format.bases import BaseFile, BaseRecord
 from lightning_nvcomp.format.load_state import LoadState
-from lightning_nvcomp.storage import storage_for
-from lightning_nvcomp.storage.sized_reader import Window
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +49,13 @@ def encode_against(
     """A record's bytes coded against ``rec`` of ``base``: its ``storages`` (1-D uint8, lying in it at ``table``'s
     offsets) each transformed the way that codes a sample of it smallest (or kept), as the parts to code and the
     record's ``delta`` field; None where every storage codes smaller alone. The base is decoded on the storages'
-    device, a window of it at a time as the record's segments are coded (a base segment's worth of memory; a record
-    of several storages, at most 256 MiB, whole)."""
+    device, a base segment at a time: once for the samples, and again as the record's segments are coded (a record of
+    one segment: once, kept)."""
     itemsize = transforms.width(dtype)
     measured = [i for i, (_, nbytes) in enumerate(table) if nbytes >= _CHOOSE_NBYTES]
     try:
         source = _Against(storages, table, itemsize, base, rec)
-        samples = [source.sample(i) for i in measured]
+        samples = source.samples(measured)
     except CheckpointError as err:  # its chain is broken (a base pruned, replaced, damaged): this record stands alone
         log.warning("lightning_nvcomp: %s cannot be a base (%s): the record is stored alone", base.path, err)
         return None
@@ -77,7 +70,7 @@ def encode_against(
 
 class _Against(Parts):
     """A record's bytes transformed against its base record, made a range at a time as its segments are coded
-    (:meth:`slice`), the base's range decoded for each; a record of several storages decodes its base whole, once."""
+    (:meth:`slice`), the base's range decoded for each (a record of one base segment: decoded once, kept)."""
 
     def __init__(
         self, storages: list[torch.Tensor], table: list[list[int]], itemsize: int, base: BaseFile, rec: BaseRecord
@@ -86,28 +79,51 @@ class _Against(Parts):
         self.nbytes = int(rec.record["nbytes"])
         self.transforms: list[str | None] = [None] * len(storages)
         self._cache: dict = {}
-        self._whole = self._range(0, self.nbytes) if len(storages) > 1 else None
+        self._whole: torch.Tensor | None = None
+        self._scratch = Scratch()
 
     @property
     def device(self) -> torch.device:
         return self.storages[0].device
 
-    def _range(self, start: int, length: int) -> torch.Tensor:
-        named = {**delta_field([], 1, self.base, self.rec)["base"], "file": os.path.basename(self.base.path)}
-        # the base itself, where the chain found it: named by its own name, beside itself
-        return _decoded_range(self.base.path, named, start, length, self.device, None, 0, self._cache)
+    @property
+    def one_tensor(self) -> bool:
+        return len(self.storages) == 1
 
-    def sample(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Storage ``i`` and the base's bytes where it lies, around its middle (what :func:`transforms.choose` takes)."""
-        start, nbytes = self.table[i]
-        if self._whole is not None:
-            return self.storages[i], self._whole[start : start + nbytes]
-        at = max(0, nbytes // 2 - transforms.SAMPLE_NBYTES) // 128 * 128
-        length = min(nbytes - at, 2 * transforms.SAMPLE_NBYTES)
-        return self.storages[i][at : at + length], self._range(start + at, length)
+    def _range(self, start: int, length: int, kept: bool = False) -> torch.Tensor:
+        """The base's bytes there: in this thread's scratch, used up before the thread asks for more (``kept``: in
+        memory of their own)."""
+        named = {**delta_field([], 1, self.base, self.rec)["base"], "file": os.path.basename(self.base.path)}
+        into = None if kept else self._scratch.get(length, self.device)
+        # the base itself, where the chain found it: named by its own name, beside itself
+        return decoded_range(self.base.path, named, start, length, self.device, None, 0, self._cache, into)
+
+    def samples(self, measured: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """For each storage ``measured``, a window around its middle and the base's bytes there (what
+        :func:`transforms.choose` takes), the base decoded a segment at a time."""
+        wanted = {}
+        for i in measured:
+            start, nbytes = self.table[i]
+            at = max(0, nbytes // 2 - transforms.SAMPLE_NBYTES) // 128 * 128
+            wanted[i] = (start + at, min(nbytes - at, 2 * transforms.SAMPLE_NBYTES))
+        spans = base_spans(self.rec.record)
+        if len(spans) == 1 and len(self.storages) > 1:
+            self._whole = self._range(0, self.nbytes, kept=True)
+        bases = {i: torch.empty(n, dtype=torch.uint8, device=self.device) for i, (_, n) in wanted.items()}
+        for start, length in spans if len(self.storages) > 1 else []:
+            hits = [i for i, (lo, n) in wanted.items() if lo < start + length and start < lo + n]
+            if hits:
+                decoded = self._whole if self._whole is not None else self._range(start, length)
+                for i in hits:
+                    lo, n = wanted[i]
+                    a, b = max(lo, start), min(lo + n, start + length)
+                    bases[i][a - lo : b - lo].copy_(decoded[a - start : b - start])
+        for i, (lo, n) in wanted.items() if len(self.storages) == 1 else []:
+            bases[i] = self._range(lo, n, kept=True)
+        return [(self.storages[i][lo - self.table[i][0] :][:n], bases[i]) for i, (lo, n) in wanted.items()]
 
     def transform_whole(self) -> None:
-        """A record decoded whole: its transforms made in place, once (its slices are then views)."""
+        """A record of one base segment, kept: its transforms made in place, once (its slices are then views)."""
         if self._whole is not None:
             self._whole = self._transformed(self._whole, 0)
 
@@ -163,27 +179,27 @@ class Undoing:
             raise CorruptCheckpointError(f"its base record in {base['file']} does not lie as the record does")
         self.rec, self.base, self.state, self.device = rec, base, state, device
         self.name = holder if holder is not None else state.name
-        nbytes = rec["nbytes"]
-        window = base["record"].get("segment")
-        window = window if isinstance(window, int) and window > 0 and not isinstance(window, bool) else max(nbytes, 1)
-        spans = [(start, min(window, nbytes - start)) for start in range(0, nbytes, window)]
-        self.spans = [(start, length) for start, length in spans if _transformed_in(rec, start, length)]
+        self.spans = [
+            (start, length) for start, length in base_spans(base["record"]) if _transformed_in(rec, start, length)
+        ]
+        self._scratch = Scratch()
         cpu = device.type == "cpu" and self.spans
-        self._first = records.segment_pool().submit(self._decoded, self.spans[0]) if cpu else None
+        self._first = records.segment_pool().submit(self._decoded, self.spans[0], False) if cpu else None
 
-    def _decoded(self, span: tuple[int, int]) -> torch.Tensor:
-        return _decoded_range(self.name, self.base, *span, self.device, self.state, 1, self.state.bases)
+    def _decoded(self, span: tuple[int, int], scratch: bool = True) -> torch.Tensor:
+        into = self._scratch.get(span[1], self.device) if scratch else None
+        return decoded_range(self.name, self.base, *span, self.device, self.state, 1, self.state.bases, into)
 
     def finish(self, pieces: list[torch.Tensor]) -> None:
         """Undo the transforms on the record's decoded ``pieces`` (its storages, in place)."""
         placed = [(at, piece) for (at, _), piece in zip(self.rec["storages"], pieces)]
 
         def one(span: tuple[int, int]) -> None:  # a base segment: its ranges of the storages are theirs alone
-            _undo_range(self.rec, placed, span[0], self._decoded(span))
+            undo_range(self.rec, placed, span[0], self._decoded(span))
 
         rest = self.spans
         if self._first is not None:
-            _undo_range(self.rec, placed, rest[0][0], self._first.result())
+            undo_range(self.rec, placed, rest[0][0], self._first.result())
             rest = rest[1:]
         if self.device.type == "cpu" and len(rest) > 1:  # the base's segments on the segment threads, as the record's
             for _ in records.segment_pool().map(one, rest):
@@ -191,6 +207,32 @@ class Undoing:
         else:
             for span in rest:
                 one(span)
+
+
+class Scratch:
+    """Memory of each thread for the base bytes it decodes and uses up before it decodes more: reused, since freed
+    buffers of a segment's size stay in the C allocator's arenas (a delta save's peak memory was twice its live
+    memory), and freed with this object."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[int, str], torch.Tensor] = {}
+
+    def get(self, length: int, device: torch.device) -> torch.Tensor:
+        key = (threading.get_ident(), str(device))
+        held = self._buffers.get(key)
+        if held is None or held.numel() < length:
+            held = self._buffers[key] = torch.empty(length, dtype=torch.uint8, device=device)
+        return held[:length]
+
+
+def base_spans(rec: dict) -> list[tuple[int, int]]:
+    """``(start, length)`` of each segment of the base record ``rec`` (validated when decoded: a malformed ``segment``
+    stands for one)."""
+    nbytes = rec.get("nbytes")
+    nbytes = nbytes if type(nbytes) is int and nbytes > 0 else 0
+    window = rec.get("segment")
+    window = window if type(window) is int and window > 0 else max(nbytes, 1)
+    return [(start, min(window, nbytes - start)) for start in range(0, nbytes, window)]
 
 
 def _transformed_in(rec: dict, start: int, length: int) -> bool:
@@ -201,216 +243,6 @@ def _transformed_in(rec: dict, start: int, length: int) -> bool:
     )
 
 
-def _undo_range(
-    rec: dict, pieces: list[tuple[int, torch.Tensor]], start: int, base_bytes: torch.Tensor, clip: bool = False
-) -> None:
-    """Undo ``rec``'s transforms where its storages meet the base's bytes ``base_bytes``, which lie at ``start`` in
-    the record. ``pieces``: for each storage, where its bytes are: a tensor and the record offset it starts at (its
-    storage's own memory; with ``clip``, a range of the record that the storage is cut to)."""
-    end = start + base_bytes.numel()
-    for (at, piece), (storage_at, nbytes), transform in zip(pieces, rec["storages"], rec["delta"]["transforms"]):
-        lo, hi = max(start, at), min(end, at + piece.numel())
-        if clip:
-            lo, hi = max(lo, storage_at), min(hi, storage_at + nbytes)
-        if transform != "none" and lo < hi:
-            part = piece[lo - at : hi - at]
-            transforms.undo(transform, part, base_bytes[lo - start : hi - start], rec["delta"]["itemsize"])
-
-
 def base_stored_nbytes(rec: dict) -> int:
     """The stored bytes of a delta record's base record (what its load reads from the base)."""
-    return _stored_nbytes(rec["delta"]["base"]["record"])
-
-
-def _stored_nbytes(rec: dict) -> int:
-    sizes = rec.get("sizes")
-    return sum(_padded(n) for n in sizes if isinstance(n, int)) if isinstance(sizes, list) else 0
-
-
-def _decoded_range(
-    holder: str,
-    base: dict,
-    start: int,
-    length: int,
-    device: torch.device,
-    state: LoadState | None,
-    depth: int,
-    cache: dict,
-) -> torch.Tensor:
-    """Bytes ``[start, start + length)`` of the base record that the file ``holder`` names in ``base`` (a delta's
-    ``base`` field: the file, its id, the record's blobs and dict, the archive's range in the file), decoded on
-    ``device`` from the segments they lie in, checked: the file's id is the base's, the segments' CRCs and the
-    record's fields are the record's, and a base of its own is followed."""
-    ident, keys, rec = base["id"], base["blobs"], base["record"]
-    span = tuple(base["range"]) if "range" in base else None
-    places = candidates(holder, base["file"], ident, storage_for(holder))
-    path = places[0]
-    if depth > MAX_CHAIN:
-        raise CorruptCheckpointError(f"its chain of bases is longer than {MAX_CHAIN} at {path}")
-    opened = cache.get((path, ident, span))
-    if opened is None:
-        opened = cache[(path, ident, span)] = _opened(places, ident, span)
-    if opened.id != ident:
-        raise MissingBaseError(
-            f"its base {path} was replaced by another file (serialization id {opened.id}, not {ident}): the delta "
-            "cannot be decoded without the file it was saved against"
-        )
-    try:
-        layout = schema.validate(rec, [opened.size(key) for key in keys])
-        if not 0 <= start <= start + length <= rec["nbytes"] or start % layout.planes or length % layout.planes:
-            raise CorruptCheckpointError(f"bytes {start}..{start + length} are not whole numbers of its record")
-        out = torch.empty(length, dtype=torch.uint8, device=engines.work_device(layout, rec, device))
-        stand_ins = [torch.empty(opened.size(key), dtype=torch.uint8, device="meta") for key in keys]
-        for s, (at, n) in enumerate(schema._segments(rec["nbytes"], rec["segment"])):
-            lo, hi = max(at, start), min(at + n, start + length)
-            if lo >= hi:
-                continue
-            blobs = [*stand_ins[:s], opened.blob(keys[s]), *stand_ins[s + 1 :]]  # one segment's bytes at a time
-            if state is not None:
-                state.charge([blobs[s]], hi - lo, path)
-            records.decode_into(blobs, rec, [(lo, out[lo - start : hi - start])], layout, parallel=False)
-            opened.drop(blobs[s])
-        out = out.to(device)
-        if "delta" in rec:  # a base of its own: undone on this range too
-            _undo_own_base(rec, out, start, opened.path, device, state, depth, cache)
-    except MissingBaseError:
-        raise
-    except CheckpointError as err:
-        message = str(err)
-        raise type(err)(message if message.startswith(path) else f"its base {path}: {message}") from None
-    return out
-
-
-def _undo_own_base(
-    rec: dict,
-    out: torch.Tensor,
-    start: int,
-    holder: str,
-    device: torch.device,
-    state: LoadState | None,
-    depth: int,
-    cache: dict,
-) -> None:
-    """Undo the delta of base record ``rec`` (of the file ``holder``) on its decoded bytes ``out``, at ``start``."""
-    inner = rec["delta"]["base"]
-    if inner["record"].get("storages") != rec.get("storages") or inner["record"].get("nbytes") != rec["nbytes"]:
-        raise CorruptCheckpointError(f"its base record in {inner['file']} does not lie as the record does")
-    if state is not None:
-        state.include(_stored_nbytes(inner["record"]))
-    base_bytes = _decoded_range(holder, inner, start, out.numel(), device, state, depth + 1, cache)
-    _undo_range(rec, [(start, out)] * len(rec["storages"]), start, base_bytes, clip=True)
-
-
-def _opened(places: list[str], ident: str, span: tuple[int, int] | None) -> _Opened:
-    """The base of id ``ident`` (the archive at ``span`` in its file, if given) at the first of ``places``
-    (:func:`~lightning_nvcomp.format.bases.candidates`) that holds it; the first that exists where none does (its id
-    then names what replaced it)."""
-    storage = storage_for(places[0])
-    found = None
-    for place in places:
-        if not storage.exists(place):
-            continue
-        opened = _Opened(place, span)
-        if opened.id == ident:
-            return opened
-        found = found or opened
-    if found is None:
-        raise MissingBaseError(
-            f"its base {places[0]} is missing: a delta cannot be decoded without the checkpoint it was saved against "
-            "(restore that file, or load a checkpoint that does not need it)"
-        )
-    return found
-
-
-class _Opened:
-    """A base file opened for a load or a save (``span``: the archive at that ``(offset, length)`` in it, a DCP
-    item): its id and its entries' places."""
-
-    def __init__(self, path: str, span: tuple[int, int] | None = None) -> None:
-        storage = storage_for(path)
-        self.path = path
-        try:
-            self.file: BinaryIO = storage.open_read(path)
-        except FileNotFoundError:
-            raise MissingBaseError(
-                f"its base {path} is missing: a delta cannot be decoded without the checkpoint it was saved against "
-                "(restore that file, or load a checkpoint that does not need it)"
-            ) from None
-        self._lock = threading.Lock()
-        self._start, self._end = span[0] if span else 0, span[0] + span[1] if span else None
-        try:
-            archive = zipfile.ZipFile(self.file if span is None else Window(self.file, *span, path))
-            names = archive.namelist()
-            top = names[0].split("/")[0] if names else ""
-            self.id = archive.read(f"{top}/.data/serialization_id").decode("ascii")
-            self.entries = {
-                info.filename.removeprefix(f"{top}/data/"): info
-                for info in archive.infolist()
-                if info.filename.startswith(f"{top}/data/")
-            }
-        except (zipfile.BadZipFile, KeyError, UnicodeDecodeError, ValueError, EOFError, struct.error) as err:
-            raise CorruptCheckpointError(f"its base {path} is not a readable checkpoint ({err})") from None
-        # A local file is mapped copy-on-write: blobs are read where they lie, without a copy (writable for torch)
-        self._map: mmap.mmap | None = None
-        self._pages: np.ndarray | None = None
-        try:
-            self._map = mmap.mmap(self.file.fileno(), 0, access=mmap.ACCESS_COPY)
-            self._pages = np.frombuffer(self._map, dtype=np.uint8)
-        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-            pass
-
-    def size(self, key: str) -> int:
-        """The size of entry ``data/<key>`` (0 for none: the record's validation then fails)."""
-        info = self.entries.get(key)
-        return info.file_size if info is not None else 0
-
-    def blob(self, key: str) -> torch.Tensor:
-        """Entry ``data/<key>``'s bytes (stored, as every entry of ours), which the record's CRCs then check: where
-        they lie in a local file's pages (copy-on-write), else read into memory of their own."""
-        info = self.entries.get(key)
-        if info is None or info.compress_type != zipfile.ZIP_STORED:
-            raise CorruptCheckpointError(f"it holds no stored entry data/{key}")
-        with self._lock:  # one position for all the threads that code a record's segments
-            self.file.seek(self._start + info.header_offset)
-            header = self.file.read(30)
-            if len(header) != 30 or header[:4] != b"PK\x03\x04":
-                raise CorruptCheckpointError(f"entry data/{key} has no local header")
-            name_len, extra_len = struct.unpack("<HH", header[26:30])
-            start = self._start + info.header_offset + 30 + name_len + extra_len
-            if self._end is not None and start + info.file_size > self._end:
-                raise CorruptCheckpointError(f"entry data/{key} lies beyond its archive")
-            if self._pages is not None:
-                if start + info.file_size > self._pages.size:
-                    raise CorruptCheckpointError(f"entry data/{key} is truncated")
-                return torch.from_numpy(self._pages[start : start + info.file_size])
-            out = torch.empty(info.file_size, dtype=torch.uint8)
-            self.file.seek(start)
-            if _read_into(self.file, memoryview(out.numpy())) != info.file_size:
-                raise CorruptCheckpointError(f"entry data/{key} is truncated")
-        return out
-
-    def drop(self, blob: torch.Tensor) -> None:
-        """``blob`` (from :meth:`blob`) is decoded: its pages leave this process's memory (the page cache keeps them),
-        so that a base read a segment at a time holds one segment's worth."""
-        if self._map is None or blob.numel() == 0:
-            return
-        offset = blob.data_ptr() - self._pages.ctypes.data  # type: ignore[union-attr]
-        first = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
-        last = (offset + blob.numel()) // mmap.PAGESIZE * mmap.PAGESIZE
-        if last > first:
-            self._map.madvise(mmap.MADV_DONTNEED, first, last - first)
-
-
-def _read_into(f: BinaryIO, view: memoryview) -> int:
-    """Fill ``view`` from ``f``'s position on: the bytes read (fewer at the file's end)."""
-    at = 0
-    while at < len(view):
-        n = f.readinto(view[at:]) if hasattr(f, "readinto") else None
-        if n is None:
-            chunk = f.read(len(view) - at)
-            view[at : at + len(chunk)] = chunk
-            n = len(chunk)
-        if not n:
-            break
-        at += n
-    return at
+    return stored_nbytes(rec["delta"]["base"]["record"])
