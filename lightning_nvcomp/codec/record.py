@@ -3,7 +3,7 @@ that describes them, its fields and its validation are in :mod:`.schema`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -267,14 +267,20 @@ def decode(
 
 
 def decode_into(
-    blobs: list[torch.Tensor], meta: dict, targets: Targets, layout: Layout | None = None, parallel: bool = True
+    blobs: list[torch.Tensor],
+    meta: dict,
+    targets: Targets,
+    layout: Layout | None = None,
+    parallel: bool = True,
+    after: Callable[[int, int], None] | None = None,
 ) -> None:
     """Decode the record straight into ``targets``: pieces of its bytes at their offsets, on the device
     :func:`~lightning_nvcomp.codec.engines.work_device` gives (bytes between pieces are not delivered), after checking
     every field and the checksum of every segment they lie in; ``layout`` as for :func:`decode`. Each storage of a
     record gets its own memory this way without a second copy; a range of a record costs the segments it lies in (the
     others' blobs may be stand-ins of their size: tensors on the ``meta`` device). ``parallel``: CPU segments on the
-    segment threads (not from one of them)."""
+    segment threads (not from one of them). ``after``: called with each segment's ``(start, length)`` in the record
+    on the thread that decoded it, once its bytes are in the targets (a delta's undoing, segment by segment)."""
     layout = _checked_layout(blobs, meta, layout)
     if not targets:
         return
@@ -305,6 +311,8 @@ def decode_into(
             decode_segment(engine, stored.to(work), sizes, outs, length, layout)
         except ValueError as err:
             raise CorruptCheckpointError(f"segment {s} of the record does not decode: {err}") from None
+        if after is not None:
+            after(s * meta["segment"], length)
 
     if work.type == "cuda" or len(jobs) == 1 or not parallel:  # one segment: no hand-off to another thread
         for job in jobs:

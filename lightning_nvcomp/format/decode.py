@@ -79,7 +79,11 @@ def _record_storages(
             # by absolute offsets, and a tensor kept after the load (an optimizer keeps its state tensors) must not
             # hold the whole record alive.
             pieces = [torch.empty(n, dtype=torch.uint8, device=target) for _, n in rec["storages"]]
-            records.decode_into(blobs, rec, [(start, p) for (start, _), p in zip(rec["storages"], pieces)], layout)
+            after = undoing.by_segment(pieces) if undoing is not None else None
+            records.decode_into(
+                blobs, rec, [(start, p) for (start, _), p in zip(rec["storages"], pieces)], layout, after=after
+            )
+            undoing = None if after is not None else undoing
         else:  # decoded on a GPU for a CPU load: one copy, straight into each storage's memory
             data = records.decode(blobs, rec, target, move=False, layout=layout)
             pieces = [data[start : start + n].to(target) for start, n in rec["storages"]]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 
 import torch
 
@@ -160,12 +161,14 @@ class Undoing:
     """A delta record's transforms being undone with the bytes of its base record, decoded a base segment at a time
     on ``device``; on the CPU the first of them on a segment thread from the start, while the record's own bytes
     decode (a record of one segment, most of a state's, would otherwise decode its own and its base's bytes one after
-    the other on one core).
+    the other on one core). Where the record's segments are its base's, each is undone on the thread that decoded it,
+    right after (:meth:`by_segment`: no wait between decoding the record and undoing it); else once the record is
+    decoded (:meth:`finish`).
 
     Args:
         rec: the delta record. holder: the path of the file that holds it (None: the load's file). state: the load's
             (the base is decoded within its bound, which :func:`base_stored_nbytes` widened; its ``bases`` keep the
-            bases' opened files for the rest of the load).
+            bases' opened files for the rest of the load). device: where the record's storages are.
     """
 
     def __init__(self, rec: dict, holder: str | None, state: LoadState, device: torch.device) -> None:
@@ -189,6 +192,25 @@ class Undoing:
     def _decoded(self, span: tuple[int, int], scratch: bool = True) -> torch.Tensor:
         into = self._scratch.get(span[1], self.device) if scratch else None
         return decoded_range(self.name, self.base, *span, self.device, self.state, 1, self.state.bases, into)
+
+    def by_segment(self, pieces: list[torch.Tensor]) -> Callable[[int, int], None] | None:
+        """What undoes the record a segment at a time as ``records.decode_into(..., after=)`` decodes it on the CPU into
+        ``pieces`` (its storages), or None where its segments are not its base's (then :meth:`finish` it)."""
+        if self.device.type != "cpu" or self.rec.get("segment") != self.base["record"].get("segment"):
+            return None
+        placed = [(at, piece) for (at, _), piece in zip(self.rec["storages"], pieces)]
+        first = self.spans[0][0] if self.spans else None
+
+        def undo_segment(start: int, length: int) -> None:
+            if start == first and self._first is not None:
+                base_bytes = self._first.result()
+            elif _transformed_in(self.rec, start, length):
+                base_bytes = self._decoded((start, length))
+            else:
+                return
+            undo_range(self.rec, placed, start, base_bytes)
+
+        return undo_segment
 
     def finish(self, pieces: list[torch.Tensor]) -> None:
         """Undo the transforms on the record's decoded ``pieces`` (its storages, in place)."""
