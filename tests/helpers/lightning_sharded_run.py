@@ -4,7 +4,9 @@
 
 STRATEGY: ``mp`` (ModelParallelStrategy + FSDP2 on every CPU or GPU rank) or ``fsdp`` (FSDPStrategy, sharded state,
 GPU only); CODEC: a lightning_nvcomp codec, or ``plain`` for Lightning's own strategy (``STATE_ON_GPU=0``: ours
-with ``state_on_gpu=False``). An epoch is 4 steps; a checkpoint is saved at the end of each into ROOT/checkpoints;
+with ``state_on_gpu=False``; ``DELTA=K``: ours with ``delta=DeltaOptions(keyframe_every=K)``; ``TOP_K=k``: only
+the k checkpoints of the latest steps kept). An epoch is 4 steps; a checkpoint is saved at the end of each into
+ROOT/checkpoints;
 logs go to ROOT/csv; ROOT/result-<rank>.json says what the run did (for ours, how the last save's state reached the
 writer: ``strategy.last_state``).
 """
@@ -21,7 +23,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 
-from lightning_nvcomp import NvcompFSDPStrategy, NvcompModelParallelStrategy, NvcompSavings
+from lightning_nvcomp import DeltaOptions, NvcompFSDPStrategy, NvcompModelParallelStrategy, NvcompSavings
 
 
 class Net(L.LightningModule):
@@ -54,6 +56,10 @@ def main() -> None:
     gpu = torch.cuda.is_available()
     devices = int(os.environ.get("GPUS", 1)) if gpu else 2
     ours = {"codec": codec, "state_on_gpu": os.environ.get("STATE_ON_GPU", "1") == "1"}
+    if int(os.environ.get("DELTA", 0)):
+        ours["delta"] = DeltaOptions(keyframe_every=int(os.environ["DELTA"]))
+    top_k = int(os.environ.get("TOP_K", -1))
+    kept = {"save_top_k": top_k, "monitor": "step", "mode": "max"} if top_k > 0 else {"save_top_k": -1}
     if kind == "mp":
         # Lightning's default makes every device a tensor-parallel rank; Net shards across data-parallel ranks only.
         sizes = {"data_parallel_size": devices, "tensor_parallel_size": 1}
@@ -73,7 +79,7 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         # NvcompSavings is also installed by the package's entry point; named here for runs from a source tree.
-        callbacks=[ModelCheckpoint(dirpath=f"{root}/checkpoints", every_n_epochs=1, save_top_k=-1), NvcompSavings()],
+        callbacks=[ModelCheckpoint(dirpath=f"{root}/checkpoints", every_n_epochs=1, **kept), NvcompSavings()],
     )
     trainer.fit(Net(), ckpt_path=ckpt_path)
     stats = getattr(strategy, "last_stats", None)

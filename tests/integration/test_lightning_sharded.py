@@ -6,6 +6,7 @@ is what is checked)."""
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import os
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
+import torch.utils._pytree as pytree
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from lightning_nvcomp._compat.dcp import TORCH
@@ -30,13 +33,21 @@ SCRIPT = HELPERS / "lightning_sharded_run.py"
 
 
 def _run(
-    kind: str, codec: str, root: Path, steps: int, ckpt: Path | None = None, gpus: int = 1, state_on_gpu: bool = True
+    kind: str,
+    codec: str,
+    root: Path,
+    steps: int,
+    ckpt: Path | None = None,
+    gpus: int = 1,
+    state_on_gpu: bool = True,
+    **env_vars: str,
 ) -> list[dict]:
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
         GPUS=str(gpus),
         STATE_ON_GPU="1" if state_on_gpu else "0",
+        **env_vars,
     )
     args = [sys.executable, str(SCRIPT), kind, codec, str(root), str(steps)] + ([str(ckpt)] if ckpt else [])
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env, cwd=str(root.parent))
@@ -125,11 +136,39 @@ def test_sharded_strategies_on_two_gpus(tmp_path, kind):
     _check(tmp_path, kind, "ans", gpus=2)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU run")
+@pytest.mark.skipif(TORCH < (2, 7), reason="FSDP2 (fully_shard) runs on CPU ranks from torch 2.7")
+@pytest.mark.parametrize(("keyframe_every", "kept"), [(8, [4, 8, 12]), (2, [12])])
+def test_deltas_through_top_k_pruning_on_two_cpu_ranks(tmp_path, keyframe_every, kept):
+    """Sharded saves as deltas, pruned by Lightning's top-k (1): a checkpoint a kept one needs stays (its chain back
+    to the keyframe), and goes once none does; the kept checkpoint holds the plain run's state bit for bit, and a run
+    resumes from it."""
+    from lightning_nvcomp.dcp import NvcompFileSystemReader
+
+    plain, ours = tmp_path / "plain", tmp_path / "ours"
+    _run("mp", "plain", plain, 12)
+    _run("mp", "zstd", ours, 12, DELTA=str(keyframe_every), TOP_K="1")
+    names = [f"epoch={step // 4 - 1}-step={step}.ckpt" for step in kept]
+    assert sorted(p.name for p in (ours / "checkpoints").iterdir()) == names
+    last = ours / "checkpoints" / names[-1]
+    with open(last / ".metadata", "rb") as f:
+        bases = {i.base for i in pickle.load(f).storage_data.values() if isinstance(i, NvcompStorageInfo) and i.codec}
+    assert bases == ({None, "../epoch=1-step=8.ckpt"} if keyframe_every > 2 else {None}), bases
+    want = _full_state(plain / "checkpoints" / "epoch=2-step=12.ckpt", tmp_path / "plain.pt")
+    got = copy.deepcopy(want)
+    zeroed = [t.zero_() for t in pytree.tree_leaves(got) if isinstance(t, torch.Tensor)]
+    assert zeroed and not any(t.is_floating_point() and t.count_nonzero() for t in zeroed)
+    dcp.load(got, storage_reader=NvcompFileSystemReader(last), no_dist=True)
+    assert_tree_bit_exact(want, got)
+    resumed = _run("mp", "zstd", tmp_path / "resumed", 16, last, DELTA=str(keyframe_every))
+    assert resumed[0]["global_step"] == 16 and resumed[0]["sharded_loads"] == 2, resumed
+
+
 def test_dcp_file_system_reader_is_ours_only_within_the_block(tmp_path):
     """What FSDPStrategy.load_checkpoint imports as ``torch.distributed.checkpoint.FileSystemReader`` while the swap
     is on is the given reader (here: ours, reading a checkpoint of ours); DCP's own class is back after, also when
     the block fails."""
-    import torch.distributed.checkpoint as dcp
 
     from lightning_nvcomp._compat.dcp import filesystem_classes_as
     from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter

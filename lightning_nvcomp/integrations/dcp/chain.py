@@ -7,18 +7,23 @@ save, when that save's ``.metadata`` was written, lies in a directory beside thi
 every ``keyframe_every`` saves, stores the items alone (a keyframe): a changed world size or sharding, a first save
 after a restart, a save into the previous one's directory (its data files are deleted once the new ``.metadata`` is
 written).
+
+What a checkpoint needs is read from the ``.metadata`` of the directories beside it (each delta item names the
+directory it is coded against), so a pruning that goes through :meth:`ItemChain.removable` keeps every directory a
+kept checkpoint needs, and deletes it once none does.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
+from lightning_nvcomp.errors import CheckpointError
 from lightning_nvcomp.format.bases import BaseFile, base_file
-from lightning_nvcomp.integrations.dcp.metadata import METADATA, NvcompStorageInfo
+from lightning_nvcomp.integrations.dcp.metadata import METADATA, NvcompStorageInfo, _load_metadata
 from lightning_nvcomp.options import DeltaOptions
 from lightning_nvcomp.storage import StorageBackend
 
@@ -55,6 +60,7 @@ class ItemChain:
         self.options = options
         self._last: _Save | None = None
         self._coded_against: _Save | None = None  # the save the current one is coded against
+        self._pending: set[str] = set()  # asked to be deleted while others still needed them
 
     def bases(self, directory: str, world_size: int, storage: StorageBackend) -> Callable[[WriteItem], BaseFile | None]:
         """For a save into ``directory`` by ``world_size`` ranks: each tensor item's base (None: stored alone)."""
@@ -69,7 +75,7 @@ class ItemChain:
         ):
             return lambda item: None
         self._coded_against = last
-        folder = last.directory.rstrip("/").rsplit("/", 1)[-1]
+        folder = _name(last.directory)
 
         def base(item: WriteItem) -> BaseFile | None:
             key = item_key(item)
@@ -95,3 +101,44 @@ class ItemChain:
         against = self._coded_against
         depth = against.depth + 1 if against is not None else 0
         self._last = _Save(directory, world_size, depth, places)
+
+    def removable(self, path: str, storage: StorageBackend) -> list[str]:
+        """The checkpoint directories to delete now that the one at ``path`` is to be: ``path`` unless a checkpoint
+        beside it needs it (a later call deletes it, once none does), and those asked before that none needs now.
+        Nothing while a ``.metadata`` beside them cannot be read (what it needs is unknown)."""
+        parent = storage.parent(path)
+        self._pending.add(path)
+        asked = {p for p in self._pending if storage.parent(p) == parent}
+        gone: list[str] = []
+        for _ in range(len(asked) + 1):  # deleting one may free its own base: until nothing changes
+            needed = needed_directories(storage, parent, exclude=set(gone))
+            free = [p for p in sorted(asked - set(gone)) if needed is not None and _name(p) not in needed]
+            if not free:
+                break
+            gone.extend(free)
+        self._pending -= set(gone)
+        return gone
+
+
+def needed_directories(storage: StorageBackend, parent: str, exclude: Collection[str] = ()) -> set[str] | None:
+    """The names of the directories in ``parent`` that a DCP checkpoint there (but those in ``exclude``) has items
+    coded against; None where a checkpoint's ``.metadata`` cannot be read."""
+    needed: set[str] = set()
+    for name in storage.listdir(parent):
+        directory = storage.join(parent, name)
+        marker = storage.join(directory, METADATA)
+        if directory in exclude or not storage.isdir(directory) or not storage.exists(marker):
+            continue
+        try:
+            with storage.open_read(marker) as f:
+                metadata = _load_metadata(f.read(), marker)
+        except (CheckpointError, OSError):
+            return None
+        needed.update(
+            base[3:] for info in metadata.storage_data.values() if isinstance(base := getattr(info, "base", None), str)
+        )
+    return needed
+
+
+def _name(path: str) -> str:
+    return path.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1]

@@ -132,6 +132,7 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         remote: how a URL ``path`` is reached (:class:`~lightning_nvcomp.storage.remote.RemoteOptions`).
         delta: code each tensor item against the same item of this writer's previous save, where that is smaller
             (:class:`~lightning_nvcomp.DeltaOptions`; reuse the writer for a run's saves: see docs/guides/delta.md).
+        chain: the delta chain to go on with, a run object's that makes a writer per save (default: the writer's own).
         policy: the :class:`CodecPolicy` behind ``"auto"`` (default: one per process and mode, with
             ``collective=True``).
         stage_compress: what ``dcp.async_save``'s staging compresses: ``"gpu"`` (CUDA shards, on the GPU; CPU shards
@@ -162,6 +163,7 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         staging_mb: float | None = None,
         remote: RemoteOptions | None = None,
         delta: DeltaOptions | None = None,
+        chain: ItemChain | None = None,
         policy: CodecPolicy | None = None,
         stage_compress: str = "gpu",
         staging_nbytes: int | None = None,
@@ -199,7 +201,7 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         self.staging_nbytes = options.staging_nbytes
         self.process_group = process_group
         #: The delta chain of this writer's saves (None: every item stored alone).
-        self.chain = ItemChain(options.delta) if options.delta is not None else None
+        self.chain = chain if chain is not None else ItemChain(options.delta) if options.delta is not None else None
         #: This rank's :class:`~lightning_nvcomp.telemetry.stats.SaveStats` of the last save (None before the first).
         self.stats: SaveStats | None = None
         #: On the coordinator after a save: ``{"raw_nbytes", "stored_nbytes", "items"}`` over all ranks.

@@ -48,7 +48,8 @@ from lightning_nvcomp._compat.lightning import (
 )
 from lightning_nvcomp.errors import MissingExtraError
 from lightning_nvcomp.integrations.lightning.config import one_line_errors
-from lightning_nvcomp.options import Codec, SaveOptions
+from lightning_nvcomp.options import Codec, DeltaOptions, SaveOptions
+from lightning_nvcomp.storage import storage_for
 
 try:
     import lightning.fabric.strategies.model_parallel as model_parallel_loader
@@ -61,13 +62,14 @@ except ImportError as err:
     raise MissingExtraError("lightning", "NvcompFSDPStrategy and NvcompModelParallelStrategy", err) from err
 
 from lightning_nvcomp.integrations.dcp import DcpCheckpointStats, NvcompFileSystemReader, NvcompFileSystemWriter
+from lightning_nvcomp.integrations.dcp.chain import ItemChain
 from lightning_nvcomp.integrations.dcp.writer import new_policy
 from lightning_nvcomp.telemetry import savings as telemetry
 from lightning_nvcomp.telemetry.stats import SaveStats
 
 #: The :class:`~lightning_nvcomp.options.SaveOptions` fields the compressed strategies act on (their sharded saves are
 #: synchronous ``dcp.save`` calls to local directories).
-STRATEGY_OPTIONS = ("codec", "staging_mb", "gpu_hour_usd")
+STRATEGY_OPTIONS = ("codec", "staging_mb", "gpu_hour_usd", "delta")
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,7 @@ class CompressedShardedSaves(abc.ABC):
         codec: Codec | str | None = None,
         staging_mb: float | None = None,
         gpu_hour_usd: float | None = None,
+        delta: DeltaOptions | None = None,
         options: SaveOptions | None = None,
         state_on_gpu: bool = True,
         **kwargs: Any,
@@ -133,9 +136,12 @@ class CompressedShardedSaves(abc.ABC):
             codec=codec,
             staging_mb=staging_mb,
             gpu_hour_usd=gpu_hour_usd,
+            delta=delta,
         )
         super().__init__(*args, **kwargs)
         self.options = options
+        #: The delta chain of this rank's sharded saves (None: every item alone).
+        self.chain = ItemChain(options.delta) if options.delta is not None else None
         self.policy = new_policy()  # this strategy's saves: the storage probed, the codecs calibrated once
         self.state_on_gpu = state_on_gpu
         self.savings = telemetry.Savings(self.options.gpu_hour_usd)
@@ -195,7 +201,10 @@ class CompressedShardedSaves(abc.ABC):
 
         def compressed_save(converted_state: dict[str, Any], path: Path) -> None:
             o = self.options
-            writers.append(NvcompFileSystemWriter(path, o.codec, staging_mb=o.staging_mb, policy=self.policy))
+            writer = NvcompFileSystemWriter(
+                path, o.codec, staging_mb=o.staging_mb, policy=self.policy, chain=self.chain
+            )
+            writers.append(writer)
             dcp.save(converted_state, storage_writer=writers[-1])
             self.last_state = CollectedState(any(offloaded) if offloaded else None, writers[-1].shard_devices)
 
@@ -205,6 +214,16 @@ class CompressedShardedSaves(abc.ABC):
             super().save_checkpoint(checkpoint, filepath, storage_options)  # type: ignore[misc]
         if writers:  # a sharded save (a "full" one went through the CheckpointIO)
             self._record(writers[0], time.perf_counter() - begin, step, os.fspath(filepath))
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        """Lightning's pruning (top-k): with deltas, a checkpoint directory is deleted only once no checkpoint beside
+        it needs it (read from their ``.metadata``), by this call or a later one."""
+        if self.chain is None or not self.is_global_zero:  # type: ignore[attr-defined]
+            super().remove_checkpoint(filepath)  # type: ignore[misc]
+            return
+        storage = storage_for(os.path.abspath(filepath))
+        for path in self.chain.removable(os.path.abspath(filepath), storage):
+            super().remove_checkpoint(path)  # type: ignore[misc]
 
     # -- the load -----------------------------------------------------------------------------------------------
 
@@ -267,8 +286,11 @@ class NvcompFSDPStrategy(CompressedShardedSaves, FSDPStrategy):
             or its name (see :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter`).
         staging_mb: MiB coded at once per shard (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU).
         gpu_hour_usd: price of a GPU-hour in USD, for the saved-dollars metric.
+        delta: each rank's items coded against the same items of its previous save where that is smaller
+            (:class:`~lightning_nvcomp.DeltaOptions`, see docs/guides/delta.md); pruning keeps the checkpoints that
+            kept ones need.
         options: the :class:`~lightning_nvcomp.options.SaveOptions` every entry point takes, of which the strategy
-            uses ``codec``, ``staging_mb`` and ``gpu_hour_usd`` (another field set is refused); a keyword argument
+            uses ``codec``, ``staging_mb``, ``gpu_hour_usd`` and ``delta`` (another field set is refused); a keyword argument
             given beside it overrides its field.
         state_on_gpu: collect the sharded state without CPU offload, so shards are coded on the GPU (FSDP keeps its
             copy of the rank's weights and optimizer state on the GPU until the save ends); False: Lightning's
@@ -329,8 +351,11 @@ class NvcompModelParallelStrategy(CompressedShardedSaves, ModelParallelStrategy)
             or its name (see :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter`).
         staging_mb: MiB coded at once per shard (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU).
         gpu_hour_usd: price of a GPU-hour in USD, for the saved-dollars metric.
+        delta: each rank's items coded against the same items of its previous save where that is smaller
+            (:class:`~lightning_nvcomp.DeltaOptions`, see docs/guides/delta.md); pruning keeps the checkpoints that
+            kept ones need.
         options: the :class:`~lightning_nvcomp.options.SaveOptions` every entry point takes, of which the strategy
-            uses ``codec``, ``staging_mb`` and ``gpu_hour_usd`` (another field set is refused); a keyword argument
+            uses ``codec``, ``staging_mb``, ``gpu_hour_usd`` and ``delta`` (another field set is refused); a keyword argument
             given beside it overrides its field.
         state_on_gpu: collect the distributed state without CPU offload, so shards are coded on the GPU (no extra
             GPU memory: the writer gets the sharded tensors themselves); False: Lightning's offload. Ignored with
