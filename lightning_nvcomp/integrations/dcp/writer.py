@@ -224,10 +224,6 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         with every rank writing at once (a collective the first time: every rank calls it)."""
         return (self.policy or default_policy("sync")).write_gbps(self._directory())
 
-    def _place(self) -> str:
-        """The checkpoint's URL, or its absolute local path (how the delta chain compares directories)."""
-        return str(self.path) if self.remote_path else os.path.abspath(self.path)
-
     def _directory(self) -> str:
         """The directory the storage is measured in: the checkpoint's URL, or its nearest existing local directory."""
         return str(self.path) if self.remote_path else _existing_dir(Path(self.path))
@@ -330,7 +326,7 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         stage_s, self._stage_s = self._stage_s, 0.0
         chosen, self._chosen = self._chosen, None
         codec, prediction = chosen if chosen is not None else self._write_codec(plan, planner)
-        directory = self._place()
+        directory = str(self.path) if self.remote_path else os.path.abspath(self.path)  # as the delta chain compares
         world_size = dist.get_world_size(self.process_group) if self._distributed() else 1
         files = DataFiles(
             self.fs,
