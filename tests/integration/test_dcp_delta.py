@@ -15,6 +15,7 @@ import torch.distributed.checkpoint as dcp
 
 from lightning_nvcomp import DeltaOptions
 from lightning_nvcomp.cli import main
+from lightning_nvcomp.codec.gpu import gpu_available
 from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
 from lightning_nvcomp.errors import CorruptCheckpointError, MissingBaseError
 
@@ -113,3 +114,20 @@ def test_deltas_at_a_url(tmp_path: Path) -> None:
         assert _bases(f"{root}/step-2")["w"] == "../step-1"
         for step, state in enumerate(states):
             assert_tree_bit_exact(_load(f"{root}/step-{step}", state), _contiguous(state))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and nvCOMP")
+@pytest.mark.parametrize("codec", ["ans", "zstd"])
+def test_gpu_shards_save_deltas_that_load_bit_exactly(tmp_path: Path, codec: str) -> None:
+    """CUDA shards are coded against their previous save's on the GPU, and load back bit for bit onto the GPU and
+    onto the CPU."""
+    root = str(tmp_path / "run")
+    writer = NvcompFileSystemWriter(f"{root}/step-0", codec, delta=DeltaOptions())
+    states = [{k: v.cuda() for k, v in drifting_state(s).items()} for s in range(3)]
+    for step, state in enumerate(states):
+        dcp.save(state, storage_writer=writer, checkpoint_id=f"{root}/step-{step}")
+    assert _bases(f"{root}/step-2")["w"] == "../step-1"
+    cpu = _contiguous({k: v.cpu() for k, v in states[2].items()})
+    assert_tree_bit_exact({k: v.cpu() for k, v in _load(f"{root}/step-2", states[2]).items()}, cpu)
+    assert_tree_bit_exact(_load(f"{root}/step-2", cpu), cpu)

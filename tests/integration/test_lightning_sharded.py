@@ -136,11 +136,7 @@ def test_sharded_strategies_on_two_gpus(tmp_path, kind):
     _check(tmp_path, kind, "ans", gpus=2)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU run")
-@pytest.mark.skipif(TORCH < (2, 7), reason="FSDP2 (fully_shard) runs on CPU ranks from torch 2.7")
-@pytest.mark.parametrize(("keyframe_every", "kept"), [(8, [4, 8, 12]), (2, [12])])
-def test_deltas_through_top_k_pruning_on_two_cpu_ranks(tmp_path, keyframe_every, kept):
+def _check_deltas(tmp_path: Path, keyframe_every: int, kept: list[int], codec: str) -> None:
     """Sharded saves as deltas, pruned by Lightning's top-k (1): a checkpoint a kept one needs stays (its chain back
     to the keyframe), and goes once none does; the kept checkpoint holds the plain run's state bit for bit, and a run
     resumes from it."""
@@ -148,7 +144,7 @@ def test_deltas_through_top_k_pruning_on_two_cpu_ranks(tmp_path, keyframe_every,
 
     plain, ours = tmp_path / "plain", tmp_path / "ours"
     _run("mp", "plain", plain, 12)
-    _run("mp", "zstd", ours, 12, DELTA=str(keyframe_every), TOP_K="1")
+    _run("mp", codec, ours, 12, DELTA=str(keyframe_every), TOP_K="1")
     names = [f"epoch={step // 4 - 1}-step={step}.ckpt" for step in kept]
     assert sorted(p.name for p in (ours / "checkpoints").iterdir()) == names
     last = ours / "checkpoints" / names[-1]
@@ -161,8 +157,22 @@ def test_deltas_through_top_k_pruning_on_two_cpu_ranks(tmp_path, keyframe_every,
     assert zeroed and not any(t.is_floating_point() and t.count_nonzero() for t in zeroed)
     dcp.load(got, storage_reader=NvcompFileSystemReader(last), no_dist=True)
     assert_tree_bit_exact(want, got)
-    resumed = _run("mp", "zstd", tmp_path / "resumed", 16, last, DELTA=str(keyframe_every))
+    resumed = _run("mp", codec, tmp_path / "resumed", 16, last, DELTA=str(keyframe_every))
     assert resumed[0]["global_step"] == 16 and resumed[0]["sharded_loads"] == 2, resumed
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU run; GPU machines run the gpu test below")
+@pytest.mark.skipif(TORCH < (2, 7), reason="FSDP2 (fully_shard) runs on CPU ranks from torch 2.7")
+@pytest.mark.parametrize(("keyframe_every", "kept"), [(8, [4, 8, 12]), (2, [12])])
+def test_deltas_through_top_k_pruning_on_two_cpu_ranks(tmp_path, keyframe_every, kept):
+    _check_deltas(tmp_path, keyframe_every, kept, "zstd")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and nvCOMP")
+def test_deltas_through_top_k_pruning_on_a_gpu(tmp_path):
+    _check_deltas(tmp_path, 8, [4, 8, 12], "ans")
 
 
 def test_dcp_file_system_reader_is_ours_only_within_the_block(tmp_path):
