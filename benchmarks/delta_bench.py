@@ -5,7 +5,8 @@ Per interval and state (fp32 weights + AdamW moments; the weights in bf16; in FP
 class: the ratio (raw bytes / file bytes) stored alone and as a delta, the order-0 byte-plane bound of the class alone
 and of its XOR with the base (the ideal a stateless coder of the transformed bits approaches), save and load seconds,
 and a bit-exact check of every load; times are the best of two. CPU zstd by default (``--device cuda --codec ans``: the
-state on a GPU, gANS), through the public API (``lightning_nvcomp.save(..., base=...)``).
+state on a GPU, gANS), through the public API (``lightning_nvcomp.save(..., base=...)``); the fp32 state 50 steps apart
+also through DCP (a reused ``NvcompFileSystemWriter(delta=...)``, one process).
 
     python benchmarks/delta_bench.py --dim 384 --layers 6 --json benchmarks/results/delta/latest-cpu.json
     python benchmarks/delta_bench.py --dim 768 --layers 12 --device cuda --codec ans --json .../latest-gpu.json
@@ -17,9 +18,11 @@ import argparse
 import math
 import os
 import pathlib
+import shutil
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -134,6 +137,61 @@ def measure(
     }
 
 
+def measure_dcp(target: dict, base: dict, folder: pathlib.Path, codec: str, device: str) -> dict:
+    """The same state through DCP in one process, as :func:`measure`: a writer with deltas saves the base, then the
+    state against it (the chain a writer reused for a run's saves keeps); one without saves it alone; the compressed
+    reader loads both. Sizes are the checkpoint directories' (data files and ``.metadata``)."""
+    import torch.distributed.checkpoint as dcp
+
+    from lightning_nvcomp import DeltaOptions
+    from lightning_nvcomp.dcp import NvcompFileSystemReader, NvcompFileSystemWriter
+
+    root = folder / "dcp"
+    shutil.rmtree(root, ignore_errors=True)
+    save_s = {"alone": math.inf, "delta": math.inf}
+    for rnd in range(2):  # the best of two, each delta against a base its writer saved just before
+        writer = NvcompFileSystemWriter(root / f"base{rnd}", codec, delta=DeltaOptions())
+        dcp.save(base, storage_writer=writer, checkpoint_id=root / f"base{rnd}")
+        for kind, save_writer in (("alone", NvcompFileSystemWriter(root / "alone", codec)), ("delta", writer)):
+            sync()
+            begin = time.perf_counter()
+            dcp.save(target, storage_writer=save_writer, checkpoint_id=root / f"{kind}{rnd}")
+            sync()
+            save_s[kind] = min(save_s[kind], time.perf_counter() - begin)
+
+    def load(kind: str) -> dict:
+        tree = {c: {k: torch.zeros_like(t) for k, t in part.items()} for c, part in target.items()}
+        dcp.load(tree, storage_reader=NvcompFileSystemReader(root / f"{kind}1"))
+        return tree
+
+    load_alone, back_alone = timed(lambda: load("alone"))
+    load_delta, back = timed(lambda: load("delta"))
+    stored = {kind: sum(p.stat().st_size for p in (root / f"{kind}1").iterdir()) for kind in save_s}
+    tensors = lambda tree: [t for cls in tree.values() for t in cls.values()]  # noqa: E731
+    raw = sum(t.nbytes for t in tensors(target))
+    return {
+        "raw_nbytes": raw,
+        "alone": raw / stored["alone"],
+        "delta": raw / stored["delta"],
+        "ideal_alone": plane_bound([list(c.values()) for c in target.values()], rotated=True),
+        "ideal_xor": plane_bound([xor(target[c], base[c]) for c in target]),
+        "save_s": save_s,
+        "load_s": {"alone": load_alone, "delta": load_delta},
+        "durable_s": None,
+        "bit_exact": same_bytes(tensors(back), tensors(target)) and same_bytes(tensors(back_alone), tensors(target)),
+    }
+
+
+def report(row: dict) -> None:
+    print(
+        f"{row['interval']:4d} {row['state']:18s} {row['class']:11s} alone {row['alone']:.4f} delta {row['delta']:.4f} "
+        f"ideal {row['ideal_alone']:.4f}/{row['ideal_xor']:.4f} save {row['save_s']['delta']:.2f}/"
+        f"{row['save_s']['alone']:.2f} s load {row['load_s']['delta']:.2f}/{row['load_s']['alone']:.2f} s "
+        f"exact {row['bit_exact']}",
+        flush=True,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dim", type=int, default=256)
@@ -163,19 +221,21 @@ def main(argv: list[str] | None = None) -> int:
                     slow = slow_disk if (kind, cls) == ("fp32 AdamW", "whole") else None
                     row.update(measure(part, part_base, pathlib.Path(scratch), args.codec, args.device, slow))
                     rows.append(row)
-                    print(
-                        f"{interval:4d} {kind:13s} {cls:11s} alone {row['alone']:.4f} delta {row['delta']:.4f} "
-                        f"ideal {row['ideal_alone']:.4f}/{row['ideal_xor']:.4f} save {row['save_s']['delta']:.2f}/"
-                        f"{row['save_s']['alone']:.2f} s load {row['load_s']['delta']:.2f}/{row['load_s']['alone']:.2f} s "
-                        f"exact {row['bit_exact']}",
-                        flush=True,
-                    )
+                    report(row)
+        with warnings.catch_warnings():  # DCP warns that it saves in one process
+            warnings.simplefilter("ignore", UserWarning)
+            dcp_row = {"interval": 50, "state": "fp32 AdamW, DCP", "class": "whole"}
+            base = states[args.steps - 50]
+            dcp_row.update(measure_dcp(states[args.steps], base, pathlib.Path(scratch), args.codec, args.device))
+        rows.append(dcp_row)
+        report(dcp_row)
     write_result(
         args.json,
         "delta",
         setup=f"GPT {args.dim}x{args.layers} (context 128, batch 8) trained {args.steps} AdamW steps on the stdlib "
         f"({args.device}), codec {args.codec}; the last step's state alone and against the states 10, 50 and 200 "
-        f"steps earlier; time to durable of the whole fp32 state written to a disk held to {args.write_mbps:g} MB/s",
+        f"steps earlier; time to durable of the whole fp32 state written to a disk held to {args.write_mbps:g} MB/s; "
+        "the fp32 state 50 steps apart also through DCP (NvcompFileSystemWriter with deltas, one process)",
         repetitions=1,
         statistic="one run",
         rows=rows,

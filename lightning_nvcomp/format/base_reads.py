@@ -62,10 +62,64 @@ def decoded_range(
 ) -> torch.Tensor:
     """Bytes ``[start, start + length)`` of the base record that the file ``holder`` names in ``base`` (a delta's
     ``base`` field: the file, its id, the record's blobs and dict, the archive's range in the file), decoded on
-    ``device`` from the segments they lie in (into ``into``, ``length`` bytes, where it is on the device they are
-    decoded on), checked: the file's id is the base's, the segments' CRCs and the record's fields are the record's,
-    and a base of its own is followed."""
-    ident, keys, rec = base["id"], base["blobs"], base["record"]
+    ``device`` (into ``into``, ``length`` bytes, where it is on the device they are decoded on): see
+    :func:`decoded_windows`."""
+    return decoded_windows(holder, base, [(start, length)], device, state, depth, cache, into)[0]
+
+
+def decoded_windows(
+    holder: str,
+    base: dict,
+    spans: list[tuple[int, int]],
+    device: torch.device,
+    state: LoadState | None,
+    depth: int,
+    cache: dict,
+    into: torch.Tensor | None = None,
+) -> list[torch.Tensor]:
+    """Bytes ``[start, start + length)`` of the base record for each of ``spans`` (apart from each other), as for
+    :func:`decoded_range`: each segment they lie in decoded once, and only their bytes joined, checked: the file's id
+    is the base's, the segments' CRCs and the record's fields are the record's, and a base of its own is followed."""
+    keys, rec = base["blobs"], base["record"]
+    opened, path = _base_file(holder, base, depth, cache)
+    try:
+        layout = schema.validate(rec, [opened.size(key) for key in keys])
+        for start, length in spans:
+            if not 0 <= start <= start + length <= rec["nbytes"] or start % layout.planes or length % layout.planes:
+                raise CorruptCheckpointError(f"bytes {start}..{start + length} are not whole numbers of its record")
+        work = engines.work_device(layout, rec, device)
+        outs = [torch.empty(length, dtype=torch.uint8, device=work) for _, length in spans]
+        if into is not None and into.device == work and len(spans) == 1:
+            outs = [into]
+        stand_ins = [torch.empty(opened.size(key), dtype=torch.uint8, device="meta") for key in keys]
+        for s, (at, n) in enumerate(schema._segments(rec["nbytes"], rec["segment"])):
+            targets = [
+                (max(at, start), out[max(at, start) - start : min(at + n, start + length) - start])
+                for (start, length), out in zip(spans, outs)
+                if max(at, start) < min(at + n, start + length)
+            ]
+            if not targets:
+                continue
+            blobs = [*stand_ins[:s], opened.blob(keys[s]), *stand_ins[s + 1 :]]  # one segment's bytes at a time
+            if state is not None:
+                state.charge([blobs[s]], sum(t.numel() for _, t in targets), path)
+            records.decode_into(blobs, rec, targets, layout, parallel=False)
+            opened.drop(blobs[s])
+        outs = [out.to(device) for out in outs]
+        if "delta" in rec:  # a base of its own: undone on these bytes too
+            _undo_own_base(rec, spans, outs, opened.path, device, state, depth, cache)
+    except MissingBaseError:
+        raise
+    except CheckpointError as err:
+        message = str(err)
+        raise type(err)(message if message.startswith(path) else f"its base {path}: {message}") from None
+    return outs
+
+
+def _base_file(holder: str, base: dict, depth: int, cache: dict) -> tuple[_Opened, str]:
+    """The base file that ``holder`` names in ``base``, opened once per load or save (``cache``), its id checked, and
+    where it was looked for first (how errors name it)."""
+    ident = base["id"]
     span = tuple(base["range"]) if "range" in base else None
     places = candidates(holder, base["file"], ident, storage_for(holder))
     path = places[0]
@@ -79,51 +133,28 @@ def decoded_range(
             f"its base {path} was replaced by another file (serialization id {opened.id}, not {ident}): the delta "
             "cannot be decoded without the file it was saved against"
         )
-    try:
-        layout = schema.validate(rec, [opened.size(key) for key in keys])
-        if not 0 <= start <= start + length <= rec["nbytes"] or start % layout.planes or length % layout.planes:
-            raise CorruptCheckpointError(f"bytes {start}..{start + length} are not whole numbers of its record")
-        work = engines.work_device(layout, rec, device)
-        out = into if into is not None and into.device == work else torch.empty(length, dtype=torch.uint8, device=work)
-        stand_ins = [torch.empty(opened.size(key), dtype=torch.uint8, device="meta") for key in keys]
-        for s, (at, n) in enumerate(schema._segments(rec["nbytes"], rec["segment"])):
-            lo, hi = max(at, start), min(at + n, start + length)
-            if lo >= hi:
-                continue
-            blobs = [*stand_ins[:s], opened.blob(keys[s]), *stand_ins[s + 1 :]]  # one segment's bytes at a time
-            if state is not None:
-                state.charge([blobs[s]], hi - lo, path)
-            records.decode_into(blobs, rec, [(lo, out[lo - start : hi - start])], layout, parallel=False)
-            opened.drop(blobs[s])
-        out = out.to(device)
-        if "delta" in rec:  # a base of its own: undone on this range too
-            _undo_own_base(rec, out, start, opened.path, device, state, depth, cache)
-    except MissingBaseError:
-        raise
-    except CheckpointError as err:
-        message = str(err)
-        raise type(err)(message if message.startswith(path) else f"its base {path}: {message}") from None
-    return out
+    return opened, path
 
 
 def _undo_own_base(
     rec: dict,
-    out: torch.Tensor,
-    start: int,
+    spans: list[tuple[int, int]],
+    outs: list[torch.Tensor],
     holder: str,
     device: torch.device,
     state: LoadState | None,
     depth: int,
     cache: dict,
 ) -> None:
-    """Undo the delta of base record ``rec`` (of the file ``holder``) on its decoded bytes ``out``, at ``start``."""
+    """Undo the delta of base record ``rec`` (of the file ``holder``) on its decoded bytes ``outs``, at ``spans``."""
     inner = rec["delta"]["base"]
     if inner["record"].get("storages") != rec.get("storages") or inner["record"].get("nbytes") != rec["nbytes"]:
         raise CorruptCheckpointError(f"its base record in {inner['file']} does not lie as the record does")
     if state is not None:
         state.include(stored_nbytes(inner["record"]))
-    base_bytes = decoded_range(holder, inner, start, out.numel(), device, state, depth + 1, cache)
-    undo_range(rec, [(start, out)] * len(rec["storages"]), start, base_bytes, clip=True)
+    base_outs = decoded_windows(holder, inner, spans, device, state, depth + 1, cache)
+    for (start, _), out, base_bytes in zip(spans, outs, base_outs):
+        undo_range(rec, [(start, out)] * len(rec["storages"]), start, base_bytes, clip=True)
 
 
 def _opened(places: list[str], ident: str, span: tuple[int, int] | None) -> _Opened:

@@ -23,7 +23,7 @@ from lightning_nvcomp.codec import layouts
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec.segment import Parts
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, MissingBaseError
-from lightning_nvcomp.format.base_reads import decoded_range, stored_nbytes, undo_range
+from lightning_nvcomp.format.base_reads import decoded_range, decoded_windows, stored_nbytes, undo_range
 from lightning_nvcomp.format.bases import BaseFile, BaseRecord
 from lightning_nvcomp.format.load_state import LoadState
 
@@ -81,6 +81,8 @@ class _Against(Parts):
         self.transforms: list[str | None] = [None] * len(storages)
         self._cache: dict = {}
         self._whole: torch.Tensor | None = None
+        # the base itself, where the chain found it: named by its own name, beside itself
+        self._named = {**delta_field([], 1, base, rec)["base"], "file": os.path.basename(base.path)}
         self._scratch = Scratch()
 
     @property
@@ -94,34 +96,27 @@ class _Against(Parts):
     def _range(self, start: int, length: int, kept: bool = False) -> torch.Tensor:
         """The base's bytes there: in this thread's scratch, used up before the thread asks for more (``kept``: in
         memory of their own)."""
-        named = {**delta_field([], 1, self.base, self.rec)["base"], "file": os.path.basename(self.base.path)}
         into = None if kept else self._scratch.get(length, self.device)
-        # the base itself, where the chain found it: named by its own name, beside itself
-        return decoded_range(self.base.path, named, start, length, self.device, None, 0, self._cache, into)
+        return decoded_range(self.base.path, self._named, start, length, self.device, None, 0, self._cache, into)
 
     def samples(self, measured: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """For each storage ``measured``, a window around its middle and the base's bytes there (what
-        :func:`transforms.choose` takes), the base decoded a segment at a time."""
-        wanted = {}
+        :func:`transforms.choose` takes), the base's segments decoded once each (a record of one: kept)."""
+        windows = []
         for i in measured:
             start, nbytes = self.table[i]
             at = max(0, nbytes // 2 - transforms.SAMPLE_NBYTES) // 128 * 128
-            wanted[i] = (start + at, min(nbytes - at, 2 * transforms.SAMPLE_NBYTES))
-        spans = base_spans(self.rec.record)
-        if len(spans) == 1 and len(self.storages) > 1:
+            windows.append((start + at, min(nbytes - at, 2 * transforms.SAMPLE_NBYTES)))
+        if len(base_spans(self.rec.record)) == 1 and len(self.storages) > 1:
             self._whole = self._range(0, self.nbytes, kept=True)
-        bases = {i: torch.empty(n, dtype=torch.uint8, device=self.device) for i, (_, n) in wanted.items()}
-        for start, length in spans if len(self.storages) > 1 else []:
-            hits = [i for i, (lo, n) in wanted.items() if lo < start + length and start < lo + n]
-            if hits:
-                decoded = self._whole if self._whole is not None else self._range(start, length)
-                for i in hits:
-                    lo, n = wanted[i]
-                    a, b = max(lo, start), min(lo + n, start + length)
-                    bases[i][a - lo : b - lo].copy_(decoded[a - start : b - start])
-        for i, (lo, n) in wanted.items() if len(self.storages) == 1 else []:
-            bases[i] = self._range(lo, n, kept=True)
-        return [(self.storages[i][lo - self.table[i][0] :][:n], bases[i]) for i, (lo, n) in wanted.items()]
+            bases = [self._whole[lo : lo + n] for lo, n in windows]
+        elif windows:
+            bases = decoded_windows(self.base.path, self._named, windows, self.device, None, 0, self._cache)
+        else:
+            bases = []
+        return [
+            (self.storages[i][lo - self.table[i][0] :][:n], base) for i, (lo, n), base in zip(measured, windows, bases)
+        ]
 
     def transform_whole(self) -> None:
         """A record of one base segment, kept: its transforms made in place, once (its slices are then views)."""
