@@ -6,7 +6,8 @@ class: the ratio (raw bytes / file bytes) stored alone and as a delta, the order
 and of its XOR with the base (the ideal a stateless coder of the transformed bits approaches), save and load seconds,
 and a bit-exact check of every load; times are the best of two. CPU zstd by default (``--device cuda --codec ans``: the
 state on a GPU, gANS), through the public API (``lightning_nvcomp.save(..., base=...)``); the fp32 state 50 steps apart
-also through DCP (a reused ``NvcompFileSystemWriter(delta=...)``, one process).
+also through DCP (a reused ``NvcompFileSystemWriter(delta=...)``, one process), and its peak memory in saves and loads
+alone and as a delta, each in a process of its own.
 
     python benchmarks/delta_bench.py --dim 384 --layers 6 --json benchmarks/results/delta/latest-cpu.json
     python benchmarks/delta_bench.py --dim 768 --layers 12 --device cuda --codec ans --json .../latest-gpu.json
@@ -19,6 +20,7 @@ import math
 import os
 import pathlib
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -182,6 +184,70 @@ def measure_dcp(target: dict, base: dict, folder: pathlib.Path, codec: str, devi
     }
 
 
+#: A child process that saves or loads once and prints the peak memory it took above where it started: host RSS
+#: sampled every millisecond (Linux), and on a GPU torch's peak allocation.
+_MEMORY_CHILD = r"""
+import sys, threading, time, torch, lightning_nvcomp
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+action, path, base, codec, device, source = sys.argv[1:7]
+state = torch.load(source, map_location=device, weights_only=True) if action == "save" else None
+cuda = device == "cuda"
+if cuda:
+    torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
+gpu_before, before, peak, done = torch.cuda.memory_allocated() if cuda else 0, rss(), [0], [False]
+def watch():
+    while not done[0]:
+        peak[0] = max(peak[0], rss()); time.sleep(0.001)
+watcher = threading.Thread(target=watch); watcher.start()
+if action == "save":
+    lightning_nvcomp.save(state, path, codec=codec, base=base or None)
+else:
+    back = lightning_nvcomp.load(path, map_location=device)
+if cuda:
+    torch.cuda.synchronize()
+done[0] = True; watcher.join()
+print(max(peak[0], rss()) - before, torch.cuda.max_memory_allocated() - gpu_before if cuda else 0)
+"""
+
+
+#: The C allocator settings memory is measured under: glibc's default (freed buffers of up to 32 MiB may stay in the
+#: process, so the peak counts some twice), and with buffers of 1 MiB and more always mapped and unmapped on their
+#: own (the peak is then what the process held at once).
+ALLOCATORS = {"glibc default": {}, "mmap threshold 1 MiB": {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}}
+
+
+def memory(target: dict, base: dict, folder: pathlib.Path, codec: str, device: str) -> dict:
+    """The peak memory (MiB above where each started: host, and GPU where the state is there) of a save and a load,
+    alone and as a delta, each in a process of its own, under each of :data:`ALLOCATORS`; and the base's compressed
+    size, the bound the issue sets on what a delta may take beyond a standalone save."""
+    source, base_path = folder / "target.pt", folder / "base.ckpt"
+    torch.save(target, source)
+    lightning_nvcomp.save(base, base_path, codec=codec)
+
+    def child(action: str, path: pathlib.Path, with_base: bool, env: dict) -> tuple[float, float]:
+        argv = [action, str(path), str(base_path) if with_base else "", codec, device, str(source)]
+        out = subprocess.run(
+            [sys.executable, "-c", _MEMORY_CHILD, *argv],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, **env},
+        )
+        host, gpu = out.stdout.split()
+        return int(host) / 2**20, int(gpu) / 2**20
+
+    found: dict = {"base_stored_mib": base_path.stat().st_size / 2**20}
+    for allocator, env in ALLOCATORS.items():
+        peaks = found[allocator] = {}
+        for kind in ("alone", "delta"):
+            path = folder / f"memory-{kind}.ckpt"
+            peaks[f"save_{kind}_mib"], peaks[f"save_{kind}_gpu_mib"] = child("save", path, kind == "delta", env)
+            peaks[f"load_{kind}_mib"], peaks[f"load_{kind}_gpu_mib"] = child("load", path, False, env)
+    return found
+
+
 def report(row: dict) -> None:
     print(
         f"{row['interval']:4d} {row['state']:18s} {row['class']:11s} alone {row['alone']:.4f} delta {row['delta']:.4f} "
@@ -220,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
                     row = {"interval": interval, "state": kind, "class": cls}
                     slow = slow_disk if (kind, cls) == ("fp32 AdamW", "whole") else None
                     row.update(measure(part, part_base, pathlib.Path(scratch), args.codec, args.device, slow))
+                    if (interval, kind, cls) == (50, "fp32 AdamW", "whole"):
+                        row["memory"] = memory(part, part_base, pathlib.Path(scratch), args.codec, args.device)
+                        print(f"     memory (MiB above the start): {row['memory']}", flush=True)
                     rows.append(row)
                     report(row)
         with warnings.catch_warnings():  # DCP warns that it saves in one process

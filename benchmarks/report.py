@@ -453,7 +453,43 @@ def delta_tables(result: dict) -> list[str]:
         ],
         rows,
         result,
+    ) + delta_memory_table(result)
+
+
+def delta_memory_table(result: dict) -> list[str]:
+    """The peak memory of a save and a load of the fp32 state 50 steps apart, alone and as a delta (MiB above where
+    each process started; a load's includes the state it returns), under each allocator setting measured."""
+    found = [r for r in result["rows"] if r.get("memory")]
+    if not found:
+        return []
+    memory = found[0]["memory"]
+    rows = [
+        {"allocator": allocator, **peaks, "base": memory["base_stored_mib"]}
+        for allocator, peaks in memory.items()
+        if isinstance(peaks, dict)
+    ]
+    for row in rows:
+        row["save_extra"] = row["save_delta_mib"] - row["save_alone_mib"]
+        row["load_extra"] = row["load_delta_mib"] - row["load_alone_mib"]
+    lines = table(
+        [
+            Column("allocator", key("allocator")),
+            Column("save alone", key("save_alone_mib"), ".0f"),
+            Column("save delta", key("save_delta_mib"), ".0f"),
+            Column("save: delta's extra", key("save_extra"), ".0f"),
+            Column("load alone", key("load_alone_mib"), ".0f"),
+            Column("load delta", key("load_delta_mib"), ".0f"),
+            Column("load: delta's extra", key("load_extra"), ".0f"),
+            Column("save alone, GPU", key("save_alone_gpu_mib"), ".0f", gpu=True),
+            Column("save delta, GPU", key("save_delta_gpu_mib"), ".0f", gpu=True),
+            Column("load alone, GPU", key("load_alone_gpu_mib"), ".0f", gpu=True),
+            Column("load delta, GPU", key("load_delta_gpu_mib"), ".0f", gpu=True),
+            Column("the base stored", key("base"), ".0f"),
+        ],
+        rows,
+        result,
     )
+    return ["", "Peak memory, MiB above each process's start (the fp32 state, 50 steps apart):", "", *lines]
 
 
 def delta_headline(result: dict) -> str:
