@@ -184,9 +184,23 @@ class Undoing:
         cpu = device.type == "cpu" and self.spans
         self._first = records.segment_pool().submit(self._decoded, self.spans[0], False) if cpu else None
 
-    def _decoded(self, span: tuple[int, int], scratch: bool = True) -> torch.Tensor:
-        into = self._scratch.get(span[1], self.device) if scratch else None
-        return decoded_range(self.name, self.base, *span, self.device, self.state, 1, self.state.bases, into)
+    def _decoded(self, span: tuple[int, int], scratch: bool = True) -> list[tuple[int, torch.Tensor]]:
+        """The base's bytes where a transformed storage lies in ``span``, each window at its offset (a storage kept
+        as it is needs none: its bytes are not joined)."""
+        windows = []
+        for (at, nbytes), transform in zip(self.rec["storages"], self.rec["delta"]["transforms"]):
+            lo, hi = max(at, span[0]), min(at + nbytes, span[0] + span[1])
+            if transform != "none" and lo < hi:
+                windows.append((lo, hi - lo))
+        if not windows:
+            return []
+        into = self._scratch.get(windows[0][1], self.device) if scratch and len(windows) == 1 else None
+        found = decoded_windows(self.name, self.base, windows, self.device, self.state, 1, self.state.bases, into)
+        return [(start, base_bytes) for (start, _), base_bytes in zip(windows, found)]
+
+    def _undo(self, placed: list[tuple[int, torch.Tensor]], windows: list[tuple[int, torch.Tensor]]) -> None:
+        for start, base_bytes in windows:
+            undo_range(self.rec, placed, start, base_bytes)
 
     def by_segment(self, pieces: list[torch.Tensor]) -> Callable[[int, int], None] | None:
         """What undoes the record a segment at a time as ``records.decode_into(..., after=)`` decodes it on the CPU into
@@ -197,13 +211,8 @@ class Undoing:
         first = self.spans[0][0] if self.spans else None
 
         def undo_segment(start: int, length: int) -> None:
-            if start == first and self._first is not None:
-                base_bytes = self._first.result()
-            elif _transformed_in(self.rec, start, length):
-                base_bytes = self._decoded((start, length))
-            else:
-                return
-            undo_range(self.rec, placed, start, base_bytes)
+            ready = self._first is not None and start == first
+            self._undo(placed, self._first.result() if ready else self._decoded((start, length)))  # type: ignore[union-attr]
 
         return undo_segment
 
@@ -212,11 +221,11 @@ class Undoing:
         placed = [(at, piece) for (at, _), piece in zip(self.rec["storages"], pieces)]
 
         def one(span: tuple[int, int]) -> None:  # a base segment: its ranges of the storages are theirs alone
-            undo_range(self.rec, placed, span[0], self._decoded(span))
+            self._undo(placed, self._decoded(span))
 
         rest = self.spans
         if self._first is not None:
-            undo_range(self.rec, placed, rest[0][0], self._first.result())
+            self._undo(placed, self._first.result())
             rest = rest[1:]
         if self.device.type == "cpu" and len(rest) > 1:  # the base's segments on the segment threads, as the record's
             for _ in records.segment_pool().map(one, rest):
