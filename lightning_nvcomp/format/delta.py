@@ -69,6 +69,35 @@ def encode_against(
     return source, delta_field(source.transforms, itemsize, base, rec)
 
 
+def transformed_against(
+    items: list[tuple[torch.Tensor, BaseFile]], dtype: torch.dtype, codec: str
+) -> list[tuple[torch.Tensor, dict] | None]:
+    """Each buffer of ``items`` (1-D uint8, numbers of ``dtype``, a record of its own: a DCP item) transformed against
+    the one record of its base, in memory of its own, with the record's ``delta`` field; None where it codes smaller
+    alone, or its base's chain is broken. The bases are decoded whole on the buffers' device (the caller bounds how
+    many bytes at once) and the transforms chosen on all of them together: one engine call per candidate."""
+    itemsize = transforms.width(dtype)
+    decoded: list[torch.Tensor | None] = []
+    for data, base in items:
+        named = {**delta_field([], 1, base, base.records[0])["base"], "file": os.path.basename(base.path)}
+        try:
+            decoded.append(decoded_range(base.path, named, 0, data.numel(), data.device, None, 0, {}))
+        except CheckpointError as err:  # its chain is broken (a base pruned, replaced, damaged): it stands alone
+            log.warning("lightning_nvcomp: %s cannot be a base (%s): the item is stored alone", base.path, err)
+            decoded.append(None)
+    pairs = [(data, found) for (data, _), found in zip(items, decoded) if found is not None]
+    choices = iter(transforms.choose(pairs, itemsize, lambda windows: layouts.coded_nbytes(windows, dtype, codec)))
+    out: list[tuple[torch.Tensor, dict] | None] = []
+    for (data, base), found in zip(items, decoded):
+        transform = next(choices) if found is not None else None
+        if found is None or transform is None:
+            out.append(None)
+            continue
+        transforms.apply(transform, data, found, itemsize, found)
+        out.append((found, delta_field([transform], itemsize, base, base.records[0])))
+    return out
+
+
 class _Against(Parts):
     """A record's bytes transformed against its base record, made a range at a time as its segments are coded
     (:meth:`slice`), the base's range decoded for each (a record of one base segment: decoded once, kept)."""
@@ -194,6 +223,8 @@ class Undoing:
                 windows.append((lo, hi - lo))
         if not windows:
             return []
+        if self.device.type != "cpu":  # on a GPU a join costs its calls, not its bytes: the span at once
+            windows = [(windows[0][0], windows[-1][0] + windows[-1][1] - windows[0][0])]
         into = self._scratch.get(windows[0][1], self.device) if scratch and len(windows) == 1 else None
         found = decoded_windows(self.name, self.base, windows, self.device, self.state, 1, self.state.bases, into)
         return [(start, base_bytes) for (start, _), base_bytes in zip(windows, found)]

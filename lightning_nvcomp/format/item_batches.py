@@ -19,9 +19,9 @@ from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec.cpu import cpu_threads
 from lightning_nvcomp.codec.layouts import raw_layout
 from lightning_nvcomp.codec.schema import Layout
+from lightning_nvcomp.format import delta
 from lightning_nvcomp.format.bases import BaseFile
 from lightning_nvcomp.format.contents import DTYPES
-from lightning_nvcomp.format.delta import encode_against
 from lightning_nvcomp.format.writer import _LayoutCache
 
 #: Raw bytes coded per batch, by the tensors' device type (and so the scratch and pinned host memory one batch
@@ -209,19 +209,52 @@ def _cut(
         yield run
 
 
-def code_against(name: str, t: torch.Tensor, codec: str, base: BaseFile) -> CodedTensor | None:
-    """``t`` (:func:`storable`) coded as a delta against the one record of ``base`` (an item of an earlier save), or
-    None where it cannot be (another dtype or size, ``codec="none"``, a tiny tensor) or codes no smaller that way:
-    then it is coded alone, with its batch (:func:`code_tensors`)."""
+def code_deltas(
+    items: list[tuple[str, torch.Tensor, BaseFile]], codec: str
+) -> Iterator[tuple[list[tuple[int, CodedTensor]], list[int]]]:
+    """Code each ``(name, tensor, base)`` of ``items`` (:func:`storable`) as a delta against the one record of its
+    base (an item of an earlier save), as :func:`code_tensors` codes tensors: in runs of one device and dtype of up to
+    :data:`BATCH_NBYTES`, each run's bases decoded and its transforms chosen together
+    (:func:`~lightning_nvcomp.format.delta.transformed_against`), then its transformed bytes coded in batches. Yields,
+    run by run, the coded deltas as ``(index, coded)`` pairs, and the indices of the tensors that cannot be deltas or
+    code smaller alone (another dtype or size than the base's, ``codec="none"``, a tiny tensor): for the caller to code
+    alone."""
+    alone: list[int] = []
+    runs: dict[tuple, list[int]] = {}
+    for i, (_, t, base) in enumerate(items):
+        nbytes = t.numel() * t.element_size()
+        fits = len(base.records) == 1 and base.records[0].fits(t.dtype, [[0, nbytes]])
+        if codec == "none" or nbytes < RAW_NBYTES or not fits:
+            alone.append(i)
+        else:
+            runs.setdefault((t.device, t.dtype), []).append(i)
+    if alone:
+        yield [], alone
+    tensors = [(name, t) for name, t, _ in items]
+    for (device, dtype), indices in runs.items():
+        for run in _cut(indices, tensors, engines.segment_nbytes(device, codec), device):
+            if len(run) == 1 and _bytes(items[run[0]][1]).numel() > engines.segment_nbytes(device, codec):
+                large = _code_large(*items[run[0]], codec)  # its base decoded a range at a time, as it is coded
+                yield ([(run[0], large)], []) if large is not None else ([], run)
+                continue
+            found = delta.transformed_against([(_bytes(items[i][1]), items[i][2]) for i in run], dtype, codec)
+            coded = [(i, f) for i, f in zip(run, found) if f is not None]
+            shaped = [(items[i][0], data.view(dtype).reshape(items[i][1].shape)) for i, (data, _) in coded]
+            done = []
+            for batch in code_tensors(shaped, codec):
+                for k, result in batch:
+                    result.fields = {"delta": coded[k][1][1]}
+                    done.append((coded[k][0], result))
+            yield done, [i for i, f in zip(run, found) if f is None]
+
+
+def _code_large(name: str, t: torch.Tensor, base: BaseFile, codec: str) -> CodedTensor | None:
+    """A tensor larger than a segment coded as a delta against its base's record, the base decoded a range at a time
+    as its segments are coded; None where it codes smaller alone."""
     data = _bytes(t)
-    table = [[0, data.numel()]]
-    if codec == "none" or data.numel() < RAW_NBYTES or len(base.records) != 1:
-        return None
-    if not base.records[0].fits(t.dtype, table):
-        return None
-    against = encode_against([data], table, t.dtype, codec, base, base.records[0])
+    against = delta.encode_against([data], [[0, data.numel()]], t.dtype, codec, base, base.records[0])
     if against is None:
         return None
-    parts, delta = against
+    parts, field = against
     encoder = records.Encoder(parts, t.dtype, codec)
-    return CodedTensor(name, t.dtype, tuple(t.shape), data.device.type, encoder.coding, list(encoder), {"delta": delta})
+    return CodedTensor(name, t.dtype, tuple(t.shape), data.device.type, encoder.coding, list(encoder), {"delta": field})

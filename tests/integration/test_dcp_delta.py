@@ -131,3 +131,16 @@ def test_gpu_shards_save_deltas_that_load_bit_exactly(tmp_path: Path, codec: str
     cpu = _contiguous({k: v.cpu() for k, v in states[2].items()})
     assert_tree_bit_exact({k: v.cpu() for k, v in _load(f"{root}/step-2", states[2]).items()}, cpu)
     assert_tree_bit_exact(_load(f"{root}/step-2", cpu), cpu)
+
+
+def test_a_shard_larger_than_a_segment_is_a_delta_too(tmp_path: Path) -> None:
+    """Its base is decoded a range at a time as it is coded; small items beside it are coded in batches."""
+    gen = torch.Generator().manual_seed(0)
+    big = torch.randn(5_000_000, generator=gen) * 0.02  # 20 MB: two CPU segments
+    states = [{"big": big + step * 1e-6, "small": big[:50_000] + step * 1e-5} for step in range(2)]
+    root = str(tmp_path / "run")
+    writer = NvcompFileSystemWriter(f"{root}/step-0", "zstd", delta=DeltaOptions())
+    for step, state in enumerate(states):
+        dcp.save(state, storage_writer=writer, checkpoint_id=f"{root}/step-{step}")
+    assert _bases(f"{root}/step-1") == {"big": "../step-0", "small": "../step-0"}
+    assert_tree_bit_exact(_load(f"{root}/step-1", states[1]), states[1])

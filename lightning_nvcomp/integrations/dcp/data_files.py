@@ -25,7 +25,7 @@ from lightning_nvcomp._compat import dcp as _compat
 from lightning_nvcomp.errors import CheckpointError
 from lightning_nvcomp.format import items as tensor_items
 from lightning_nvcomp.format.bases import BaseFile
-from lightning_nvcomp.format.item_batches import RAW_NBYTES, CodedTensor, code_against, code_tensors, storable
+from lightning_nvcomp.format.item_batches import RAW_NBYTES, CodedTensor, code_deltas, code_tensors, storable
 from lightning_nvcomp.format.sink import DiskThread
 from lightning_nvcomp.format.writer import Snapshot, snapshot
 from lightning_nvcomp.format.zip import ArchiveWriter
@@ -165,17 +165,20 @@ class DataFiles:
     def _code_deltas(
         self, to_code: list[tuple[WriteItem, torch.Tensor]], write: Callable[[list[tuple[WriteItem, Stored]]], None]
     ) -> list[tuple[WriteItem, torch.Tensor]]:
-        """Code as deltas the items that have a base and code smaller against it, ``write`` each; the others."""
+        """Code as deltas the items that have a base and code smaller against it, ``write`` each batch; the others."""
         if self.bases is None:
             return to_code
-        rest = []
+        rest, against = [], []
         for item, data in to_code:
             base = self.bases(item)
-            coded = code_against(item.index.fqn, data, self.codec, base) if base is not None else None
-            if coded is None:
+            if base is None:
                 rest.append((item, data))
             else:
-                write([(item, coded)])
+                against.append((item, data, base))
+        for coded, alone in code_deltas([(item.index.fqn, data, base) for item, data, base in against], self.codec):
+            if coded:
+                write([(against[i][0], result) for i, result in coded])
+            rest.extend(against[i][:2] for i in alone)
         return rest
 
     def _resolve(
