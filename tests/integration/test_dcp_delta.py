@@ -144,3 +144,20 @@ def test_a_shard_larger_than_a_segment_is_a_delta_too(tmp_path: Path) -> None:
         dcp.save(state, storage_writer=writer, checkpoint_id=f"{root}/step-{step}")
     assert _bases(f"{root}/step-1") == {"big": "../step-0", "small": "../step-0"}
     assert_tree_bit_exact(_load(f"{root}/step-1", states[1]), states[1])
+
+
+def test_async_saves_are_deltas_too(tmp_path: Path) -> None:
+    """``dcp.async_save`` copies CPU shards while staging and codes them in the background: against the previous
+    save's, as a sync save does; training may change the state as soon as the call returns."""
+    root = str(tmp_path / "run")
+    writer = NvcompFileSystemWriter(f"{root}/step-0", "zstd", delta=DeltaOptions())
+    states = [drifting_state(s) for s in range(3)]
+    for step, state in enumerate(states):
+        live = {k: v.clone() for k, v in state.items()}
+        future = dcp.async_save(live, storage_writer=writer, checkpoint_id=f"{root}/step-{step}")
+        for t in live.values():
+            t.zero_()  # training goes on
+        future.result()
+    assert _bases(f"{root}/step-2")["w"] == "../step-1"
+    for step, state in enumerate(states):
+        assert_tree_bit_exact(_load(f"{root}/step-{step}", state), _contiguous(state))
