@@ -50,8 +50,8 @@ def encode_against(
     """A record's bytes coded against ``rec`` of ``base``: its ``storages`` (1-D uint8, lying in it at ``table``'s
     offsets) each transformed the way that codes a sample of it smallest (or kept), as the parts to code and the
     record's ``delta`` field; None where every storage codes smaller alone. The base is decoded on the storages'
-    device, a base segment at a time: once for the samples, and again as the record's segments are coded (a record of
-    one segment: once, kept)."""
+    device, a base segment at a time: once for the samples (only their windows joined), and again as the record's
+    segments are coded (a record of one segment: once, kept)."""
     itemsize = transforms.width(dtype)
     measured = [i for i, (_, nbytes) in enumerate(table) if nbytes >= _CHOOSE_NBYTES]
     try:
@@ -69,6 +69,12 @@ def encode_against(
     return source, delta_field(source.transforms, itemsize, base, rec)
 
 
+def _beside(base: BaseFile, rec: BaseRecord | None = None) -> dict:
+    """The ``base`` field that names ``rec`` of ``base`` (its one record by default) where the chain found the file:
+    by its own name, from beside itself."""
+    return {**delta_field([], 1, base, rec or base.records[0])["base"], "file": os.path.basename(base.path)}
+
+
 def transformed_against(
     items: list[tuple[torch.Tensor, BaseFile]], dtype: torch.dtype, codec: str
 ) -> list[tuple[torch.Tensor, dict] | None]:
@@ -79,9 +85,8 @@ def transformed_against(
     itemsize = transforms.width(dtype)
     decoded: list[torch.Tensor | None] = []
     for data, base in items:
-        named = {**delta_field([], 1, base, base.records[0])["base"], "file": os.path.basename(base.path)}
         try:
-            decoded.append(decoded_range(base.path, named, 0, data.numel(), data.device, None, 0, {}))
+            decoded.append(decoded_range(base.path, _beside(base), 0, data.numel(), data.device, None, 0, {}))
         except CheckpointError as err:  # its chain is broken (a base pruned, replaced, damaged): it stands alone
             log.warning("lightning_nvcomp: %s cannot be a base (%s): the item is stored alone", base.path, err)
             decoded.append(None)
@@ -110,8 +115,7 @@ class _Against(Parts):
         self.transforms: list[str | None] = [None] * len(storages)
         self._cache: dict = {}
         self._whole: torch.Tensor | None = None
-        # the base itself, where the chain found it: named by its own name, beside itself
-        self._named = {**delta_field([], 1, base, rec)["base"], "file": os.path.basename(base.path)}
+        self._named = _beside(base, rec)
         self._scratch = Scratch()
 
     @property

@@ -52,7 +52,7 @@ class CodedTensor:
     device: str
     coding: records.Coding
     segments: Iterable[records.Segment]
-    #: More fields of its record dict: a delta's (see :func:`code_against`).
+    #: More fields of its record dict: a delta's (see :func:`code_deltas`).
     fields: dict = field(default_factory=dict)
 
     @property
