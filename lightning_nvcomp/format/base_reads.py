@@ -58,13 +58,11 @@ def decoded_range(
     state: LoadState | None,
     depth: int,
     cache: dict,
-    into: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Bytes ``[start, start + length)`` of the base record that the file ``holder`` names in ``base`` (a delta's
     ``base`` field: the file, its id, the record's blobs and dict, the archive's range in the file), decoded on
-    ``device`` (into ``into``, ``length`` bytes, where it is on the device they are decoded on): see
-    :func:`decoded_windows`."""
-    return decoded_windows(holder, base, [(start, length)], device, state, depth, cache, into)[0]
+    ``device``: see :func:`decoded_windows`."""
+    return decoded_windows(holder, base, [(start, length)], device, state, depth, cache)[0]
 
 
 def decoded_windows(
@@ -75,7 +73,6 @@ def decoded_windows(
     state: LoadState | None,
     depth: int,
     cache: dict,
-    into: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """Bytes ``[start, start + length)`` of the base record for each of ``spans`` (apart from each other), as for
     :func:`decoded_range`: each segment they lie in decoded once, and only their bytes joined, checked: the file's id
@@ -89,8 +86,6 @@ def decoded_windows(
                 raise CorruptCheckpointError(f"bytes {start}..{start + length} are not whole numbers of its record")
         work = engines.work_device(layout, rec, device)
         outs = [torch.empty(length, dtype=torch.uint8, device=work) for _, length in spans]
-        if into is not None and into.device == work and len(spans) == 1:
-            outs = [into]
         stand_ins = [torch.empty(opened.size(key), dtype=torch.uint8, device="meta") for key in keys]
         for s, (at, n) in enumerate(schema._segments(rec["nbytes"], rec["segment"])):
             targets = [

@@ -83,7 +83,8 @@ def _record_storages(
             records.decode_into(
                 blobs, rec, [(start, p) for (start, _), p in zip(rec["storages"], pieces)], layout, after=after
             )
-            undoing = None if after is not None else undoing
+            if after is not None:
+                undoing = None  # undone segment by segment, as each was decoded
         else:  # decoded on a GPU for a CPU load: one copy, straight into each storage's memory
             data = records.decode(blobs, rec, target, move=False, layout=layout)
             pieces = [data[start : start + n].to(target) for start, n in rec["storages"]]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Callable
 
 import torch
@@ -116,7 +115,6 @@ class _Against(Parts):
         self._cache: dict = {}
         self._whole: torch.Tensor | None = None
         self._named = _beside(base, rec)
-        self._scratch = Scratch()
 
     @property
     def device(self) -> torch.device:
@@ -126,11 +124,8 @@ class _Against(Parts):
     def one_tensor(self) -> bool:
         return len(self.storages) == 1
 
-    def _range(self, start: int, length: int, kept: bool = False) -> torch.Tensor:
-        """The base's bytes there: in this thread's scratch, used up before the thread asks for more (``kept``: in
-        memory of their own)."""
-        into = None if kept else self._scratch.get(length, self.device)
-        return decoded_range(self.base.path, self._named, start, length, self.device, None, 0, self._cache, into)
+    def _range(self, start: int, length: int) -> torch.Tensor:
+        return decoded_range(self.base.path, self._named, start, length, self.device, None, 0, self._cache)
 
     def samples(self, measured: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """For each storage ``measured``, a window around its middle and the base's bytes there (what
@@ -141,7 +136,7 @@ class _Against(Parts):
             at = max(0, nbytes // 2 - transforms.SAMPLE_NBYTES) // 128 * 128
             windows.append((start + at, min(nbytes - at, 2 * transforms.SAMPLE_NBYTES)))
         if len(base_spans(self.rec.record)) == 1 and len(self.storages) > 1:
-            self._whole = self._range(0, self.nbytes, kept=True)
+            self._whole = self._range(0, self.nbytes)
             bases = [self._whole[lo : lo + n] for lo, n in windows]
         elif windows:
             bases = decoded_windows(self.base.path, self._named, windows, self.device, None, 0, self._cache)
@@ -213,11 +208,10 @@ class Undoing:
         self.spans = [
             (start, length) for start, length in base_spans(base["record"]) if _transformed_in(rec, start, length)
         ]
-        self._scratch = Scratch()
         cpu = device.type == "cpu" and self.spans
-        self._first = records.segment_pool().submit(self._decoded, self.spans[0], False) if cpu else None
+        self._first = records.segment_pool().submit(self._decoded, self.spans[0]) if cpu else None
 
-    def _decoded(self, span: tuple[int, int], scratch: bool = True) -> list[tuple[int, torch.Tensor]]:
+    def _decoded(self, span: tuple[int, int]) -> list[tuple[int, torch.Tensor]]:
         """The base's bytes where a transformed storage lies in ``span``, each window at its offset (a storage kept
         as it is needs none: its bytes are not joined)."""
         windows = []
@@ -229,9 +223,12 @@ class Undoing:
             return []
         if self.device.type != "cpu":  # on a GPU a join costs its calls, not its bytes: the span at once
             windows = [(windows[0][0], windows[-1][0] + windows[-1][1] - windows[0][0])]
-        into = self._scratch.get(windows[0][1], self.device) if scratch and len(windows) == 1 else None
-        found = decoded_windows(self.name, self.base, windows, self.device, self.state, 1, self.state.bases, into)
+        found = decoded_windows(self.name, self.base, windows, self.device, self.state, 1, self.state.bases)
         return [(start, base_bytes) for (start, _), base_bytes in zip(windows, found)]
+
+    def _placed(self, pieces: list[torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
+        """Each storage's decoded bytes and where it starts in the record."""
+        return [(at, piece) for (at, _), piece in zip(self.rec["storages"], pieces)]
 
     def _undo(self, placed: list[tuple[int, torch.Tensor]], windows: list[tuple[int, torch.Tensor]]) -> None:
         for start, base_bytes in windows:
@@ -242,7 +239,7 @@ class Undoing:
         ``pieces`` (its storages), or None where its segments are not its base's (then :meth:`finish` it)."""
         if self.device.type != "cpu" or self.rec.get("segment") != self.base["record"].get("segment"):
             return None
-        placed = [(at, piece) for (at, _), piece in zip(self.rec["storages"], pieces)]
+        placed = self._placed(pieces)
         first = self.spans[0][0] if self.spans else None
 
         def undo_segment(start: int, length: int) -> None:
@@ -253,7 +250,7 @@ class Undoing:
 
     def finish(self, pieces: list[torch.Tensor]) -> None:
         """Undo the transforms on the record's decoded ``pieces`` (its storages, in place)."""
-        placed = [(at, piece) for (at, _), piece in zip(self.rec["storages"], pieces)]
+        placed = self._placed(pieces)
 
         def one(span: tuple[int, int]) -> None:  # a base segment: its ranges of the storages are theirs alone
             self._undo(placed, self._decoded(span))
@@ -268,22 +265,6 @@ class Undoing:
         else:
             for span in rest:
                 one(span)
-
-
-class Scratch:
-    """Memory of each thread for the base bytes it decodes and uses up before it decodes more: reused, since freed
-    buffers of a segment's size stay in the C allocator's arenas (a delta save's peak memory was twice its live
-    memory), and freed with this object."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[tuple[int, str], torch.Tensor] = {}
-
-    def get(self, length: int, device: torch.device) -> torch.Tensor:
-        key = (threading.get_ident(), str(device))
-        held = self._buffers.get(key)
-        if held is None or held.numel() < length:
-            held = self._buffers[key] = torch.empty(length, dtype=torch.uint8, device=device)
-        return held[:length]
 
 
 def base_spans(rec: dict) -> list[tuple[int, int]]:
