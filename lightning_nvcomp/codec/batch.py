@@ -94,9 +94,7 @@ def _coded(
 ) -> tuple[torch.Tensor, list[list[int]]]:
     """The buffers' byte planes side by side (buffer i's from ``columns[:i]`` on), coded with ``layout``: their
     chunks packed into one buffer on ``work``, and each buffer's chunk sizes."""
-    planes = _planes(datas, columns, layout.planes, work)
-    if layout.rotate:
-        byte_planes.rotate(planes)
+    planes = _planes(datas, columns, layout.planes, layout.rotate, work)
     flat, pitch = byte_planes.flatten(planes)
     # Buffer i's plane k is row k of the batch's planes, from its column on: its chunks are those Encoder cuts from
     # its own planes, at these offsets. A chunk is an (offset, length) of `flat` until coded smaller.
@@ -134,11 +132,12 @@ def _sample(datas: list[torch.Tensor]) -> torch.Tensor:
     return concatenate(datas[::step])
 
 
-def _planes(datas: list[torch.Tensor], columns: list[int], width: int, work: str) -> torch.Tensor:
-    """The ``[width, n]`` byte planes of the buffers side by side, buffer i's from its column on (``columns[i]``
-    plane columns each; the columns past its own bytes are left uninitialised: no chunk covers them)."""
+def _planes(datas: list[torch.Tensor], columns: list[int], width: int, rotated: bool, work: str) -> torch.Tensor:
+    """The ``[width, n]`` byte planes of the buffers side by side (``rotated`` as :func:`byte_planes.split` takes it),
+    buffer i's from its column on (``columns[i]`` plane columns each; the columns past its own bytes are left
+    uninitialised: no chunk covers them)."""
     total = sum(columns)
-    if work == "cpu":  # numpy: a transposing copy per buffer, straight into its columns (no concatenation)
+    if work == "cpu":  # each buffer split straight into its columns (no concatenation)
         kept = getattr(_scratch, "planes", None)
         if kept is None or kept.size < width * total:
             kept = _scratch.planes = np.empty(width * total, dtype=np.uint8)
@@ -146,7 +145,7 @@ def _planes(datas: list[torch.Tensor], columns: list[int], width: int, work: str
         column = 0
         for d, n in zip(datas, columns):
             if d.numel():
-                out[:, column : column + d.numel() // width] = d.numpy().reshape(-1, width).T
+                byte_planes.split_into(d.numpy(), out[:, column : column + d.numel() // width], rotated)
             column += n
         return torch.from_numpy(out)
     # On a GPU, one concatenation and one transposing copy: fewer calls than a copy per buffer (what staging waits
@@ -154,7 +153,7 @@ def _planes(datas: list[torch.Tensor], columns: list[int], width: int, work: str
     pads = [n * width - d.numel() for d, n in zip(datas, columns)]
     zeros = torch.zeros(max(pads), dtype=torch.uint8, device=work)
     data = concatenate([part for d, pad in zip(datas, pads) for part in ((d, zeros[:pad]) if pad else (d,))])
-    return byte_planes.split(data, width)
+    return byte_planes.split(data, width, rotated)
 
 
 def _joined(pieces: list[torch.Tensor | tuple[int, int]]) -> list[torch.Tensor | tuple[int, int]]:

@@ -105,6 +105,40 @@ class _LiteralCoder:
         return torch.frombuffer(out, dtype=torch.uint8)[:n]
 
 
+class _FrameDecoder:
+    """zstd frames decoded straight into their destination (``zstandard``'s ``decompress`` returns new bytes, which
+    cost an allocation and a copy). One per thread, as contexts are."""
+
+    def __init__(self) -> None:
+        lib, ffi = backend_cffi.lib, backend_cffi.ffi
+        self._dctx = ffi.gc(lib.ZSTD_createDCtx(), lib.ZSTD_freeDCtx)
+        if not self._dctx:
+            raise MemoryError("zstd could not allocate a decompression context")
+
+    def decode_into(self, frame: np.ndarray, out: np.ndarray) -> None:
+        """Decode the frame into ``out``, which its content must fill exactly (bytes after the frame are ignored)."""
+        lib, ffi = backend_cffi.lib, backend_cffi.ffi
+        source = ffi.from_buffer(frame)
+        declared = lib.ZSTD_getFrameContentSize(source, frame.size)
+        if declared != out.size:  # checked before decoding: a crafted frame must not make us allocate its claim
+            raise ValueError(f"zstd frame declares {_content_size(declared)} bytes, expected {out.size}")
+        n = lib.ZSTD_decompressDCtx(
+            self._dctx, ffi.from_buffer(out, require_writable=True), out.size, source, frame.size
+        )
+        if lib.ZSTD_isError(n):
+            raise ValueError(f"zstd frame does not decode: {ffi.string(lib.ZSTD_getErrorName(n)).decode()}")
+        if n != out.size:
+            raise ValueError(f"zstd frame decodes to {n} bytes, expected {out.size}")
+
+
+def _content_size(declared: int) -> str:
+    """A frame's content size as zstd reports it: a number, or one of its two error values."""
+    lib = backend_cffi.lib
+    return {lib.ZSTD_CONTENTSIZE_UNKNOWN: "no", lib.ZSTD_CONTENTSIZE_ERROR: "an unreadable"}.get(
+        declared, str(declared)
+    )
+
+
 class CpuZstdEngine(ChunkEngine):
     """zstd on the CPU; ``zstandard`` releases the GIL, so a thread pool scales with cores."""
 
@@ -120,10 +154,10 @@ class CpuZstdEngine(ChunkEngine):
         if not hasattr(self._local, "cctx"):  # zstd contexts are not thread-safe: one per thread
             self._local.cctx = zstandard.ZstdCompressor(compression_params=self._parameters)
             self._local.literals = [_LiteralCoder(n) for n in BLOCK_NBYTES]
-            self._local.dctx = zstandard.ZstdDecompressor()
+            self._local.dctx = _FrameDecoder()
         return self._local.cctx
 
-    def _decompressor(self) -> zstandard.ZstdDecompressor:
+    def _decompressor(self) -> _FrameDecoder:
         self._compressor()
         return self._local.dctx
 
@@ -157,18 +191,7 @@ class CpuZstdEngine(ChunkEngine):
         return [frame for group in coded for frame in group]
 
     def _decode_one(self, pair: tuple[np.ndarray, np.ndarray]) -> None:
-        frame, out = pair
-        want = out.size
-        try:
-            declared = zstandard.frame_content_size(memoryview(frame))
-            if declared != want:  # checked before decoding: a crafted frame must not make us allocate its claim
-                raise ValueError(f"zstd frame declares {declared} bytes, expected {want}")
-            data = self._decompressor().decompress(memoryview(frame), max_output_size=want)
-        except zstandard.ZstdError as err:
-            raise ValueError(f"zstd frame does not decode: {err}") from None
-        if len(data) != want:
-            raise ValueError(f"zstd frame decodes to {len(data)} bytes, expected {want}")
-        out[:] = np.frombuffer(data, dtype=np.uint8)
+        self._decompressor().decode_into(*pair)
 
     def _decode_run(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
         for pair in pairs:

@@ -107,9 +107,7 @@ def coded_nbytes(windows: list[torch.Tensor], dtype: torch.dtype, codec: str) ->
     planes, spans, at = [], [], 0
     for window in windows:
         width = layout.planes if window.numel() % layout.planes == 0 else 1
-        rows = byte_planes.split(window, width)
-        if width > 1 and layout.rotate:
-            byte_planes.rotate(rows)
+        rows = byte_planes.split(window, width, width > 1 and layout.rotate)
         planes.append(rows.reshape(-1))
         n = window.numel() // width
         spans.append([(at + k * n, n) for k in range(width)])

@@ -50,9 +50,7 @@ def encode_segment(
     """Code one segment (a tensor, or its consecutive parts: :meth:`Parts.slice`) with ``layout``: its stored chunks
     (on its device), plane by plane, each coded or raw where coding would not make it smaller (what a blob holds,
     :func:`pack` ed)."""
-    plane_data = byte_planes.split(seg, layout.planes)
-    if layout.rotate:
-        byte_planes.rotate(plane_data)
+    plane_data = byte_planes.split(seg, layout.planes, layout.rotate)
     flat, pitch = byte_planes.flatten(plane_data)
     spans = plane_spans(layout.planes, plane_data.shape[1], pitch, layout.chunk)
     stored = [[flat[o : o + n] for o, n in plane] for plane in spans]

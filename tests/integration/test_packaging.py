@@ -32,6 +32,8 @@ try:
 except ImportError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
+#: The wheel's name: its C module built against the limited API, for every Python from 3.10 on this platform.
+WHEEL = r"lightning_nvcomp-{version}-cp310-abi3-linux_\w+\.whl"
 FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric", "accelerate")
 
 #: Child-process prologue: every framework module is unimportable (as if not installed), and every attempt to
@@ -202,24 +204,25 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Release:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     version = lightning_nvcomp.__version__
-    assert sorted(p.name for p in (root / "dist").iterdir()) == [
-        f"lightning_nvcomp-{version}-py3-none-any.whl",
-        f"lightning_nvcomp-{version}.tar.gz",
-    ]
+    names = sorted(p.name for p in (root / "dist").iterdir())
+    # one wheel for every Python of this platform: the C module is built against the limited API
+    assert len(names) == 2 and re.fullmatch(WHEEL.format(version=re.escape(version)), names[0]), names
+    assert names[1] == f"lightning_nvcomp-{version}.tar.gz"
     return Release(
         proc.stdout + proc.stderr,
-        root / "dist" / f"lightning_nvcomp-{version}-py3-none-any.whl",
-        root / "dist" / f"lightning_nvcomp-{version}.tar.gz",
+        root / "dist" / names[0],
+        root / "dist" / names[1],
         root / "env",
     )
 
 
 def _package_files(root: Path) -> set[str]:
-    """Every file of the package under ``root`` (``lightning_nvcomp/...``), bytecode caches left out."""
+    """Every file of the package under ``root`` (``lightning_nvcomp/...``) that a wheel holds: bytecode caches and
+    the C module's source left out (its built module is in the tree of an editable install)."""
     return {
         p.relative_to(root).as_posix()
         for p in (root / "lightning_nvcomp").rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".c")
     }
 
 
@@ -305,7 +308,8 @@ def test_the_sdist_holds_what_a_source_build_and_a_reader_need(release: Release)
 @pytest.mark.slow
 def test_the_installed_wheel_runs_every_module_and_the_lightning_entry_point(release: Release) -> None:
     """In the fresh environment the release check made: every module of every subpackage imports from the wheel,
-    Lightning finds the savings callback through its entry point, and ``python -m lightning_nvcomp`` runs."""
+    Lightning finds the savings callback through its entry point, the byte planes' C module is the wheel's, and
+    ``python -m lightning_nvcomp`` runs."""
     python = release.env / "bin" / "python"
     modules = sorted(
         n.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
@@ -325,9 +329,11 @@ for name in modules:
         if type(err).__name__ != "MissingExtraError":
             raise
         optional[name] = str(err)
+from lightning_nvcomp.codec import planes
 factory = [e for e in entry_points(group="lightning.pytorch.callbacks_factory") if e.name == "lightning_nvcomp"]
 print(json.dumps({{"file": lightning_nvcomp.__file__, "version": lightning_nvcomp.__version__,
-                   "callbacks": [type(c).__name__ for c in factory[0].load()()], "optional": optional}}))
+                   "callbacks": [type(c).__name__ for c in factory[0].load()()], "optional": optional,
+                  "native": planes._native and planes._native.__file__}}))
 """
     # outside the checkout, without PYTHONPATH: the wheel's package, not this tree's
     run = dict(capture_output=True, text=True, timeout=300, cwd=str(release.env), env={"PATH": os.environ["PATH"]})
@@ -337,6 +343,7 @@ print(json.dumps({{"file": lightning_nvcomp.__file__, "version": lightning_nvcom
     assert Path(result["file"]).resolve().is_relative_to(release.env.resolve()), result["file"]
     assert result["version"] == lightning_nvcomp.__version__
     assert result["callbacks"] == ["NvcompSavings"]
+    assert result["native"] and Path(result["native"]).resolve().is_relative_to(release.env.resolve())
     # the frameworks of the dev extra are installed here: their integrations imported
     assert not any(".integrations." in name for name in result["optional"]), result["optional"]
     version = subprocess.run([str(python), "-I", "-m", "lightning_nvcomp", "--version"], **run)
@@ -364,7 +371,7 @@ def test_install_lines_name_this_release_its_extras_and_its_repository() -> None
             for group in re.findall(r"(?:lightning-nvcomp|lightning_nvcomp-\S+?\.whl|(?<![\w/])\.)\[([^\]]+)\]", line):
                 installs += 1
                 assert {e.strip() for e in group.split(",")} <= extras, f"{name}: {line}"
-        for built in re.findall(r"lightning_nvcomp-([0-9][^-\s]*?)(?:-py3-none-any\.whl|\.tar\.gz)", text):
+        for built in re.findall(r"lightning_nvcomp-([0-9][^-\s]*?)(?:-cp310-abi3-\w+\.whl|\.tar\.gz)", text):
             assert built == version, f"{name} names lightning_nvcomp-{built}, the version is {version}"
         for link in re.findall(r"https://github\.com/[\w.-]+/[\w.-]+", text):
             assert link.removesuffix(".git") == repository, f"{name}: {link}"

@@ -1,0 +1,128 @@
+/* Byte planes split and joined in one pass each, the float rotation fused in (lightning_nvcomp/codec/planes.py says
+ * what the layout is). numpy needs several strided passes for either; these loops run at memory speed and release
+ * the GIL, so the segment threads run them side by side.
+ *
+ * Built against the limited API (one abi3 binary for every Python); pointers come as integers from planes.py, which
+ * checks every buffer's size and contiguity before a call. */
+#define Py_LIMITED_API 0x030A0000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_WIDTH 8
+
+/* The rotation: the 16 bits a number's top two bytes form turned left by one bit (split) or right (join). */
+static inline uint16_t rotl1(uint16_t v) { return (uint16_t)((v << 1) | (v >> 15)); }
+static inline uint16_t rotr1(uint16_t v) { return (uint16_t)((v >> 1) | (v << 15)); }
+
+static void split_planes(const uint8_t *src, uint8_t **rows, Py_ssize_t n, int width, int rotated) {
+    if (width == 4) {
+        uint8_t *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t v;
+            memcpy(&v, src + 4 * i, 4);
+            uint16_t top = (uint16_t)(v >> 16);
+            if (rotated) top = rotl1(top);
+            r0[i] = (uint8_t)v;
+            r1[i] = (uint8_t)(v >> 8);
+            r2[i] = (uint8_t)top;
+            r3[i] = (uint8_t)(top >> 8);
+        }
+    } else if (width == 2) {
+        uint8_t *r0 = rows[0], *r1 = rows[1];
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint16_t v;
+            memcpy(&v, src + 2 * i, 2);
+            if (rotated) v = rotl1(v);
+            r0[i] = (uint8_t)v;
+            r1[i] = (uint8_t)(v >> 8);
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const uint8_t *number = src + (Py_ssize_t)width * i;
+            for (int k = 0; k < width - 2; k++) rows[k][i] = number[k];
+            uint16_t top = (uint16_t)(number[width - 2] | (number[width - 1] << 8));
+            if (rotated) top = rotl1(top);
+            rows[width - 2][i] = (uint8_t)top;
+            rows[width - 1][i] = (uint8_t)(top >> 8);
+        }
+    }
+}
+
+static void join_planes(uint8_t *const *rows, uint8_t *out, Py_ssize_t n, int width, int rotated) {
+    if (width == 4) {
+        const uint8_t *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint16_t top = (uint16_t)(r2[i] | (r3[i] << 8));
+            if (rotated) top = rotr1(top);
+            uint32_t v = (uint32_t)r0[i] | ((uint32_t)r1[i] << 8) | ((uint32_t)top << 16);
+            memcpy(out + 4 * i, &v, 4);
+        }
+    } else if (width == 2) {
+        const uint8_t *r0 = rows[0], *r1 = rows[1];
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint16_t v = (uint16_t)(r0[i] | (r1[i] << 8));
+            if (rotated) v = rotr1(v);
+            memcpy(out + 2 * i, &v, 2);
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint8_t *number = out + (Py_ssize_t)width * i;
+            for (int k = 0; k < width - 2; k++) number[k] = rows[k][i];
+            uint16_t top = (uint16_t)(rows[width - 2][i] | (rows[width - 1][i] << 8));
+            if (rotated) top = rotr1(top);
+            number[width - 2] = (uint8_t)top;
+            number[width - 1] = (uint8_t)(top >> 8);
+        }
+    }
+}
+
+/* (buffer address, n, rotated, row addresses...): the arguments both functions take. */
+static int parse(PyObject *args, void **buffer, Py_ssize_t *n, int *rotated, uint8_t **rows, int *width) {
+    Py_ssize_t count = PyTuple_Size(args);
+    if (count < 5 || count > 3 + MAX_WIDTH) {
+        PyErr_SetString(PyExc_ValueError, "expected a buffer, a count, a flag and 2 to 8 rows");
+        return -1;
+    }
+    *buffer = PyLong_AsVoidPtr(PyTuple_GetItem(args, 0));
+    *n = PyLong_AsSsize_t(PyTuple_GetItem(args, 1));
+    *rotated = PyObject_IsTrue(PyTuple_GetItem(args, 2));
+    *width = (int)(count - 3);
+    for (int k = 0; k < *width; k++) rows[k] = PyLong_AsVoidPtr(PyTuple_GetItem(args, 3 + k));
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *split(PyObject *self, PyObject *args) {
+    void *src;
+    uint8_t *rows[MAX_WIDTH];
+    Py_ssize_t n;
+    int rotated, width;
+    if (parse(args, &src, &n, &rotated, rows, &width) < 0) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    split_planes((const uint8_t *)src, rows, n, width, rotated);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *join(PyObject *self, PyObject *args) {
+    void *out;
+    uint8_t *rows[MAX_WIDTH];
+    Py_ssize_t n;
+    int rotated, width;
+    if (parse(args, &out, &n, &rotated, rows, &width) < 0) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    join_planes(rows, (uint8_t *)out, n, width, rotated);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"split", split, METH_VARARGS, "split(src, n, rotated, *rows): n numbers at src into their byte rows."},
+    {"join", join, METH_VARARGS, "join(out, n, rotated, *rows): byte rows of n numbers back into out."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_planes", NULL, 0, methods};
+
+PyMODINIT_FUNC PyInit__planes(void) { return PyModule_Create(&module); }
