@@ -216,14 +216,23 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Release:
     )
 
 
+#: The C module a wheel holds built, where the sdist holds its source.
+C_MODULE = "lightning_nvcomp/codec/_planes"
+
+
 def _package_files(root: Path) -> set[str]:
-    """Every file of the package under ``root`` (``lightning_nvcomp/...``) that a wheel holds: bytecode caches and
-    the C module's source left out (its built module is in the tree of an editable install)."""
+    """Every source file of the package under ``root`` (``lightning_nvcomp/...``): what the sdist holds. Bytecode
+    caches and built modules (an editable install builds the C module in the tree) are left out."""
     return {
         p.relative_to(root).as_posix()
         for p in (root / "lightning_nvcomp").rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".c")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".so")
     }
+
+
+def _wheel_files(root: Path) -> set[str]:
+    """What the wheel holds of the package: its sources, the C module built in place of its source."""
+    return (_package_files(root) - {f"{C_MODULE}.c"}) | {f"{C_MODULE}.abi3.so"}
 
 
 def _metadata(wheel: Path) -> Metadata:
@@ -238,13 +247,14 @@ def test_the_release_check_builds_checks_and_runs_the_release(release: Release) 
     """Both files pass ``twine check --strict``, and the wheel's command, installed in a fresh environment, says
     this version."""
     for path in (release.wheel, release.sdist):
-        assert re.search(rf"Checking \S*{re.escape(path.name)}: \S*PASSED", release.output), release.output
+        # twine wraps a long line after "Checking"
+        assert re.search(rf"Checking\s+\S*{re.escape(path.name)}: \S*PASSED", release.output), release.output
     assert f"lightning-nvcomp {lightning_nvcomp.__version__}: " in release.output.splitlines()[-1]
 
 
 @pytest.mark.slow
 def test_the_wheel_holds_the_package_its_license_and_nothing_else(release: Release) -> None:
-    expected = _package_files(REPO_ROOT)
+    expected = _wheel_files(REPO_ROOT)
     assert {"lightning_nvcomp/py.typed", "lightning_nvcomp/cli/__init__.py"} <= expected
     with zipfile.ZipFile(release.wheel) as archive:
         names = set(archive.namelist())
