@@ -16,7 +16,7 @@
 static inline uint16_t rotl1(uint16_t v) { return (uint16_t)((v << 1) | (v >> 15)); }
 static inline uint16_t rotr1(uint16_t v) { return (uint16_t)((v >> 1) | (v << 15)); }
 
-static void split_planes(const uint8_t *src, uint8_t **rows, Py_ssize_t n, int width, int rotated) {
+static void split_planes(uint8_t *src, uint8_t **rows, Py_ssize_t n, int width, int rotated) {
     if (width == 4) {
         uint8_t *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -50,7 +50,7 @@ static void split_planes(const uint8_t *src, uint8_t **rows, Py_ssize_t n, int w
     }
 }
 
-static void join_planes(uint8_t *const *rows, uint8_t *out, Py_ssize_t n, int width, int rotated) {
+static void join_planes(uint8_t *out, uint8_t **rows, Py_ssize_t n, int width, int rotated) {
     if (width == 4) {
         const uint8_t *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -78,43 +78,36 @@ static void join_planes(uint8_t *const *rows, uint8_t *out, Py_ssize_t n, int wi
     }
 }
 
-/* (buffer address, n, rotated, row addresses...): the arguments both functions take. */
-static int parse(PyObject *args, void **buffer, Py_ssize_t *n, int *rotated, uint8_t **rows, int *width) {
+typedef void (*planes_pass)(uint8_t *buffer, uint8_t **rows, Py_ssize_t n, int width, int rotated);
+
+/* Parse (buffer address, n, rotated, row addresses...) and run the pass on them without the GIL. */
+static PyObject *run(PyObject *args, planes_pass pass) {
+    uint8_t *rows[MAX_WIDTH];
     Py_ssize_t count = PyTuple_Size(args);
     if (count < 5 || count > 3 + MAX_WIDTH) {
         PyErr_SetString(PyExc_ValueError, "expected a buffer, a count, a flag and 2 to 8 rows");
-        return -1;
+        return NULL;
     }
-    *buffer = PyLong_AsVoidPtr(PyTuple_GetItem(args, 0));
-    *n = PyLong_AsSsize_t(PyTuple_GetItem(args, 1));
-    *rotated = PyObject_IsTrue(PyTuple_GetItem(args, 2));
-    *width = (int)(count - 3);
-    for (int k = 0; k < *width; k++) rows[k] = PyLong_AsVoidPtr(PyTuple_GetItem(args, 3 + k));
-    return PyErr_Occurred() ? -1 : 0;
+    uint8_t *buffer = PyLong_AsVoidPtr(PyTuple_GetItem(args, 0));
+    Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GetItem(args, 1));
+    int rotated = PyObject_IsTrue(PyTuple_GetItem(args, 2));
+    int width = (int)(count - 3);
+    for (int k = 0; k < width; k++) rows[k] = PyLong_AsVoidPtr(PyTuple_GetItem(args, 3 + k));
+    if (PyErr_Occurred()) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    pass(buffer, rows, n, width, rotated);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
 }
 
 static PyObject *split(PyObject *self, PyObject *args) {
-    void *src;
-    uint8_t *rows[MAX_WIDTH];
-    Py_ssize_t n;
-    int rotated, width;
-    if (parse(args, &src, &n, &rotated, rows, &width) < 0) return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    split_planes((const uint8_t *)src, rows, n, width, rotated);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
+    (void)self;
+    return run(args, split_planes);
 }
 
 static PyObject *join(PyObject *self, PyObject *args) {
-    void *out;
-    uint8_t *rows[MAX_WIDTH];
-    Py_ssize_t n;
-    int rotated, width;
-    if (parse(args, &out, &n, &rotated, rows, &width) < 0) return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    join_planes(rows, (uint8_t *)out, n, width, rotated);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
+    (void)self;
+    return run(args, join_planes);
 }
 
 static PyMethodDef methods[] = {
@@ -123,6 +116,6 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_planes", NULL, 0, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_planes", NULL, 0, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__planes(void) { return PyModule_Create(&module); }
