@@ -48,6 +48,11 @@ IOS: dict[str, tuple[str, dict | None]] = {
     "ours ans async durable=os": ("ours", {"codec": "ans", "async_save": True, "durable": "os"}),
     "ours auto async durable=os": ("ours", {"codec": "auto", "async_save": True, "durable": "os"}),
     "ours auto sync durable=os": ("ours", {"codec": "auto", "durable": "os"}),
+    # deltas against the previous checkpoint (DeltaOptions' fields): every save after the first is one
+    "ours ans sync delta": ("ours", {"codec": "ans", "delta": {"keyframe_every": 8}}),
+    "ours ans async delta": ("ours", {"codec": "ans", "async_save": True, "delta": {"keyframe_every": 8}}),
+    "ours zstd sync delta": ("ours", {"codec": "zstd", "delta": {"keyframe_every": 8}}),
+    "ours zstd async delta": ("ours", {"codec": "zstd", "async_save": True, "delta": {"keyframe_every": 8}}),
 }
 CODECS = {0.0: "none", 1.0: "zstd", 2.0: "ans"}  # nvcomp/codec_id
 
@@ -98,7 +103,9 @@ def child(args: argparse.Namespace) -> None:
     elif kind == "torch-async":
         plugins = [AsyncCheckpointIO(Timed())]  # blocked here = the background write; timed around fit below
     elif kind == "ours":
-        plugins = [lightning_nvcomp.NvcompCheckpointIO(**kwargs)]
+        delta = kwargs.get("delta")
+        options = {**kwargs, "delta": lightning_nvcomp.DeltaOptions(**delta)} if delta else kwargs
+        plugins = [lightning_nvcomp.NvcompCheckpointIO(**options)]
     torch.manual_seed(0)
     module = GPTModule(dim=args.dim, layers=args.layers, heads=args.dim // 64, warmup_steps=10)
     corpus = stdlib_corpus(16 << 20)
