@@ -171,8 +171,10 @@ class CpuZstdEngine(ChunkEngine):
         if byte_planes.sampled_entropy_bits(chunk) >= byte_planes.RAW_ENTROPY_BITS:
             return torch.from_numpy(chunk)
         probe = chunk[:_PROBE_NBYTES]
-        probed, coder = min(((c.compress(probe).numel(), c) for c in self._literal_coders()), key=lambda t: t[0])
-        literals = coder.compress(chunk)
+        frames = [(c, c.compress(probe)) for c in self._literal_coders()]
+        coder, probe_frame = min(frames, key=lambda pair: pair[1].numel())
+        probed = probe_frame.numel()
+        literals = probe_frame if probe.size == chunk.size else coder.compress(chunk)  # a small chunk is its probe
         if literals.numel() >= chunk.size or len(self._compressor().compress(memoryview(probe))) >= 0.9 * probed:
             return literals  # matches pay only where they code the first bytes 10% smaller than literals do
         matched = self._compressor().compress(memoryview(chunk))
