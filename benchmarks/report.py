@@ -740,7 +740,8 @@ def save(fig, path: pathlib.Path) -> None:  # noqa: ANN001
 
 
 def load_results(results: pathlib.Path = RESULTS) -> dict[str, dict[str, dict]]:
-    """Each benchmark's results (``latest-<variant>.json``): name -> variant (e.g. "gpu") -> result, GPU runs first.
+    """Each benchmark's results (``latest-<variant>.json``): name -> variant (e.g. "gpu") -> result, GPU runs first,
+    the plain run of each kind before its variants.
 
     Raises:
         ResultError: a result file is not JSON, lacks a key, has another schema or names another benchmark.
@@ -762,7 +763,10 @@ def load_results(results: pathlib.Path = RESULTS) -> dict[str, dict[str, dict]]:
                     f"schema {SCHEMA} of {bench.name!r}; rerun {bench.script} with --json"
                 )
             runs[path.stem.removeprefix("latest-")] = result
-        found[bench.name] = dict(sorted(runs.items(), key=lambda kv: kv[1]["hardware"]["accelerator"] != "GPU"))
+        # GPU runs first, and of each kind the plain run (latest-gpu) before its variants (latest-gpu-delta)
+        found[bench.name] = dict(
+            sorted(runs.items(), key=lambda kv: (kv[1]["hardware"]["accelerator"] != "GPU", "-" in kv[0]))
+        )
     return found
 
 
