@@ -117,11 +117,11 @@ def join(planes: Sequence[torch.Tensor], out: torch.Tensor, rotated: bool = Fals
     """Interleave ``width`` planes of ``n`` bytes (the rows of a ``[width, n]`` buffer, or any 1-D uint8 tensors)
     back into the 1-D uint8 buffer ``out``: the inverse of :func:`split`; with ``rotated``, of :func:`rotate` too
     (the planes are left as they are)."""
-    width = len(planes)
-    if out.device.type == "cpu" and _native is not None and width > 1 and out.is_contiguous():
-        n = planes[0].numel()
-        if out.numel() != width * n or any(p.numel() != n or not p.is_contiguous() for p in planes):
-            raise ValueError(f"{width} planes of {n} bytes do not join into {out.numel()} bytes")
+    width, n = len(planes), planes[0].numel()
+    if out.numel() != width * n or any(p.numel() != n for p in planes):
+        raise ValueError(f"{width} planes of {n} bytes do not join into {out.numel()} bytes")
+    tensors = [out, *planes]
+    if _native is not None and width > 1 and all(t.device.type == "cpu" and t.is_contiguous() for t in tensors):
         if n:
             _native.join(out.data_ptr(), n, rotated, *(p.data_ptr() for p in planes))
     elif rotated and out.device.type == "cpu" and width % 2 == 0:

@@ -92,6 +92,16 @@ def test_the_c_passes_split_and_join_as_numpy_s_do(data, width, rotated, margin)
     )
 
 
+def test_planes_that_are_not_contiguous_join_through_numpy():
+    data = torch.arange(64, dtype=torch.uint8).repeat(4)
+    rows = planes.split(data, 4, rotated=True)
+    strided = torch.zeros(4, 2 * rows.shape[1], dtype=torch.uint8)
+    strided[:, ::2] = rows
+    out = torch.empty_like(data)
+    planes.join([row[::2] for row in strided], out, rotated=True)
+    assert torch.equal(out, data)
+
+
 def test_the_c_join_refuses_planes_that_do_not_fill_the_buffer():
     rows = torch.zeros(4, 10, dtype=torch.uint8)
     with pytest.raises(ValueError, match="4 planes of 10 bytes do not join into 44 bytes"):
