@@ -5,6 +5,7 @@ its own memory."""
 from __future__ import annotations
 
 import contextlib
+import zipfile
 from collections.abc import Iterator
 
 import crc32c
@@ -20,6 +21,7 @@ from lightning_nvcomp.codec import layouts, planes, record, schema, segment
 from lightning_nvcomp.codec.cpu import CpuZstdEngine
 from lightning_nvcomp.errors import CorruptCheckpointError
 
+from tests.helpers.processes import CHILD_DIGEST_SRC, child_json, python_child, tensor_digest
 from tests.helpers.states import special_floats, tensor_bytes, trained_like
 
 SETTINGS = dict(max_examples=60, deadline=None)
@@ -67,6 +69,38 @@ def numpy_passes() -> Iterator[None]:
         yield
     finally:
         planes._native = native
+
+
+def test_without_the_c_module_the_same_files_are_written_and_read(tmp_path):
+    """Where no C compiler built the module, numpy's passes write the files the C passes write, byte for byte, and
+    read them back bit-exactly (a child process in which importing the module fails)."""
+    dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.complex64, torch.int64]
+    state = {str(d): torch.cat([trained_like(50_000, d, seed=i), special_floats(d)]) for i, d in enumerate(dtypes[:4])}
+    state["complex64"] = torch.complex(trained_like(20_000, torch.float32), trained_like(20_000, torch.float32, 1))
+    state["int64"] = torch.arange(-30_000, 30_000, 7, dtype=torch.int64)
+    torch.save(state, tmp_path / "state.pt")
+    lightning_nvcomp.save(state, tmp_path / "c.ckpt", codec="zstd")
+    code = (
+        'import sys\nsys.modules["lightning_nvcomp.codec._planes"] = None  # importing it fails, as where it was not built\n'
+        + CHILD_DIGEST_SRC
+        + """
+import json, lightning_nvcomp
+from lightning_nvcomp.codec import planes
+state = torch.load(sys.argv[1], weights_only=True)
+lightning_nvcomp.save(state, sys.argv[2], codec="zstd")
+back = lightning_nvcomp.load(sys.argv[3])
+print(json.dumps({"native": planes._native is not None, "read": {k: tensor_digest(t) for k, t in back.items()}}))
+"""
+    )
+    result = child_json(
+        python_child(code, str(tmp_path / "state.pt"), str(tmp_path / "numpy.ckpt"), str(tmp_path / "c.ckpt"))
+    )
+    assert result["native"] is False
+    assert result["read"] == {k: tensor_digest(t) for k, t in state.items()}
+    with zipfile.ZipFile(tmp_path / "c.ckpt") as c, zipfile.ZipFile(tmp_path / "numpy.ckpt") as n:
+        names = [name for name in c.namelist() if not name.endswith("serialization_id")]
+        assert names == [name for name in n.namelist() if not name.endswith("serialization_id")]
+        assert all(c.read(name) == n.read(name) for name in names)
 
 
 @given(st.binary(min_size=0, max_size=600), st.sampled_from([2, 4, 8]), st.booleans(), st.integers(0, 5))
