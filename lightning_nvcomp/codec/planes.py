@@ -21,7 +21,7 @@ import torch
 _native: ModuleType | None
 try:
     import lightning_nvcomp.codec._planes as _native  # the C passes (_planes.c)
-except ImportError:  # built where no C compiler was: numpy's passes, 2-4x slower
+except ImportError:  # built where no C compiler was: numpy's passes, about 5x slower (16 MB of fp32 planes)
     _native = None
 
 #: Bytes per plane group for each dtype: the size of its scalar (a complex number is two floats).
