@@ -1,15 +1,18 @@
 """Chains of delta checkpoints (:class:`DeltaChain`): which earlier file a run's save is coded against, and which files
 a pruning may delete.
 
-A save's base is a file committed at the latest step before it: its namesake in another folder (Accelerate's
+A chain starts with a file stored alone (a keyframe); every later save of the chain is coded against that keyframe,
+so that a save decodes one base and a load one file besides its own, however long the chain. The chain a save
+continues is that of the file committed at the latest step before it: its namesake in another folder (Accelerate's
 ``checkpoint_N/optimizer.bin``), else the first file (Lightning saves ``epoch=..-step=N.ckpt``, then ``last.ckpt``
-with the same state: the first is the base, so that the file replaced at every step never is). A save is stored alone
-(a keyframe) every ``keyframe_every`` saves of a chain, and when the base is elsewhere than its folder or the folder
-beside it, is the file being written, or is not a file of ours (after a restart, the first save). What files need is
-read from the files themselves (each delta record names its base's file and id), so pruning stays safe across
-restarts: a file another checkpoint of its directory needs is kept until none does (:meth:`DeltaChain.removable`); a
-file replaced while others need it keeps its old bytes under a hidden name beside it (``.NAME.ID.base``); files in
-folders about to be deleted whole move beside the files that need them (:meth:`DeltaChain.rescue`). Loads find both.
+with the same state: the first continues the chain, so that the file replaced at every step never is a keyframe). A
+save starts a new chain every ``keyframe_every`` saves, and when the keyframe is elsewhere than its folder or the folder
+beside it, is the file being written, was replaced or deleted, or is not a file of ours (after a restart, the first
+save). What files need is read from the files themselves (each delta record names its base's file and id), so pruning
+stays safe across restarts: a file another checkpoint of its directory needs is kept until none does
+(:meth:`DeltaChain.removable`); a file replaced while others need it keeps its old bytes under a hidden name beside it
+(``.NAME.ID.base``); files in folders about to be deleted whole are kept beside each file that needs them
+(:meth:`DeltaChain.rescue`). Loads find both.
 """
 
 from __future__ import annotations
@@ -35,47 +38,48 @@ class DeltaChain:
     def __init__(self, options: DeltaOptions) -> None:
         self.options = options
         self._step: int | None = None  # the step of the latest committed save
-        self._latest: list[str] = []  # the files committed at that step, in order: the next saves' bases
-        self._depth: dict[str, int] = {}  # deltas since the keyframe, by file saved here
+        self._latest: list[str] = []  # the files committed at that step, in order: the chains the next saves continue
+        self._depth: dict[str, int] = {}  # saves since its chain's keyframe, by file saved here
+        # The keyframe each file saved here was coded against (itself for a keyframe), and its id once a delta read it
+        self._keyframe: dict[str, tuple[str, str | None]] = {}
         self._pending: set[str] = set()  # asked to be deleted while others still needed them
-        self._group: list[tuple[str, BaseFile | None]] = []  # files prepared, not yet committed, and their bases
+        self._group: list[tuple[str, str | None, BaseFile | None]] = []  # prepared, not yet committed: see prepare
         self._lock = threading.Lock()
 
-    def next_base(self, path: str) -> str | None:
-        """The file a save to ``path`` would be coded against (its write must be done first): the file of its name
-        committed at the latest step in another folder (Accelerate's ``checkpoint_N``), else the first file committed
-        at that step (Lightning's top-k file, not ``last.ckpt``)."""
+    def _continued(self, path: str) -> str | None:
+        """The file whose chain a save to ``path`` continues: the file of its name committed at the latest step in
+        another folder (Accelerate's ``checkpoint_N``), else the first file committed at that step (Lightning's top-k
+        file, not ``last.ckpt``)."""
         with self._lock:
             name = os.path.basename(path)
             same = [f for f in self._latest if os.path.basename(f) == name and f != path]
             return same[0] if same else (self._latest[0] if self._latest else None)
 
-    def base_for(self, path: str, storage: StorageBackend) -> BaseFile | None:
-        """The file a save to ``path`` is coded against, or None for a keyframe."""
-        base = self.next_base(path)
-        if base is None or self._depth.get(base, self.options.keyframe_every) + 1 >= self.options.keyframe_every:
-            return None
-        if not storage.exists(base):
-            return None
-        return offered(base, path, storage)
-
     def prepare(self, path: str, storage: StorageBackend, wait: Callable[[str], None]) -> BaseFile | None:
         """Before a save to ``path``: a file it replaces kept where others need it, and the file the save is coded
         against (``wait`` ed for, should its write still run), or None for a keyframe."""
         self.before_replacing(path, storage)
-        candidate = self.next_base(path)
-        if candidate is not None:
-            wait(candidate)
-        base = self.base_for(path, storage)
+        continued = self._continued(path)
+        base = None
+        if continued is not None and self._depth.get(continued, self.options.keyframe_every) + 1 < (
+            self.options.keyframe_every
+        ):
+            keyframe, ident = self._keyframe[continued]
+            wait(keyframe)
+            found = offered(keyframe, path, storage) if storage.exists(keyframe) else None
+            base = found if found is not None and ident in (None, found.id) else None
         with self._lock:
-            self._group.append((path, base))
+            self._group.append((path, continued, base))
         return base
 
     def committed(self, step: int) -> None:
         """The files prepared since the last call make the checkpoint of training ``step``."""
         with self._lock:
-            for path, base in self._group:
-                self._depth[path] = self._depth[base.path] + 1 if base is not None and base.path in self._depth else 0
+            for path, continued, base in self._group:
+                if base is None or continued is None:
+                    self._depth[path], self._keyframe[path] = 0, (path, None)
+                else:
+                    self._depth[path], self._keyframe[path] = self._depth[continued] + 1, (base.path, base.id)
                 if step != self._step:
                     self._step, self._latest = step, []
                 self._latest.append(path)
@@ -83,8 +87,8 @@ class DeltaChain:
 
     def rescue(self, doomed: list[str], kept: list[str], storage: StorageBackend) -> None:
         """Before the folders ``doomed`` are deleted whole (Accelerate's ``total_limit``): every file in them that a
-        checkpoint in the folders ``kept`` needs (its bases, theirs, ...) is moved beside the file that needs it,
-        under its hidden name, where loads find it."""
+        checkpoint in the folders ``kept`` needs (its bases, theirs, ...) is kept beside each file that needs it, under
+        its hidden name, where loads find it (a hard link, or a copy on storage without links)."""
         for folder in kept:
             for name in storage.listdir(folder):
                 path = storage.join(folder, name)
@@ -97,11 +101,8 @@ class DeltaChain:
                 continue
             self._rescue_bases(place, into, doomed, storage)  # its own bases, found from where it lies now
             target = storage.join(into, sidecar_name(ref.rsplit("/", 1)[-1], ident))
-            if isinstance(storage, Storage):
-                os.replace(place, target)
-            else:
-                with storage.open_read(place) as src:
-                    storage.write(target, lambda f: _copy(src, f))
+            if not storage.exists(target):
+                _keep(place, target, storage)
 
     def before_replacing(self, path: str, storage: StorageBackend) -> None:
         """``path`` is about to be written over: where checkpoints beside it need its bytes, keep them under its
@@ -111,12 +112,7 @@ class DeltaChain:
         old = base_file(path, storage)
         if old is None or (os.path.basename(path), old.id) not in needed_bases(storage, storage.parent(path)):
             return
-        kept = storage.join(storage.parent(path), sidecar_name(os.path.basename(path), old.id))
-        try:
-            os.link(path, kept)
-        except (OSError, TypeError, ValueError):
-            with storage.open_read(path) as src:
-                storage.write(kept, lambda f: _copy(src, f))
+        _keep(path, storage.join(storage.parent(path), sidecar_name(os.path.basename(path), old.id)), storage)
 
     def removable(self, path: str, storage: StorageBackend) -> list[str]:
         """The files to delete now that ``path`` is to be deleted: ``path`` unless a checkpoint beside it needs it
@@ -170,6 +166,18 @@ def _sidecar_key(name: str) -> tuple[str, str] | None:
     inner = name[1 : -len(".base")]
     file, _, ident = inner.rpartition(".")
     return (file, ident) if file and ident.isdigit() else None
+
+
+def _keep(path: str, target: str, storage: StorageBackend) -> None:
+    """The bytes of ``path`` also at ``target``: a hard link where the storage is local, else a copy."""
+    if isinstance(storage, Storage):
+        try:
+            os.link(path, target)
+            return
+        except OSError:  # a file system without hard links
+            pass
+    with storage.open_read(path) as src:
+        storage.write(target, lambda f: _copy(src, f))
 
 
 def _copy(src: BinaryIO, dst: BinaryIO) -> None:

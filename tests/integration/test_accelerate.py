@@ -272,36 +272,43 @@ def test_total_limit_keeps_the_last_two_complete_checkpoints(tmp_path, async_sav
 
 
 def test_delta_checkpoints_survive_total_limit(tmp_path):
-    """Each file a delta of its namesake in the previous checkpoint folder: before Accelerate's total_limit deletes
-    a folder, the files the kept checkpoints still need move beside them (hidden); every kept checkpoint loads
-    bit-exactly, and a file converted to stand alone loads without them."""
+    """Each file a delta of its namesake in its chain's keyframe folder: before Accelerate's total_limit deletes a
+    folder, the files the kept checkpoints still need are kept beside each of them (hidden); the next save, its
+    keyframe gone, starts a new chain; every kept checkpoint loads bit-exactly."""
     from accelerate.utils import ProjectConfiguration
 
     from lightning_nvcomp.format.bases import base_file
 
-    config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2)
+    config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=3)
     run = R.build(seed=8, project_config=config)
     attachment = attach(
         run.accelerator, codec="zstd", probe_mb=4, durable="sync", delta=lightning_nvcomp.DeltaOptions()
     )
-    saved = []
-    for _ in range(5):
+    saved, hidden = [], {}
+    for i in range(5):
         R.train(run, 1)
         saved.append(copy.deepcopy(R.states(run)))
         run.accelerator.save_state()
+        if i == 3:  # checkpoint_0 went: checkpoints 1 and 2 both need its pytorch_model.bin, each keeps it
+            for k in (1, 2):
+                hidden[k] = [n for n in os.listdir(tmp_path / "checkpoints" / f"checkpoint_{k}") if n[0] == "."]
     attachment.wait()
     root = tmp_path / "checkpoints"
-    assert sorted(os.listdir(root)) == ["checkpoint_3", "checkpoint_4"]
-    optimizer = base_file(str(root / "checkpoint_4" / "optimizer.bin"))
-    assert optimizer is not None and any("delta" in r.record for r in optimizer.records)
-    # the chain back to checkpoint_0's keyframe: its older links now lie hidden in checkpoint_3
-    hidden = [name for name in os.listdir(root / "checkpoint_3") if name.startswith(".")]
-    assert any(name.startswith(".optimizer.bin.") for name in hidden), hidden
+    assert sorted(os.listdir(root)) == ["checkpoint_2", "checkpoint_3", "checkpoint_4"]
+    assert all(any(n.startswith(".pytorch_model.bin.") for n in names) for names in hidden.values()), hidden
+
+    def bases(k: int, name: str = "pytorch_model.bin") -> set[str]:
+        found = base_file(str(root / f"checkpoint_{k}" / name))
+        assert found is not None
+        return {r.record["delta"]["base"]["file"] for r in found.records if "delta" in r.record}
+
+    assert bases(2) == {"../checkpoint_0/pytorch_model.bin"} and bases(3) == set()
+    assert bases(4) == {"../checkpoint_3/pytorch_model.bin"} and bases(4, "optimizer.bin")
     _mutate(run)
     run.accelerator.load_state()  # the latest
     _assert_loaded(run, saved[4])
-    run.accelerator.load_state(str(root / "checkpoint_3"))
-    _assert_loaded(run, saved[3])
+    run.accelerator.load_state(str(root / "checkpoint_2"))  # its base lies hidden beside it
+    _assert_loaded(run, saved[2])
     attachment.detach()
 
 

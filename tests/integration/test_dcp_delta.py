@@ -1,5 +1,5 @@
 """DCP delta checkpoints in one process, on real files and at a URL: a writer reused for a run's saves codes each item
-against the same item of its previous save; every dtype loads back bit-exactly; a missing or damaged base is named;
+against the same item of its chain's keyframe; every dtype loads back bit-exactly; a missing or damaged base is named;
 DCP's own reader fails naming ours. The multi-rank case (a keyframe on a changed world size) is in test_dcp.py."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def test_a_reused_writer_saves_deltas_that_load_bit_exactly_with_bare_names(tmp_
     assert not any(_bases("run/step-0").values())
     for step in (1, 2):
         found = _bases(f"run/step-{step}")
-        assert found["w"] == f"../step-{step - 1}" and found["v"] == f"../step-{step - 1}", found
+        assert found["w"] == "../step-0" and found["v"] == "../step-0", found  # the keyframe, at any depth
     assert not any(_bases("run/step-3").values())  # keyframe_every=3: saves 0-2 make a chain, 3 starts another
     sizes = [sum(os.path.getsize(p) for p in Path(f"run/step-{s}").iterdir()) for s in range(3)]
     assert sizes[1] < sizes[0] and sizes[2] < sizes[0]
@@ -111,7 +111,7 @@ def test_deltas_at_a_url(tmp_path: Path) -> None:
     states = _saves(root, 3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert _bases(f"{root}/step-2")["w"] == "../step-1"
+        assert _bases(f"{root}/step-2")["w"] == "../step-0"
         for step, state in enumerate(states):
             assert_tree_bit_exact(_load(f"{root}/step-{step}", state), _contiguous(state))
 
@@ -120,14 +120,14 @@ def test_deltas_at_a_url(tmp_path: Path) -> None:
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and nvCOMP")
 @pytest.mark.parametrize("codec", ["ans", "zstd"])
 def test_gpu_shards_save_deltas_that_load_bit_exactly(tmp_path: Path, codec: str) -> None:
-    """CUDA shards are coded against their previous save's on the GPU, and load back bit for bit onto the GPU and
+    """CUDA shards are coded against their keyframe's on the GPU, and load back bit for bit onto the GPU and
     onto the CPU."""
     root = str(tmp_path / "run")
     writer = NvcompFileSystemWriter(f"{root}/step-0", codec, delta=DeltaOptions())
     states = [{k: v.cuda() for k, v in drifting_state(s).items()} for s in range(3)]
     for step, state in enumerate(states):
         dcp.save(state, storage_writer=writer, checkpoint_id=f"{root}/step-{step}")
-    assert _bases(f"{root}/step-2")["w"] == "../step-1"
+    assert _bases(f"{root}/step-2")["w"] == "../step-0"
     cpu = _contiguous({k: v.cpu() for k, v in states[2].items()})
     assert_tree_bit_exact({k: v.cpu() for k, v in _load(f"{root}/step-2", states[2]).items()}, cpu)
     assert_tree_bit_exact(_load(f"{root}/step-2", cpu), cpu)
@@ -147,8 +147,8 @@ def test_a_shard_larger_than_a_segment_is_a_delta_too(tmp_path: Path) -> None:
 
 
 def test_async_saves_are_deltas_too(tmp_path: Path) -> None:
-    """``dcp.async_save`` copies CPU shards while staging and codes them in the background: against the previous
-    save's, as a sync save does; training may change the state as soon as the call returns."""
+    """``dcp.async_save`` copies CPU shards while staging and codes them in the background: against their keyframe's,
+    as a sync save does; training may change the state as soon as the call returns."""
     root = str(tmp_path / "run")
     writer = NvcompFileSystemWriter(f"{root}/step-0", "zstd", delta=DeltaOptions())
     states = [drifting_state(s) for s in range(3)]
@@ -158,6 +158,6 @@ def test_async_saves_are_deltas_too(tmp_path: Path) -> None:
         for t in live.values():
             t.zero_()  # training goes on
         future.result()
-    assert _bases(f"{root}/step-2")["w"] == "../step-1"
+    assert _bases(f"{root}/step-2")["w"] == "../step-0"
     for step, state in enumerate(states):
         assert_tree_bit_exact(_load(f"{root}/step-{step}", state), _contiguous(state))

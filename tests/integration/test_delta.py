@@ -130,9 +130,11 @@ def test_the_writer_keeps_what_a_chain_needs_and_prunes_the_rest(tmp_path: Path,
             writer.discard(f"step{step - 1}.ckpt")  # top-1
     writer.close()
     kept = sorted(f for f in os.listdir(".") if f.endswith(".ckpt"))
-    # step5 is a delta of step4, a delta of step3 (a keyframe: every 3); last.ckpt would be the chain's fourth: alone
-    assert kept == ["last.ckpt", "step3.ckpt", "step4.ckpt", "step5.ckpt"]
-    assert [bool(delta_records(f)) for f in kept] == [False, False, True, True]
+    # step5 is a delta of step3, its chain's keyframe (every 3), so step4 went; last.ckpt would be the chain's
+    # third after step3: alone
+    assert kept == ["last.ckpt", "step3.ckpt", "step5.ckpt"]
+    assert [bool(delta_records(f)) for f in kept] == [False, False, True]
+    assert {r["delta"]["base"]["file"] for r in delta_records("step5.ckpt")} == {"step3.ckpt"}
     assert_tree_bit_exact(lightning_nvcomp.load("step5.ckpt"), drifting_state(5))
     assert_tree_bit_exact(lightning_nvcomp.load("last.ckpt"), drifting_state(5))
 

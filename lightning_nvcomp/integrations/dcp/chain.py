@@ -1,12 +1,13 @@
-"""The delta chain of one rank's DCP saves (:class:`ItemChain`): which item of the previous save each tensor item is
+"""The delta chain of one rank's DCP saves (:class:`ItemChain`): which item of an earlier save each tensor item is
 coded against.
 
-An item's base is the item of the same fully qualified name, chunk offsets and chunk sizes in this rank's previous
-save, when that save's ``.metadata`` was written, lies in a directory beside this save's (``run/step-10`` for
-``run/step-20``: a delta names its base ``../step-10/<data file>``) and had the same world size. Anything else, and
-every ``keyframe_every`` saves, stores the items alone (a keyframe): a changed world size or sharding, a first save
-after a restart, a save into the previous one's directory (its data files are deleted once the new ``.metadata`` is
-written).
+A chain starts with a save whose items are stored alone (a keyframe); each later save of the chain codes an item
+against the keyframe's item of the same fully qualified name, chunk offsets and chunk sizes, so that a save or a load
+decodes one base however long the chain. The keyframe's ``.metadata`` must be written and lie in a directory beside
+this save's (``run/step-10`` for ``run/step-20``: a delta names its base ``../step-10/<data file>``), by the same
+world size. Anything else, and every ``keyframe_every`` saves, starts a new chain: a changed world size or sharding
+(that item), a first save after a restart, a save into the keyframe's directory (its data files are deleted once the
+new ``.metadata`` is written).
 
 What a checkpoint needs is read from the ``.metadata`` of the directories beside it (each delta item names the
 directory it is coded against), so a pruning that goes through :meth:`ItemChain.removable` keeps every directory a
@@ -41,7 +42,7 @@ def item_key(item: WriteItem) -> ItemKey | None:
 
 @dataclasses.dataclass
 class _Save:
-    """A save of this rank: its directory, world size, deltas since its keyframe and its coded items' places."""
+    """A save of this rank: its directory, world size, saves since its keyframe and its coded items' places."""
 
     directory: str
     world_size: int
@@ -59,30 +60,32 @@ class ItemChain:
     def __init__(self, options: DeltaOptions) -> None:
         self.options = options
         self._last: _Save | None = None
-        self._coded_against: _Save | None = None  # the save the current one is coded against
+        self._keyframe: _Save | None = None  # the last save's keyframe (itself for a keyframe)
+        self._coded_against: _Save | None = None  # the save the current one is coded against: the keyframe, or None
         self._pending: set[str] = set()  # asked to be deleted while others still needed them
 
     def bases(self, directory: str, world_size: int, storage: StorageBackend) -> Callable[[WriteItem], BaseFile | None]:
         """For a save into ``directory`` by ``world_size`` ranks: each tensor item's base (None: stored alone)."""
-        last, self._coded_against = self._last, None
+        last, keyframe, self._coded_against = self._last, self._keyframe, None
         if (
             last is None
-            or last.world_size != world_size
+            or keyframe is None
+            or keyframe.world_size != world_size
             or last.depth + 1 >= self.options.keyframe_every
-            or storage.parent(last.directory) != storage.parent(directory)
-            or last.directory.rstrip("/") == directory.rstrip("/")
-            or not storage.exists(storage.join(last.directory, METADATA))
+            or storage.parent(keyframe.directory) != storage.parent(directory)
+            or keyframe.directory.rstrip("/") == directory.rstrip("/")
+            or not storage.exists(storage.join(keyframe.directory, METADATA))
         ):
             return lambda item: None
-        self._coded_against = last
-        folder = _name(last.directory)
+        self._coded_against = keyframe
+        folder = _name(keyframe.directory)
 
         def base(item: WriteItem) -> BaseFile | None:
             key = item_key(item)
-            info = last.items.get(key) if key is not None else None
+            info = keyframe.items.get(key) if key is not None else None
             if info is None:
                 return None
-            path = storage.join(last.directory, info.relative_path)
+            path = storage.join(keyframe.directory, info.relative_path)
             found = base_file(path, storage, (info.offset, info.length))
             return dataclasses.replace(found, ref=f"../{folder}/{info.relative_path}") if found is not None else None
 
@@ -98,9 +101,10 @@ class ItemChain:
             key, info = keys.get(result.index), result.storage_data
             if key is not None and isinstance(info, NvcompStorageInfo) and info.codec is not None:
                 places[key] = info
-        against = self._coded_against
-        depth = against.depth + 1 if against is not None else 0
-        self._last = _Save(directory, world_size, depth, places)
+        if self._coded_against is None or self._last is None:
+            self._last = self._keyframe = _Save(directory, world_size, 0, places)
+        else:
+            self._last = _Save(directory, world_size, self._last.depth + 1, places)
 
     def removable(self, path: str, storage: StorageBackend) -> list[str]:
         """The checkpoint directories to delete now that the one at ``path`` is to be: ``path`` unless a checkpoint
