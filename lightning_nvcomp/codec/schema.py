@@ -224,6 +224,19 @@ def plain_name(name: str) -> bool:
     return 0 < len(name) <= 255 and name not in (".", "..") and not any(c in name for c in "/\\\0:")
 
 
+def _in_order(storages: list) -> bool:
+    """Whether ``storages`` are ``[offset, nbytes]`` pairs of ints >= 0, each after the one before, none overlapping."""
+    end = 0
+    for s in storages:
+        if (
+            not (isinstance(s, list | tuple) and len(s) == 2 and all(type(v) is int and v >= 0 for v in s))
+            or s[0] < end
+        ):
+            return False
+        end = s[0] + s[1]
+    return True
+
+
 def _validate_delta(meta: dict, version: int, nbytes: int, layout: Layout) -> Layout:
     """Check a record's ``delta`` field, there from format 4 on and only there (its base record is validated when it
     is decoded); the record's ``layout`` passes through."""
@@ -246,6 +259,8 @@ def _validate_delta(meta: dict, version: int, nbytes: int, layout: Layout) -> La
         or len(chosen) != len(storages)
     ):
         raise CorruptCheckpointError(f"record delta transforms {chosen!r} do not fit its storages")
+    if not _in_order(storages):  # a delta is undone a storage at a time, found by its offset
+        raise CorruptCheckpointError("record delta's storages overlap or are out of order")
     name, ident, blobs = base.get("file"), base.get("id"), base.get("blobs")
     parts = name.split("/") if isinstance(name, str) else []
     if not (len(parts) == 1 or (len(parts) == 3 and parts[0] == "..")) or not all(map(plain_name, parts[-2:])):

@@ -7,6 +7,7 @@ each naming it."""
 
 from __future__ import annotations
 
+import bisect
 import io
 import mmap
 import struct
@@ -35,7 +36,13 @@ def undo_range(
     the record. ``pieces``: for each storage, where its bytes are: a tensor and the record offset it starts at (its
     storage's own memory; with ``clip``, a range of the record that the storage is cut to)."""
     end = start + base_bytes.numel()
-    for (at, piece), (storage_at, nbytes), transform in zip(pieces, rec["storages"], rec["delta"]["transforms"]):
+    storages, transforms_ = rec["storages"], rec["delta"]["transforms"]
+    # the storages lie in order (schema.validate): only those from the first that ends past ``start`` can meet it
+    first = bisect.bisect_right(storages, start, key=lambda s: s[0] + s[1])
+    for j in range(first, len(storages)):
+        (at, piece), (storage_at, nbytes), transform = pieces[j], storages[j], transforms_[j]
+        if storage_at >= end:
+            break
         lo, hi = max(start, at), min(end, at + piece.numel())
         if clip:
             lo, hi = max(lo, storage_at), min(hi, storage_at + nbytes)

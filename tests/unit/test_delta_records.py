@@ -80,6 +80,22 @@ def test_a_damaged_or_hostile_delta_field_is_refused(change, match: str) -> None
         schema.validate(schema.seal(meta), sizes)
 
 
+@pytest.mark.parametrize(
+    "storages",
+    [[[64, 64], [0, 64]], [[0, 128], [64, 64]], [[0, 64], [64, -1]], [[0, 64], [64, True]], [[0, 64], [64]], [7]],
+)
+def test_a_delta_record_s_storages_must_lie_in_order(storages: list) -> None:
+    """A delta is undone a storage at a time, found by offset: overlapping or unordered storages are refused."""
+    meta, sizes = delta_meta()
+    meta["storages"] = storages
+    meta["delta"]["transforms"] = ["xor"] * len(storages)
+    with pytest.raises(CorruptCheckpointError, match="overlap or are out of order"):
+        schema.validate(schema.seal(meta), sizes)
+    meta["storages"] = [[0, 64], [64, 0], [64, 64]]  # in order, an empty one between
+    meta["delta"]["transforms"] = ["xor"] * 3
+    schema.validate(schema.seal(meta), sizes)
+
+
 def test_the_format_says_whether_there_is_a_delta() -> None:
     meta, sizes = delta_meta()
     meta["format"] = 3
