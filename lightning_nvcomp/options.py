@@ -117,9 +117,10 @@ CONCRETE_CODECS = (Codec.ANS, Codec.ZSTD, Codec.NONE)
 
 @dataclass(frozen=True)
 class DeltaOptions:
-    """Delta checkpoints: each save stored as its difference from the run's previous checkpoint, where that codes
-    smaller (per tensor, measured on each save), and alone every ``keyframe_every`` saves. Loading a delta reads its
-    chain back to the keyframe; pruning keeps every file a kept checkpoint needs (see docs/guides/delta.md).
+    """Delta checkpoints: each save stored as its difference from its chain's keyframe (the chain's first checkpoint,
+    stored alone), where that codes smaller (per tensor, measured on each save); a new chain every ``keyframe_every``
+    saves. Loading a delta reads its keyframe too; pruning keeps every file a kept checkpoint needs (see
+    docs/guides/delta.md).
 
     Args:
         keyframe_every: a chain's length: a checkpoint is stored alone at least this often (2 or more).
@@ -173,7 +174,7 @@ class SaveOptions:
         host_buffer_mb: async saves: most MiB of compressed snapshots held in host memory while earlier ones are
             written; a save that would exceed it waits for the oldest writes (and says so: storage slower than the
             save interval). None: two checkpoints, the one being written and the new one.
-        delta: store each checkpoint as a delta against the run's previous one where that codes smaller
+        delta: store each checkpoint as a delta against an earlier one of the run where that codes smaller
             (:class:`DeltaOptions`); None (the default): every checkpoint stands alone.
 
     Raises:

@@ -135,7 +135,7 @@ class _Against(Parts):
             start, nbytes = self.table[i]
             at = max(0, nbytes // 2 - transforms.SAMPLE_NBYTES) // 128 * 128
             windows.append((start + at, min(nbytes - at, 2 * transforms.SAMPLE_NBYTES)))
-        if len(base_spans(self.rec.record)) == 1 and len(self.storages) > 1:
+        if len(base_spans(self.rec.record)) == 1:  # decoded once, for the samples, the layout's and the coding
             self._whole = self._range(0, self.nbytes)
             bases = [self._whole[lo : lo + n] for lo, n in windows]
         elif windows:

@@ -33,7 +33,7 @@ ItemKey = tuple[str, tuple[int, ...], tuple[int, ...]]
 
 
 def item_key(item: WriteItem) -> ItemKey | None:
-    """How ``item`` is matched with an item of the previous save (None: a byte item, never a delta)."""
+    """How ``item`` is matched with an item of the keyframe save (None: a byte item, never a delta)."""
     if item.type == WriteItemType.BYTE_IO or item.tensor_data is None:
         return None
     chunk = item.tensor_data.chunk

@@ -130,7 +130,7 @@ class NvcompFileSystemWriter(OnStorage, FileSystemWriter):
         staging_mb: MiB coded at once per shard (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU;
             see :func:`lightning_nvcomp.format.snapshot`).
         remote: how a URL ``path`` is reached (:class:`~lightning_nvcomp.storage.remote.RemoteOptions`).
-        delta: code each tensor item against the same item of this writer's previous save, where that is smaller
+        delta: code each tensor item against the same item of this writer's keyframe save, where that is smaller
             (:class:`~lightning_nvcomp.DeltaOptions`; reuse the writer for a run's saves: see docs/guides/delta.md).
         chain: the delta chain to go on with, a run object's that makes a writer per save (default: the writer's own).
         policy: the :class:`CodecPolicy` behind ``"auto"`` (default: one per process and mode, with

@@ -63,7 +63,7 @@ class NvcompCheckpointIO(CheckpointIO):
             (a logger that uploads it, a copy), when ``save_checkpoint`` returns.
         host_buffer_mb: async saves: most MiB of compressed snapshots held in host memory while earlier ones are
             written (default: two checkpoints); a save past it waits, with a warning.
-        delta: store each checkpoint as a delta against the previous one where that codes smaller
+        delta: store each checkpoint as a delta against an earlier one where that codes smaller
             (:class:`~lightning_nvcomp.options.DeltaOptions`; default: none). ``remove_checkpoint`` (top-k pruning)
             keeps every file a kept checkpoint needs, and deletes it once none does.
         options: all of the above in one :class:`~lightning_nvcomp.options.SaveOptions` (a config's

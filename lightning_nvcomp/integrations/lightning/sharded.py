@@ -286,7 +286,7 @@ class NvcompFSDPStrategy(CompressedShardedSaves, FSDPStrategy):
             or its name (see :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter`).
         staging_mb: MiB coded at once per shard (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU).
         gpu_hour_usd: price of a GPU-hour in USD, for the saved-dollars metric.
-        delta: each rank's items coded against the same items of its previous save where that is smaller
+        delta: each rank's items coded against the same items of its keyframe save where that is smaller
             (:class:`~lightning_nvcomp.DeltaOptions`, see docs/guides/delta.md); pruning keeps the checkpoints that
             kept ones need.
         options: the :class:`~lightning_nvcomp.options.SaveOptions` every entry point takes, of which the strategy
@@ -351,7 +351,7 @@ class NvcompModelParallelStrategy(CompressedShardedSaves, ModelParallelStrategy)
             or its name (see :class:`~lightning_nvcomp.dcp.NvcompFileSystemWriter`).
         staging_mb: MiB coded at once per shard (default: 256 on a GPU, 16 MiB pieces in parallel on the CPU).
         gpu_hour_usd: price of a GPU-hour in USD, for the saved-dollars metric.
-        delta: each rank's items coded against the same items of its previous save where that is smaller
+        delta: each rank's items coded against the same items of its keyframe save where that is smaller
             (:class:`~lightning_nvcomp.DeltaOptions`, see docs/guides/delta.md); pruning keeps the checkpoints that
             kept ones need.
         options: the :class:`~lightning_nvcomp.options.SaveOptions` every entry point takes, of which the strategy
