@@ -106,6 +106,26 @@ def test_a_missing_or_damaged_base_is_named(tmp_path: Path) -> None:
     assert isinstance(error, MissingBaseError) and "NvcompFileSystemReader" in str(error), error
 
 
+def test_a_keyframe_damaged_during_a_chain_makes_the_next_save_stand_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the keyframe offers is read once per chain, and its bytes are checked at every save: damaged after the
+    first delta, the next save's items are stored alone (with a warning) and load bit-exactly."""
+    root = str(tmp_path / "run")
+    writer = NvcompFileSystemWriter(f"{root}/step-0", "zstd", delta=DeltaOptions())
+    states = [drifting_state(s) for s in range(3)]
+    for step in range(2):
+        dcp.save(states[step], storage_writer=writer, checkpoint_id=f"{root}/step-{step}")
+    assert _bases(f"{root}/step-1")["w"] == "../step-0"
+    for data in Path(root, "step-0").glob("*.distcp"):
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 3] ^= 0x10
+        data.write_bytes(bytes(raw))
+    dcp.save(states[2], storage_writer=writer, checkpoint_id=f"{root}/step-2")
+    assert _bases(f"{root}/step-2")["w"] is None and "cannot be a base" in caplog.text
+    assert_tree_bit_exact(_load(f"{root}/step-2", states[2]), _contiguous(states[2]))
+
+
 def test_deltas_at_a_url(tmp_path: Path) -> None:
     root = f"memory://dcp-delta-{os.getpid()}"
     states = _saves(root, 3)

@@ -48,6 +48,8 @@ class _Save:
     world_size: int
     depth: int
     items: dict[ItemKey, NvcompStorageInfo]
+    #: What each item offers as a base, read once for the chain's saves (the decoding checks the file's id each time)
+    offered: dict[ItemKey, BaseFile | None] = dataclasses.field(default_factory=dict)
 
 
 class ItemChain:
@@ -83,11 +85,14 @@ class ItemChain:
         def base(item: WriteItem) -> BaseFile | None:
             key = item_key(item)
             info = keyframe.items.get(key) if key is not None else None
-            if info is None:
+            if key is None or info is None:
                 return None
-            path = storage.join(keyframe.directory, info.relative_path)
-            found = base_file(path, storage, (info.offset, info.length))
-            return dataclasses.replace(found, ref=f"../{folder}/{info.relative_path}") if found is not None else None
+            if key not in keyframe.offered:
+                path = storage.join(keyframe.directory, info.relative_path)
+                found = base_file(path, storage, (info.offset, info.length))
+                ref = f"../{folder}/{info.relative_path}"
+                keyframe.offered[key] = dataclasses.replace(found, ref=ref) if found is not None else None
+            return keyframe.offered[key]
 
         return base
 
