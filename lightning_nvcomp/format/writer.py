@@ -19,7 +19,6 @@ from lightning_nvcomp._process import shared
 from lightning_nvcomp.codec import pinned, schema
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec.checksum import Checksum
-from lightning_nvcomp.codec.segment import Parts
 from lightning_nvcomp.errors import CheckpointError
 from lightning_nvcomp.format.bases import BaseFile, BaseRecord
 from lightning_nvcomp.format.contents import DTYPES, Contents, _storage_of, _tensor_names, find_contents
@@ -164,18 +163,16 @@ def _encoder(
             parts.append(torch.zeros(pad, dtype=torch.uint8, device=rec.device))
         pos += data.numel() + pad
     coder = "raw" if codec == "none" else codec
-    coded: list[torch.Tensor] | Parts = parts
-    fields: dict = {}
-    key: tuple = (codec, rec.dtype, segment, tuple((s.device, s.data_ptr(), s.nbytes()) for s in rec.storages))
     if base is not None and coder != "raw" and storages and base[1].fits(rec.dtype, table):
         against = encode_against(storages, table, rec.dtype, coder, *base)
         if against is not None:
-            coded, fields = against[0], {"delta": against[1]}
-            key += tuple(against[1]["transforms"])  # transformed bytes: a layout of their own
+            transformed, delta = against
+            return records.Encoder(transformed, rec.dtype, coder, segment), table, {"delta": delta}
+    key = (codec, rec.dtype, segment, tuple((s.device, s.data_ptr(), s.nbytes()) for s in rec.storages))
     layouts = shared("layouts", _LayoutCache)
-    encoder = records.Encoder(coded, rec.dtype, coder, segment, layouts.get(key))
+    encoder = records.Encoder(parts, rec.dtype, coder, segment, layouts.get(key))
     layouts.put(key, encoder.coding.layout)
-    return encoder, table, fields
+    return encoder, table, {}
 
 
 class _CodedRecord(NamedTuple):

@@ -24,7 +24,6 @@ from lightning_nvcomp.codec import engines, layouts, record
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.format import DTYPES, TensorInfo, describe
 from lightning_nvcomp.format import writer as format_writer
-from lightning_nvcomp.format.bases import base_file
 from lightning_nvcomp.format.sink import ArchiveSink
 from lightning_nvcomp.format.zip import ArchiveWriter
 from lightning_nvcomp.options import Codec
@@ -303,25 +302,6 @@ def test_layouts_are_chosen_once_per_record_across_saves(tmp_path, monkeypatch):
     state["w"] = random_tensor((300_001,), torch.float32, 3)  # new memory: a new choice
     lightning_nvcomp.save(state, tmp_path / "c.ckpt", codec="zstd")
     assert len(chosen) == first + 1
-
-
-def test_a_delta_record_s_layout_is_chosen_once_across_saves(tmp_path, monkeypatch):
-    """A delta record's transformed bytes get a layout of their own, chosen once for the memory and transforms that
-    the run's saves code again and again (as a standalone record's)."""
-    chosen = []
-    choose = layouts.choose_layout
-    monkeypatch.setattr(record, "choose_layout", lambda *args: chosen.append(args[2]) or choose(*args))
-    w = random_tensor((300_000,), torch.float32, 1)
-    lightning_nvcomp.save({"w": w}, tmp_path / "k.ckpt", codec="zstd")
-    counts = []
-    for step in range(3):
-        w.add_(1e-6 * (step + 1))  # training changes values, not the memory the tensors live in
-        lightning_nvcomp.save({"w": w}, tmp_path / f"d{step}.ckpt", codec="zstd", base=tmp_path / "k.ckpt")
-        (rec,) = [r.record for r in base_file(str(tmp_path / f"d{step}.ckpt")).records]
-        assert rec["delta"]["transforms"] != ["none"]
-        counts.append(len(chosen))
-        assert_tree_bit_exact({"w": w}, lightning_nvcomp.load(tmp_path / f"d{step}.ckpt"))
-    assert counts[0] == 2 and counts[1:] == [2, 2], counts  # the keyframe's, then the delta's once
 
 
 class _RecordingSink:
