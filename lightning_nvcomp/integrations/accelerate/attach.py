@@ -356,8 +356,7 @@ def attach(
             :class:`~lightning_nvcomp.options.Durability`). Accelerate prunes old checkpoints itself (automatic
             naming with ``total_limit``): then each ``save_state`` first waits until the earlier ones are durable.
         host_buffer_mb: async saves: most MiB of compressed snapshots held in host memory (default: two checkpoints).
-        delta: files as deltas against their namesakes in an earlier ``checkpoint_N`` folder, their chain's keyframe
-            (:class:`~lightning_nvcomp.DeltaOptions`).
+        delta: files as deltas of their namesakes in their keyframe's folder (:class:`~lightning_nvcomp.DeltaOptions`).
         options: the save options above in one :class:`~lightning_nvcomp.options.SaveOptions`; a keyword argument
             given beside it overrides its field.
 
