@@ -61,10 +61,8 @@ class DeltaChain:
         self.before_replacing(path, storage)
         continued = self._continued(path)
         base = None
-        if continued is not None and self._depth.get(continued, self.options.keyframe_every) + 1 < (
-            self.options.keyframe_every
-        ):
-            keyframe, ident = self._keyframe[continued]
+        if continued is not None and self._depth[continued] + 1 < self.options.keyframe_every:
+            keyframe, ident = self._keyframe[continued]  # ident: None until a delta of this chain read it
             wait(keyframe)
             found = offered(keyframe, path, storage) if storage.exists(keyframe) else None
             base = found if found is not None and ident in (None, found.id) else None
