@@ -39,8 +39,8 @@ class DeltaChain:
         self.options = options
         self._step: int | None = None  # the step of the latest committed save
         self._latest: list[str] = []  # the files committed at that step, in order: the chains the next saves continue
-        self._depth: dict[str, int] = {}  # saves since its chain's keyframe, by file saved here
-        # The keyframe each file saved here was coded against (itself for a keyframe), and its id once a delta read it
+        self._depth: dict[str, int] = {}  # saves since its chain's keyframe, by latest file
+        # The keyframe each latest file was coded against (itself for a keyframe), and its id once a delta read it
         self._keyframe: dict[str, tuple[str, str | None]] = {}
         self._pending: set[str] = set()  # asked to be deleted while others still needed them
         self._group: list[tuple[str, str | None, BaseFile | None]] = []  # prepared, not yet committed: see prepare
@@ -82,6 +82,9 @@ class DeltaChain:
                     self._step, self._latest = step, []
                 self._latest.append(path)
             self._group = []
+            # only the latest files' chains go on
+            self._depth = {p: self._depth[p] for p in self._latest}
+            self._keyframe = {p: self._keyframe[p] for p in self._latest}
 
     def rescue(self, doomed: list[str], kept: list[str], storage: StorageBackend) -> None:
         """Before the folders ``doomed`` are deleted whole (Accelerate's ``total_limit``): every file in them that a

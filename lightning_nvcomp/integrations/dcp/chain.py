@@ -41,12 +41,11 @@ def item_key(item: WriteItem) -> ItemKey | None:
 
 
 @dataclasses.dataclass
-class _Save:
-    """A save of this rank: its directory, world size, saves since its keyframe and its coded items' places."""
+class _Keyframe:
+    """A keyframe save of this rank: its directory, world size and its coded items' places."""
 
     directory: str
     world_size: int
-    depth: int
     items: dict[ItemKey, NvcompStorageInfo]
     #: What each item offers as a base, read once for the chain's saves (the decoding checks the file's id each time)
     offered: dict[ItemKey, BaseFile | None] = dataclasses.field(default_factory=dict)
@@ -61,19 +60,18 @@ class ItemChain:
 
     def __init__(self, options: DeltaOptions) -> None:
         self.options = options
-        self._last: _Save | None = None
-        self._keyframe: _Save | None = None  # the last save's keyframe (itself for a keyframe)
-        self._coded_against: _Save | None = None  # the save the current one is coded against: the keyframe, or None
+        self._keyframe: _Keyframe | None = None  # the chain's keyframe: the last save's, or the last save
+        self._depth = 0  # saves since the keyframe
+        self._coded_against: _Keyframe | None = None  # what the current save is coded against: the keyframe, or None
         self._pending: set[str] = set()  # asked to be deleted while others still needed them
 
     def bases(self, directory: str, world_size: int, storage: StorageBackend) -> Callable[[WriteItem], BaseFile | None]:
         """For a save into ``directory`` by ``world_size`` ranks: each tensor item's base (None: stored alone)."""
-        last, keyframe, self._coded_against = self._last, self._keyframe, None
+        keyframe, self._coded_against = self._keyframe, None
         if (
-            last is None
-            or keyframe is None
+            keyframe is None
             or keyframe.world_size != world_size
-            or last.depth + 1 >= self.options.keyframe_every
+            or self._depth + 1 >= self.options.keyframe_every
             or storage.parent(keyframe.directory) != storage.parent(directory)
             or keyframe.directory.rstrip("/") == directory.rstrip("/")
             or not storage.exists(storage.join(keyframe.directory, METADATA))
@@ -99,17 +97,18 @@ class ItemChain:
     def written(
         self, directory: str, world_size: int, items: Sequence[WriteItem], results: Sequence[WriteResult]
     ) -> None:
-        """This rank's save into ``directory`` wrote ``results`` for ``items``: a later save's bases."""
+        """This rank's save into ``directory`` wrote ``results`` for ``items``: one more save of the chain, or the
+        keyframe whose items later saves are coded against."""
+        if self._coded_against is not None:
+            self._depth += 1
+            return
         keys = {item.index: item_key(item) for item in items}
         places = {}
         for result in results:
             key, info = keys.get(result.index), result.storage_data
             if key is not None and isinstance(info, NvcompStorageInfo) and info.codec is not None:
                 places[key] = info
-        if self._coded_against is None or self._last is None:
-            self._last = self._keyframe = _Save(directory, world_size, 0, places)
-        else:
-            self._last = _Save(directory, world_size, self._last.depth + 1, places)
+        self._keyframe, self._depth = _Keyframe(directory, world_size, places), 0
 
     def removable(self, path: str, storage: StorageBackend) -> list[str]:
         """The checkpoint directories to delete now that the one at ``path`` is to be: ``path`` unless a checkpoint
