@@ -292,6 +292,13 @@ def test_delta_checkpoints_survive_total_limit(tmp_path):
         if i == 3:  # checkpoint_0 went: checkpoints 1 and 2 both need its pytorch_model.bin, each keeps it
             for k in (1, 2):
                 hidden[k] = [n for n in os.listdir(tmp_path / "checkpoints" / f"checkpoint_{k}") if n[0] == "."]
+            inodes = {  # one file, linked into both folders: no copy on a local disk
+                (tmp_path / "checkpoints" / f"checkpoint_{k}" / n).stat().st_ino
+                for k in (1, 2)
+                for n in hidden[k]
+                if n.startswith(".pytorch_model.bin.")
+            }
+            assert len(inodes) == 1, inodes
     attachment.wait()
     root = tmp_path / "checkpoints"
     assert sorted(os.listdir(root)) == ["checkpoint_2", "checkpoint_3", "checkpoint_4"]
