@@ -70,6 +70,11 @@ class MemorySink:
         """The bytes of the segments held."""
         return sum(segment.blob.numel() for _, segment in self._segments)
 
+    def take(self) -> dict[str, Segment]:
+        """The segments kept so far, by key, let go of here."""
+        segments, self._segments = self._segments, []
+        return dict(segments)
+
     def write_to(self, writer: ArchiveWriter) -> None:
         """Write the segments kept so far, then let them go."""
         segments, self._segments = self._segments, []

@@ -9,7 +9,7 @@ import pickle
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -21,104 +21,13 @@ from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec.checksum import Checksum
 from lightning_nvcomp.errors import CheckpointError
 from lightning_nvcomp.format.bases import BaseFile, BaseRecord
-from lightning_nvcomp.format.contents import DTYPES, Contents, _storage_of, _tensor_names, find_contents
+from lightning_nvcomp.format.contents import Contents, _storage_of, _tensor_names, find_contents
 from lightning_nvcomp.format.decode import Placement, decode_storage, decode_tensor, storage_check, tensor_check
 from lightning_nvcomp.format.delta import encode_against
+from lightning_nvcomp.format.plan import ALIGN, Record
+from lightning_nvcomp.format.plan import plan as plan_records
 from lightning_nvcomp.format.sink import MemorySink, SegmentSink
 from lightning_nvcomp.format.zip import ArchiveWriter
-
-#: Storages below this size share records of up to _GROUP_NBYTES: few large records keep nvCOMP calls few.
-_SMALL_NBYTES = 64 << 20
-
-
-_GROUP_NBYTES = 256 << 20
-#: Storages below this size are placed last in their group's record, smallest first.
-_TINY_NBYTES = 64 << 10
-
-
-_ALIGN = 64
-
-
-@dataclass
-class _Record:
-    device: torch.device
-    dtype: torch.dtype
-    storages: list[torch.UntypedStorage]
-    nbytes: int = 0
-
-
-def _plan(
-    tensors: list[torch.Tensor],
-    names: dict[int, str],
-    group_nbytes: int | None = None,
-    extra: dict[int, tuple[torch.UntypedStorage, str | None]] | None = None,
-) -> tuple[list[_Record], dict[int, tuple[int, int]]]:
-    """Group the storages of ``tensors`` and the ``extra`` storages (see :class:`Contents`) into records. Returns the
-    records and, per storage, (record, index)."""
-    group_limit = group_nbytes or _GROUP_NBYTES
-    small_limit = min(_SMALL_NBYTES, group_limit)
-    dtypes: dict[int, tuple[torch.dtype, str]] = {}
-    unique: dict[int, torch.UntypedStorage] = {}
-    for t in tensors:
-        storage = t.untyped_storage()
-        name = names.get(id(t), "<unnamed>")
-        seen = dtypes.setdefault(storage._cdata, (t.dtype, name))
-        if seen[0] != t.dtype:
-            raise CheckpointError(
-                f"tensors {seen[1]!r} ({seen[0]}) and {name!r} ({t.dtype}) view the same storage as different types;"
-                " torch.save refuses this too: save a copy of one of them"
-            )
-        unique.setdefault(storage._cdata, storage)
-    for key, (storage, dtype_name) in (extra or {}).items():
-        if storage.device.type not in ("cpu", "cuda"):
-            raise CheckpointError(f"a storage on {storage.device} cannot be saved: move it to the CPU or a GPU first")
-        if key in dtypes:
-            if dtype_name is not None and str(dtypes[key][0]).removeprefix("torch.") != dtype_name:
-                raise CheckpointError(
-                    f"tensor {dtypes[key][1]!r} ({dtypes[key][0]}) and another tensor ({dtype_name}) view the same "
-                    "storage as different types; torch.save refuses this too: save a copy of one of them"
-                )
-            continue
-        dtypes[key] = (DTYPES.get(dtype_name or "uint8", torch.uint8), "<storage>")
-        unique[key] = storage
-    plan: list[_Record] = []
-    where: dict[int, tuple[int, int]] = {}
-    open_groups: dict[tuple, int] = {}
-    for key, storage in unique.items():
-        dtype = dtypes[key][0]
-        nbytes = storage.nbytes()
-        group_key = (storage.device, dtype)
-        if nbytes >= small_limit:
-            plan.append(_Record(storage.device, dtype, [storage], nbytes))
-            where[key] = (len(plan) - 1, 0)
-            continue
-        slot = open_groups.get(group_key)
-        if slot is None or plan[slot].nbytes + nbytes > group_limit:
-            plan.append(_Record(storage.device, dtype, []))
-            slot = open_groups[group_key] = len(plan) - 1
-        group = plan[slot]
-        where[key] = (slot, len(group.storages))
-        group.storages.append(storage)
-        group.nbytes += -(-nbytes // _ALIGN) * _ALIGN
-    _order_groups(plan, where)
-    return plan, where
-
-
-def _order_groups(plan: list[_Record], where: dict[int, tuple[int, int]]) -> None:
-    """Put each group's tiny storages last, smallest first (``where`` updated): alike ones (every norm's weight, every
-    bias) lie side by side, and a chunk of their planes codes on their statistics rather than on a large tensor's
-    (0.03-0.05% smaller files)."""
-    for slot, rec in enumerate(plan):
-        if len(rec.storages) > 1:
-            rec.storages.sort(key=_order_in_group)
-            for index, storage in enumerate(rec.storages):
-                where[storage._cdata] = (slot, index)
-
-
-def _order_in_group(storage: torch.UntypedStorage) -> tuple[bool, int]:
-    """Where a storage goes in its group's record: the others first, in their order, then tiny ones by size."""
-    tiny = storage.nbytes() < _TINY_NBYTES
-    return tiny, storage.nbytes() if tiny else 0
 
 
 def _storage_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -148,7 +57,7 @@ class _LayoutCache:
 
 
 def _encoder(
-    rec: _Record, codec: str, segment: int | None, base: tuple[BaseFile, BaseRecord] | None = None
+    rec: Record, codec: str, segment: int | None, base: tuple[BaseFile, BaseRecord] | None = None
 ) -> tuple[records.Encoder, list[list[int]], dict]:
     """The coder of one record (its storages concatenated, each aligned), where each storage lies in it, and the
     fields its dict adds (a ``delta`` where ``base`` is given and a transform against that record pays)."""
@@ -158,21 +67,38 @@ def _encoder(
         table.append([pos, data.numel()])
         parts.append(data)
         storages.append(data)
-        pad = -data.numel() % _ALIGN if len(rec.storages) > 1 else 0
+        pad = -data.numel() % ALIGN if len(rec.storages) > 1 else 0
         if pad:
             parts.append(torch.zeros(pad, dtype=torch.uint8, device=rec.device))
         pos += data.numel() + pad
     coder = "raw" if codec == "none" else codec
-    if base is not None and coder != "raw" and storages and base[1].fits(rec.dtype, table):
-        against = encode_against(storages, table, rec.dtype, coder, *base)
-        if against is not None:
-            transformed, delta = against
-            return records.Encoder(transformed, rec.dtype, coder, segment), table, {"delta": delta}
+    delta = _delta_encoder(storages, table, rec.dtype, coder, segment, base)
+    if delta is not None:
+        return delta[0], table, delta[1]
     key = (codec, rec.dtype, segment, tuple((s.device, s.data_ptr(), s.nbytes()) for s in rec.storages))
     layouts = shared("layouts", _LayoutCache)
     encoder = records.Encoder(parts, rec.dtype, coder, segment, layouts.get(key))
     layouts.put(key, encoder.coding.layout)
     return encoder, table, {}
+
+
+def _delta_encoder(
+    storages: list[torch.Tensor],
+    table: list[list[int]],
+    dtype: torch.dtype,
+    coder: str,
+    segment: int | None,
+    base: tuple[BaseFile, BaseRecord] | None,
+) -> tuple[records.Encoder, dict] | None:
+    """The coder of a record's ``storages`` (lying at ``table``'s offsets) against ``base``'s record and the fields
+    its dict adds, or None where the record is stored alone (no base, or a delta does not pay)."""
+    if base is None or coder == "raw" or not storages or not base[1].fits(dtype, table):
+        return None
+    against = encode_against(storages, table, dtype, coder, *base)
+    if against is None:
+        return None
+    transformed, delta = against
+    return records.Encoder(transformed, dtype, coder, segment), {"delta": delta}
 
 
 class _CodedRecord(NamedTuple):
@@ -259,11 +185,42 @@ class Snapshot:
     ) -> None:
         self.obj, self.codec, self.raw_nbytes, self.encode_s = obj, codec, raw_nbytes, encode_s
         self._placements, self._storages, self._coded, self._kept = placements, storages, coded, kept
+        #: Of ``encode_s``, the seconds spent coding while the file was written (:meth:`coded_against`).
+        self.recode_s = 0.0
 
     @property
     def held_nbytes(self) -> int:
         """The bytes of coded segments this snapshot holds in host memory until it is written."""
         return self._kept.nbytes if self._kept is not None else 0
+
+    def coded_against(self, base: BaseFile, sink: SegmentSink) -> Snapshot:
+        """This snapshot (held in host memory) with each record coded again against the same record of ``base`` where
+        a delta pays, else as it was, into ``sink``: an async save's delta, made on the writer thread from the held
+        segments (decoded where their tensors were), so that training waits for a standalone save's coding only.
+        Each record's held segments are let go once it is done."""
+        if self._kept is None:
+            raise RuntimeError("only a snapshot held in host memory can be coded again")
+        begin = time.perf_counter()
+        held = self._kept.take()
+        coded: list[_CodedRecord] = []
+        for i, done in enumerate(self._coded):
+            segments = [held.pop(blob.storage.key) for blob in done.blobs]
+            against = (base, base.records[i]) if i < len(base.records) else None
+            delta = None
+            if against is not None and against[1].fits(done.coding.dtype, done.storages):
+                data = records.decode([s.blob for s in segments], done.record(), _device(done.device))
+                storages = [data[at : at + n] for at, n in done.storages]
+                coder = "raw" if self.codec == "none" else self.codec
+                delta = _delta_encoder(storages, done.storages, done.coding.dtype, coder, done.coding.segment, against)
+            if delta is None:
+                coded.append(_sunk(done.coding, segments, done.storages, done.device, done.fields, sink, coded))
+            else:
+                coded.append(_sunk(delta[0].coding, delta[0], done.storages, done.device, delta[1], sink, coded))
+            segments = []
+        seconds = time.perf_counter() - begin
+        again = Snapshot(self.obj, self.codec, self.raw_nbytes, self.encode_s + seconds, {}, {}, coded, None)
+        again._placements, again._storages, again.recode_s = self._placements, self._storages, seconds
+        return again
 
     def write_to(self, writer: ArchiveWriter) -> None:
         """Write the segments kept in memory (if any), the pickle and the rest of the archive."""
@@ -293,25 +250,45 @@ class Snapshot:
 
 
 def _code_records(
-    plan: list[_Record], codec: str, staging_nbytes: int | None, sink: SegmentSink, base: BaseFile | None
+    plan: list[Record], codec: str, staging_nbytes: int | None, sink: SegmentSink, base: BaseFile | None
 ) -> list[_CodedRecord]:
     """Code the planned records in order, each segment put into ``sink`` (keyed ``0``, ``1``... in that order) as
     soon as it is in host memory; the records keep the segments' descriptions, not their bytes. Record ``i`` is
     coded against ``base``'s record ``i`` where they hold storages of one type and size (a run's next save)."""
-    coded, count = [], 0
+    coded: list[_CodedRecord] = []
     for i, rec in enumerate(plan):
         against = (base, base.records[i]) if base is not None and i < len(base.records) else None
         encoder, table, fields = _encoder(rec, codec, staging_nbytes, against)
-        coded_record = _CodedRecord(encoder.coding, [], [], [], table, rec.device.type, fields)
-        for segment in encoder:
-            key = str(count)
-            count += 1
-            sink.put(key, segment)
-            coded_record.sizes.extend(segment.sizes)
-            coded_record.crcs.append(segment.crc)
-            coded_record.blobs.append(_StoredBlob(key, segment.blob.numel()))
-        coded.append(coded_record)
+        coded.append(_sunk(encoder.coding, encoder, table, rec.device.type, fields, sink, coded))
     return coded
+
+
+def _sunk(
+    coding: records.Coding,
+    segments: Iterable[records.Segment],
+    table: list[list[int]],
+    device: str,
+    fields: dict,
+    sink: SegmentSink,
+    before: list[_CodedRecord],
+) -> _CodedRecord:
+    """A record coded as ``coding`` whose ``segments`` are put into ``sink`` as they come, keyed on from the segments
+    of the records ``before`` it."""
+    count = sum(len(c.blobs) for c in before)
+    coded_record = _CodedRecord(coding, [], [], [], table, device, fields)
+    for segment in segments:
+        key = str(count)
+        count += 1
+        sink.put(key, segment)
+        coded_record.sizes.extend(segment.sizes)
+        coded_record.crcs.append(segment.crc)
+        coded_record.blobs.append(_StoredBlob(key, segment.blob.numel()))
+    return coded_record
+
+
+def _device(name: str) -> torch.device:
+    """Where a held record whose tensors were on ``name`` decodes: their GPU where there is one."""
+    return torch.device("cuda" if name == "cuda" and torch.cuda.is_available() else "cpu")
 
 
 def snapshot(
@@ -345,7 +322,7 @@ def snapshot(
         # tensors and storages themselves are copied below, so the copy shares them.
         obj = copy.deepcopy(obj, memo=memo)
     names = _tensor_names(obj)
-    plan, where = _plan(contents.tensors, names, staging_nbytes, contents.storages)
+    plan, where = plan_records(contents.tensors, names, staging_nbytes, contents.storages)
     kept = MemorySink() if sink is None else None
     if kept is not None:  # held until written: pin what its GPU records could need while the first ones are coded
         pinned.pool().reserve(sum(rec.nbytes for rec in plan if rec.device.type == "cuda"))

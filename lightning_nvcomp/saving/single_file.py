@@ -124,14 +124,16 @@ class Streamed:
 class Held:
     """The tensors of ``obj`` coded with ``codec`` now, into host memory, and the rest of ``obj`` copied as it is now
     (an isolated snapshot: training may change the state before the file is written), then written by :meth:`fill`
-    (async saves)."""
+    (async saves). With a ``base``, they are coded alone now all the same, so that training waits no longer than for
+    a standalone save: the delta is made from the held segments while the file is written (on the writer thread)."""
 
     while_written = False
 
     def __init__(
         self, obj: object, contents: Contents, codec: Codec, staging_nbytes: int | None, base: BaseFile | None = None
     ) -> None:
-        self.snapshot = snapshot(obj, codec.value, contents, isolate=True, staging_nbytes=staging_nbytes, base=base)
+        self.snapshot = snapshot(obj, codec.value, contents, isolate=True, staging_nbytes=staging_nbytes)
+        self._base = base
 
     @property
     def held_nbytes(self) -> int:
@@ -139,9 +141,15 @@ class Held:
         return self.snapshot.held_nbytes
 
     def fill(self, f: BinaryIO) -> Snapshot:
-        """Write the snapshot into the archive ``f``; the snapshot."""
-        self.snapshot.write_to(ArchiveWriter(f))
-        return self.snapshot
+        """Write the snapshot into the archive ``f`` (coded against the base first, where there is one); the snapshot
+        written."""
+        writer = ArchiveWriter(f)
+        snap = self.snapshot
+        if self._base is not None:
+            with ArchiveSink(writer) as sink:
+                snap = snap.coded_against(self._base, sink)
+        snap.write_to(writer)
+        return snap
 
 
 #: The coded tensors of a save, as a sync or an async save holds them.
@@ -159,7 +167,7 @@ def write_file(
     written = finish.write(storage, path, lambda f: snaps.append(coded.fill(f)))
     written = written._replace(seconds=time.perf_counter() - begin)
     snap = snaps[-1]  # (the one written, should the storage have retried)
-    write_s = written.seconds - (snap.encode_s if coded.while_written else 0.0)
+    write_s = written.seconds - (snap.encode_s if coded.while_written else snap.recode_s)
     stats = SaveStats(path, Codec(snap.codec), snap.raw_nbytes, written.size, snap.encode_s, write_s, prediction)
     return stats, written
 

@@ -16,6 +16,10 @@ from lightning_nvcomp.cli import main
 from lightning_nvcomp.codec import delta as transforms
 from lightning_nvcomp.errors import CorruptCheckpointError, MissingBaseError
 from lightning_nvcomp.format.bases import base_file
+from lightning_nvcomp.format.contents import find_contents
+from lightning_nvcomp.format.zip import ArchiveWriter
+from lightning_nvcomp.options import Codec
+from lightning_nvcomp.saving.single_file import Held
 from lightning_nvcomp.saving.writer import CheckpointWriter
 
 from tests.helpers.lightning_models import TinyData, TinyModule, quiet_trainer
@@ -137,6 +141,31 @@ def test_the_writer_keeps_what_a_chain_needs_and_prunes_the_rest(tmp_path: Path,
     assert {r["delta"]["base"]["file"] for r in delta_records("step5.ckpt")} == {"step3.ckpt"}
     assert_tree_bit_exact(lightning_nvcomp.load("step5.ckpt"), drifting_state(5))
     assert_tree_bit_exact(lightning_nvcomp.load("last.ckpt"), drifting_state(5))
+
+
+def test_an_async_delta_is_coded_behind_training_from_the_state_as_saved(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    lightning_nvcomp.save(drifting_state(0), "step0.ckpt", codec="zstd")
+    base = base_file("step0.ckpt")
+    assert base is not None
+    # what training waits for is a standalone coding: the held snapshot has no delta in it...
+    state = drifting_state(1)
+    held = Held(state, find_contents(state), Codec.ZSTD, None, base)
+    with open("held.ckpt", "wb") as f:
+        held.snapshot.write_to(ArchiveWriter(f))
+    assert delta_records("held.ckpt") == []
+    # ...and the file written from it is a delta, of the state as it was when save() returned
+    writer = CheckpointWriter(SaveOptions(codec="zstd", durable="os", async_save=True, delta=DeltaOptions()))
+    for step in (0, 1):
+        state = drifting_state(step)
+        writer.save(state, f"step{step}.ckpt")
+        writer.commit(step, f"step{step}.ckpt")
+        for tensor in state.values():
+            tensor.zero_()  # training goes on while the file is written
+    writer.close()
+    assert {r["delta"]["base"]["file"] for r in delta_records("step1.ckpt")} == {"step0.ckpt"}
+    assert_tree_bit_exact(lightning_nvcomp.load("step1.ckpt"), drifting_state(1))
+    assert_tree_bit_exact(lightning_nvcomp.load("held.ckpt"), drifting_state(1))
 
 
 def test_a_replaced_base_keeps_its_bytes_for_the_files_that_need_it(tmp_path: Path) -> None:

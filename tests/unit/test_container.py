@@ -23,6 +23,7 @@ from lightning_nvcomp import format as fileformat
 from lightning_nvcomp.codec import engines, layouts, record
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.format import DTYPES, TensorInfo, describe
+from lightning_nvcomp.format import plan as record_plan
 from lightning_nvcomp.format import writer as format_writer
 from lightning_nvcomp.format.sink import ArchiveSink
 from lightning_nvcomp.format.zip import ArchiveWriter
@@ -141,8 +142,8 @@ def test_roundtrip_hypothesis(case, codec, small_groups):
     obj, shared = case
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
         if small_groups:  # many records (storages above 64 bytes alone, groups of <= 256 bytes), many segments
-            mp.setattr(format_writer, "_SMALL_NBYTES", 64)
-            mp.setattr(format_writer, "_GROUP_NBYTES", 256)
+            mp.setattr(record_plan, "_SMALL_NBYTES", 64)
+            mp.setattr(record_plan, "_GROUP_NBYTES", 256)
             mp.setattr(engines, "SEGMENT_NBYTES", 1024)
             for key in list(layouts.CHUNK_NBYTES):
                 mp.setitem(layouts.CHUNK_NBYTES, key, 128)
