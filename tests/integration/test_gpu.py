@@ -458,3 +458,38 @@ def test_a_gpu_delta_chain_round_trips_bit_exactly(tmp_path, codec: str) -> None
         for name, t in states[2].items():
             assert back[name].device.type == device
             assert torch.equal(back[name].cpu().view(torch.uint8), t.cpu().view(torch.uint8)), (device, name)
+
+
+@pytest.mark.parametrize("codec", ["ans", "zstd"])
+def test_an_async_gpu_delta_is_coded_behind_training_bit_exactly(tmp_path, monkeypatch, codec: str) -> None:
+    """An async save of GPU state with deltas codes alone before it returns; the writer thread decodes the held
+    segments on the GPU and codes them against the base: the file is a delta of the state as it was saved, however
+    training changed it meanwhile."""
+    from lightning_nvcomp import DeltaOptions, SaveOptions
+    from lightning_nvcomp.format.bases import base_file
+    from lightning_nvcomp.saving.writer import CheckpointWriter
+
+    monkeypatch.chdir(tmp_path)
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(3_000_000, generator=gen) * 0.02
+
+    def state(step: int) -> dict:
+        return {
+            "w": (w + step * 1e-6).cuda(),
+            "v": (w * w + step * 1e-9).cuda(),
+            "b": (w + step * 1e-4).bfloat16().cuda(),
+        }
+
+    writer = CheckpointWriter(SaveOptions(codec=codec, durable="os", async_save=True, delta=DeltaOptions()))
+    for step in (0, 1):
+        live = state(step)
+        writer.save(live, f"step{step}.ckpt")
+        writer.commit(step, f"step{step}.ckpt")
+        for tensor in live.values():
+            tensor.zero_()  # training goes on while the file is written
+    writer.close()
+    found = base_file("step1.ckpt")
+    assert found is not None and any("delta" in r.record for r in found.records)
+    back = lightning_nvcomp.load("step1.ckpt", map_location="cuda")
+    for name, t in state(1).items():
+        assert torch.equal(back[name].cpu().view(torch.uint8), t.cpu().view(torch.uint8)), name
