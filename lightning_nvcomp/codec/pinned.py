@@ -6,7 +6,10 @@ run's pinned memory grows with the sizes its saves happen to ask for (3.3 -> 10 
 first save pays for pinning all of it. Here a blob is cut from a large slab in allocation order; a slab is cut
 afresh once every tensor cut from it is gone (its storage freed, views included); the slabs together never exceed
 :attr:`PinnedPool.limit` (past it a request gets pageable memory: slower to copy into, never refused); and
-:meth:`PinnedPool.reserve` pins the slabs a save will need on a thread of its own while the save is coding.
+:meth:`PinnedPool.reserve` pins what a save will need on a thread of its own while the save is coding: one slab the
+size of the last save's coded bytes, so that the pool holds about what a save copies into it. Slabs are pinned for
+exactly their size (``cudaHostRegister``, as torch.distributed.checkpoint's stager pins), not through torch's
+allocator.
 """
 
 from __future__ import annotations
@@ -19,10 +22,17 @@ import torch
 
 from lightning_nvcomp._process import shared
 
-#: The default size of a slab (a GPU segment's blob fits in one).
+#: The default size of a slab pinned while a save copies (a GPU segment's blob fits in one); :meth:`PinnedPool.reserve`
+#: pins slabs of the size a save needs.
 SLAB_NBYTES = 512 << 20
 #: Every blob starts at a multiple of this many bytes of its slab.
 _ALIGN = 64
+#: Slabs are multiples of this many bytes.
+_GRAIN = 2 << 20
+#: What :meth:`PinnedPool.reserve` pins beyond the share of a save's bytes the last save copied (its coded bytes vary
+#: from save to save); a free slab larger than the need by more than :data:`_SLACK` is pinned again at the need's size.
+_HEADROOM = 1.02
+_SLACK = 1.1
 
 
 def _physical_nbytes() -> int:
@@ -32,11 +42,28 @@ def _physical_nbytes() -> int:
         return 16 << 30
 
 
+def _host_memory(nbytes: int, pin: bool) -> torch.Tensor:
+    """``nbytes`` of host memory, page-locked for exactly its size where ``pin`` (registered with CUDA, and
+    unregistered when it is freed)."""
+    memory = torch.empty(nbytes, dtype=torch.uint8)
+    if pin and nbytes:
+        cudart = torch.cuda.cudart()
+        error = int(cudart.cudaHostRegister(memory.data_ptr(), nbytes, 0))
+        if error:
+            raise RuntimeError(f"lightning_nvcomp: pinning {nbytes} bytes of host memory failed (CUDA error {error})")
+        weakref.finalize(memory, cudart.cudaHostUnregister, memory.data_ptr())
+    return memory
+
+
+def _grains(nbytes: float) -> int:
+    return max(1, -(-int(nbytes) // _GRAIN)) * _GRAIN
+
+
 class _Slab:
     __slots__ = ("memory", "array", "top", "live", "copied", "earlier")
 
     def __init__(self, nbytes: int, pin: bool) -> None:
-        self.memory = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+        self.memory = _host_memory(nbytes, pin)
         self.array = self.memory.numpy()
         self.top = 0  # where the next blob is cut
         self.live = 0  # blobs cut from it whose storage is not yet freed
@@ -54,7 +81,7 @@ class PinnedPool:
     Args:
         limit: the most bytes its slabs may hold together (default: a quarter of the machine's memory).
         pin: pin the slabs (default: when CUDA is available); unpinned, the pool still bounds and reuses memory.
-        slab_nbytes: the size of a slab; a larger request gets a slab of its own (rounded up to a power of two).
+        slab_nbytes: the size of a slab pinned while a save copies; a larger request gets a slab of its own.
     """
 
     def __init__(self, limit: int | None = None, pin: bool | None = None, slab_nbytes: int = SLAB_NBYTES) -> None:
@@ -69,6 +96,8 @@ class PinnedPool:
         self._lock = threading.RLock()
         self._growing = threading.Lock()  # one slab pinned at a time (by take or by reserve's thread)
         self._reserving: threading.Thread | None = None
+        # What the last reserve was for, the bytes copied since, and the share of a reserve the last save copied.
+        self._reserved, self._copied, self._share = 0, 0, 1.0
 
     @property
     def nbytes(self) -> int:
@@ -88,6 +117,8 @@ class PinnedPool:
         n = src.numel()
         nbytes = n if nbytes is None else nbytes
         host, slab = self._take(nbytes)
+        with self._lock:
+            self._copied += nbytes
         host[n:] = 0
         if n:
             host[:n].copy_(src, non_blocking=src.device.type == "cuda" and self.pin)
@@ -103,28 +134,45 @@ class PinnedPool:
         return self._take(nbytes)[0]
 
     def reserve(self, nbytes: int) -> None:
-        """Pin slabs on a thread of its own until ``nbytes`` more could be cut without pinning (within the limit):
-        called as a save starts, with what it could hold at most, so its copies rarely wait for pinning."""
+        """Pin ahead, on a thread of its own, what a save of ``nbytes`` (its GPU state) will copy: called as a save
+        starts, so its copies rarely wait for pinning. The pool expects the share of ``nbytes`` that the save before
+        copied (its coding ratio; all of it at first) and makes that one slab: free slabs too small for it are kept,
+        one larger by more than a tenth is pinned again at its size (within the limit)."""
         if nbytes <= 0:
             return
         with self._lock:
+            if self._reserved and self._copied:
+                self._share = min(1.0, self._copied / self._reserved)
+            self._reserved, self._copied = nbytes, 0
             if self._reserving is not None and self._reserving.is_alive():
                 return
-            self._reserving = threading.Thread(target=self._grow_to, args=(nbytes,), name="lnv-pin", daemon=True)
+            need = _grains(nbytes * self._share * _HEADROOM)
+            self._reserving = threading.Thread(target=self._fit, args=(need,), name="lnv-pin", daemon=True)
             self._reserving.start()
 
-    def _grow_to(self, nbytes: int) -> None:
-        while True:
-            with self._growing:
+    def _fit(self, need: int) -> None:
+        """Make the free slabs hold ``need`` bytes: a slab that holds them and is at most a tenth larger stays; a larger
+        one is pinned again at ``need``; else the rest of ``need`` is pinned as one slab."""
+        with self._growing:
+            with self._lock:
+                free = [s for s in self._slabs if not s.live]
+                larger = [s for s in free if s.memory.numel() >= need]
+                if larger and min(s.memory.numel() for s in larger) <= need * _SLACK:
+                    return
+                if larger:  # too large: they go, and one of the need's size is pinned
+                    self._slabs = [s for s in self._slabs if s not in larger]
+                    self._open = None if self._open in larger else self._open
+                    missing = need
+                else:
+                    missing = need - sum(s.memory.numel() for s in free)
+                missing = min(missing, self.limit - self.nbytes)
+            for event in [e for s in larger for e in (s.copied, s.earlier) if e is not None]:
+                event.synchronize()  # a copy into a blob dropped early may still be landing in it
+            del free, larger  # unpinned before more is pinned
+            if missing > 0:
+                grown = _Slab(missing, self.pin)
                 with self._lock:
-                    free = sum(s.memory.numel() for s in self._slabs if not s.live)  # the open one too: cut afresh
-                    if self._open is not None and self._open.live:
-                        free += self._open.room
-                    if free >= nbytes or self.nbytes + self.slab_nbytes > self.limit:
-                        return
-                slab = _Slab(self.slab_nbytes, self.pin)
-                with self._lock:
-                    self._slabs.append(slab)
+                    self._slabs.append(grown)
 
     def _take(self, nbytes: int) -> tuple[torch.Tensor, _Slab | None]:
         if nbytes == 0:
@@ -136,7 +184,7 @@ class PinnedPool:
             with self._growing:  # a slab reserve's thread is pinning may be what this needs: wait for it first
                 with self._lock:
                     cut = self._cut_from(need)
-                    size = max(self.slab_nbytes, 1 << (need - 1).bit_length())  # what torch's allocator would round to
+                    size = max(self.slab_nbytes, _grains(need))
                     grow = cut is None and self.nbytes + size <= self.limit
                 if grow:
                     new = _Slab(size, self.pin)

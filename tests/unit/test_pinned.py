@@ -72,6 +72,22 @@ def test_a_snapshot_the_size_of_the_last_fits_the_room_it_left_without_pinning_m
         gc.collect()
 
 
+def test_the_pool_holds_what_a_save_copies_not_its_raw_bytes():
+    # Saves of 100 MiB of state coded to 80 MiB: the first reserve pins the state's size (the ratio is not known
+    # yet); from the second on, one slab of the coded size (+2%, in 2 MiB grains) is pinned instead, and reused.
+    p = PinnedPool(limit=1024 * MIB, pin=False, slab_nbytes=4 * MIB)
+    for round_ in range(4):
+        p.reserve(100 * MIB)
+        p._reserving.join()
+        reserved = p.nbytes
+        blobs = [p.copy(_pattern(4 * MIB, round_ * 20 + i)) for i in range(20)]
+        assert p.nbytes == reserved and p.overflow_nbytes == 0  # the copies pinned nothing more
+        assert reserved == (102 * MIB if round_ == 0 else 82 * MIB), (round_, reserved / MIB)
+        assert all(torch.equal(b, _pattern(4 * MIB, round_ * 20 + i)) for i, b in enumerate(blobs))
+        del blobs
+        gc.collect()
+
+
 def test_a_live_view_keeps_its_bytes_from_being_reused():
     p = PinnedPool(limit=64 * MIB, pin=False, slab_nbytes=MIB)
     blob = p.copy(_pattern(300_000, 1))
