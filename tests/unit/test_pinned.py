@@ -164,7 +164,10 @@ def test_gpu_copies_land_in_pinned_reused_memory(tmp_path):
             sizes.append(pool().nbytes)
     finally:
         w.close()
-    assert sizes[1:] == sizes[:1] * 3, sizes  # pinned once (by the first save), then reused
+    # pinned by the first save (the state's size), fitted to what it copied by the second, then reused
+    assert sizes[2:] == sizes[1:2] * 2 and sizes[1] < sizes[0], sizes
+    coded = max((tmp_path / f"c{i}.ckpt").stat().st_size for i in range(4))
+    assert sizes[1] <= 1.1 * coded + (2 << 20), (sizes, coded)
     assert pool().overflow_nbytes == 0
     for i in range(4):
         loaded = lightning_nvcomp.load(tmp_path / f"c{i}.ckpt", map_location="cuda")
