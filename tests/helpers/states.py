@@ -6,11 +6,12 @@ payloads, -0.0 and signalling bits count.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
 from lightning_nvcomp.format import DTYPES
+from lightning_nvcomp.saving.writer import CheckpointWriter
 
 #: Integer dtype of each element size: viewing a tensor as one of these is a pure reinterpretation of its bits
 #: (allowed for any strides, 0-d included), after which copies cannot touch NaN payloads or signalling bits.
@@ -157,3 +158,16 @@ def special_floats(dtype: torch.dtype) -> torch.Tensor:
 FLOAT_DTYPES_WITH_SPECIALS = [torch.float32, torch.float64, torch.float16, torch.bfloat16] + [
     d for n, d in DTYPES.items() if n.startswith("float8")
 ]
+
+
+def save_as_training_goes_on(writer: CheckpointWriter, state_at: Callable[[int], dict], steps: range) -> None:
+    """Save ``state_at(step)`` to ``step{step}.ckpt`` for each of ``steps`` through a ``CheckpointWriter`` as Lightning
+    does (save, then commit), zeroing the live tensors as each save returns (training going on while a write runs
+    behind it), then close the writer."""
+    for step in steps:
+        live = state_at(step)
+        writer.save(live, f"step{step}.ckpt")
+        writer.commit(step, f"step{step}.ckpt")
+        for tensor in live.values():
+            tensor.zero_()
+    writer.close()

@@ -23,7 +23,7 @@ from lightning_nvcomp.saving.single_file import Held
 from lightning_nvcomp.saving.writer import CheckpointWriter
 
 from tests.helpers.lightning_models import TinyData, TinyModule, quiet_trainer
-from tests.helpers.states import assert_tree_bit_exact, special_floats, trained_like
+from tests.helpers.states import assert_tree_bit_exact, save_as_training_goes_on, special_floats, trained_like
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.int64, torch.bool, torch.complex64]
 
@@ -156,13 +156,7 @@ def test_an_async_delta_is_coded_behind_training_from_the_state_as_saved(tmp_pat
     assert delta_records("held.ckpt") == []
     # ...and the file written from it is a delta, of the state as it was when save() returned
     writer = CheckpointWriter(SaveOptions(codec="zstd", durable="os", async_save=True, delta=DeltaOptions()))
-    for step in (0, 1):
-        state = drifting_state(step)
-        writer.save(state, f"step{step}.ckpt")
-        writer.commit(step, f"step{step}.ckpt")
-        for tensor in state.values():
-            tensor.zero_()  # training goes on while the file is written
-    writer.close()
+    save_as_training_goes_on(writer, drifting_state, range(2))
     assert {r["delta"]["base"]["file"] for r in delta_records("step1.ckpt")} == {"step0.ckpt"}
     assert_tree_bit_exact(lightning_nvcomp.load("step1.ckpt"), drifting_state(1))
     assert_tree_bit_exact(lightning_nvcomp.load("held.ckpt"), drifting_state(1))

@@ -469,6 +469,8 @@ def test_an_async_gpu_delta_is_coded_behind_training_bit_exactly(tmp_path, monke
     from lightning_nvcomp.format.bases import base_file
     from lightning_nvcomp.saving.writer import CheckpointWriter
 
+    from tests.helpers.states import save_as_training_goes_on
+
     monkeypatch.chdir(tmp_path)
     gen = torch.Generator().manual_seed(5)
     w = torch.randn(3_000_000, generator=gen) * 0.02
@@ -481,13 +483,7 @@ def test_an_async_gpu_delta_is_coded_behind_training_bit_exactly(tmp_path, monke
         }
 
     writer = CheckpointWriter(SaveOptions(codec=codec, durable="os", async_save=True, delta=DeltaOptions()))
-    for step in (0, 1):
-        live = state(step)
-        writer.save(live, f"step{step}.ckpt")
-        writer.commit(step, f"step{step}.ckpt")
-        for tensor in live.values():
-            tensor.zero_()  # training goes on while the file is written
-    writer.close()
+    save_as_training_goes_on(writer, state, range(2))
     found = base_file("step1.ckpt")
     assert found is not None and any("delta" in r.record for r in found.records)
     back = lightning_nvcomp.load("step1.ckpt", map_location="cuda")
