@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import pickle
@@ -203,20 +204,11 @@ class Snapshot:
         begin = time.perf_counter()
         held = self._kept.take()
         coded: list[_CodedRecord] = []
-        for i, done in enumerate(self._coded):
-            segments = [held.pop(blob.storage.key) for blob in done.blobs]
-            against = (base, base.records[i]) if i < len(base.records) else None
-            delta = None
-            if against is not None and against[1].fits(done.coding.dtype, done.storages):
-                data = records.decode([s.blob for s in segments], done.record(), _device(done.device))
-                storages = [data[at : at + n] for at, n in done.storages]
-                coder = "raw" if self.codec == "none" else self.codec
-                delta = _delta_encoder(storages, done.storages, done.coding.dtype, coder, done.coding.segment, against)
-            if delta is None:
-                coded.append(_sunk(done.coding, segments, done.storages, done.device, done.fields, sink, coded))
-            else:
-                coded.append(_sunk(delta[0].coding, delta[0], done.storages, done.device, delta[1], sink, coded))
-            segments = []
+        with _coding_stream(self._coded):
+            for i, done in enumerate(self._coded):
+                segments = [held.pop(blob.storage.key) for blob in done.blobs]
+                coded.append(_coded_again(done, segments, self.codec, base, i, sink, coded))
+                segments = []
         seconds = time.perf_counter() - begin
         again = Snapshot(self.obj, self.codec, self.raw_nbytes, self.encode_s + seconds, {}, {}, coded, None)
         again._placements, again._storages, again.recode_s = self._placements, self._storages, seconds
@@ -284,6 +276,39 @@ def _sunk(
         coded_record.crcs.append(segment.crc)
         coded_record.blobs.append(_StoredBlob(key, segment.blob.numel()))
     return coded_record
+
+
+def _coded_again(
+    done: _CodedRecord,
+    segments: list[records.Segment],
+    codec: str,
+    base: BaseFile,
+    i: int,
+    sink: SegmentSink,
+    before: list[_CodedRecord],
+) -> _CodedRecord:
+    """Record ``i`` as held (``done``, its ``segments``) coded against record ``i`` of ``base`` into ``sink`` where a
+    delta pays, else put there as it was coded."""
+    against = (base, base.records[i]) if i < len(base.records) else None
+    delta = None
+    if against is not None and against[1].fits(done.coding.dtype, done.storages):
+        data = records.decode([s.blob for s in segments], done.record(), _device(done.device))
+        storages = [data[at : at + n] for at, n in done.storages]
+        coder = "raw" if codec == "none" else codec
+        delta = _delta_encoder(storages, done.storages, done.coding.dtype, coder, done.coding.segment, against)
+    if delta is None:
+        return _sunk(done.coding, segments, done.storages, done.device, done.fields, sink, before)
+    return _sunk(delta[0].coding, delta[0], done.storages, done.device, delta[1], sink, before)
+
+
+def _coding_stream(coded: list[_CodedRecord]) -> contextlib.AbstractContextManager:
+    """A CUDA stream of its own (``recode-stream-<device>``) where held records of GPU tensors are coded again behind
+    training: on the default stream their kernels would queue among training's, and each of their waits would wait
+    for training's too."""
+    if not torch.cuda.is_available() or not any(c.device == "cuda" for c in coded):
+        return contextlib.nullcontext()
+    device = torch.device("cuda", torch.cuda.current_device())
+    return torch.cuda.stream(shared(f"recode-stream-{device}", lambda: torch.cuda.Stream(device)))
 
 
 def _device(name: str) -> torch.device:
