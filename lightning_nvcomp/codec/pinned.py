@@ -151,28 +151,30 @@ class PinnedPool:
             self._reserving.start()
 
     def _fit(self, need: int) -> None:
-        """Make the free slabs hold ``need`` bytes: a slab that holds them and is at most a tenth larger stays; a larger
-        one is pinned again at ``need``; else the rest of ``need`` is pinned as one slab."""
-        with self._growing:
-            with self._lock:
-                free = [s for s in self._slabs if not s.live]
-                larger = [s for s in free if s.memory.numel() >= need]
-                if larger and min(s.memory.numel() for s in larger) <= need * _SLACK:
-                    return
-                if larger:  # too large: they go, and one of the need's size is pinned
-                    self._slabs = [s for s in self._slabs if s not in larger]
-                    self._open = None if self._open in larger else self._open
-                    missing = need
-                else:
-                    missing = need - sum(s.memory.numel() for s in free)
-                missing = min(missing, self.limit - self.nbytes)
-            for event in [e for s in larger for e in (s.copied, s.earlier) if e is not None]:
-                event.synchronize()  # a copy into a blob dropped early may still be landing in it
-            del free, larger  # unpinned before more is pinned
-            if missing > 0:
+        """Make the free slabs hold ``need`` bytes in a slab at most a tenth larger: free slabs larger than that go;
+        where none fits, one of ``need`` bytes is pinned (where no free slab is larger, the rest of ``need``), while
+        the larger ones still serve (a save starting meanwhile cuts from them and waits for no pinning); they go once
+        it is pinned and nothing lives in them (else at a later reserve)."""
+        with self._lock:
+            free = [s for s in self._slabs if not s.live]
+            fits = any(need <= s.memory.numel() <= need * _SLACK for s in free)
+            larger = [s for s in free if s.memory.numel() > need * _SLACK]
+            room = self.limit - self.nbytes
+            missing = 0 if fits else need if larger else min(need - sum(s.memory.numel() for s in free), room)
+        del free
+        if missing > room:  # no room for both: the larger one stays
+            return
+        if missing > 0:
+            with self._growing:
                 grown = _Slab(missing, self.pin)
-                with self._lock:
-                    self._slabs.append(grown)
+            with self._lock:
+                self._slabs.append(grown)
+        with self._lock:
+            gone = [s for s in larger if not s.live]
+            self._slabs = [s for s in self._slabs if s not in gone]
+            self._open = None if self._open in gone else self._open
+        for event in [e for s in gone for e in (s.copied, s.earlier) if e is not None]:
+            event.synchronize()  # a copy into a blob dropped early may still be landing in it
 
     def _take(self, nbytes: int) -> tuple[torch.Tensor, _Slab | None]:
         if nbytes == 0:
