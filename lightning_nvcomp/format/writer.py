@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import io
 import pickle
@@ -204,11 +203,10 @@ class Snapshot:
         begin = time.perf_counter()
         held = self._kept.take()
         coded: list[_CodedRecord] = []
-        with _coding_stream(self._coded):
-            for i, done in enumerate(self._coded):
-                segments = [held.pop(blob.storage.key) for blob in done.blobs]
-                coded.append(_coded_again(done, segments, self.codec, base, i, sink, coded))
-                segments = []
+        for i, done in enumerate(self._coded):
+            segments = [held.pop(blob.storage.key) for blob in done.blobs]
+            coded.append(_coded_again(done, segments, self.codec, base, i, sink, coded))
+            segments = []
         seconds = time.perf_counter() - begin
         again = Snapshot(self.obj, self.codec, self.raw_nbytes, self.encode_s + seconds, {}, {}, coded, None)
         again._placements, again._storages, again.recode_s = self._placements, self._storages, seconds
@@ -299,16 +297,6 @@ def _coded_again(
     if delta is None:
         return _sunk(done.coding, segments, done.storages, done.device, done.fields, sink, before)
     return _sunk(delta[0].coding, delta[0], done.storages, done.device, delta[1], sink, before)
-
-
-def _coding_stream(coded: list[_CodedRecord]) -> contextlib.AbstractContextManager:
-    """A CUDA stream of its own (``recode-stream-<device>``) where held records of GPU tensors are coded again behind
-    training: on the default stream their kernels would queue among training's, and each of their waits would wait
-    for training's too."""
-    if not torch.cuda.is_available() or not any(c.device == "cuda" for c in coded):
-        return contextlib.nullcontext()
-    device = torch.device("cuda", torch.cuda.current_device())
-    return torch.cuda.stream(shared(f"recode-stream-{device}", lambda: torch.cuda.Stream(device)))
 
 
 def _device(name: str) -> torch.device:

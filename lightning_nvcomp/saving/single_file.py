@@ -124,16 +124,19 @@ class Streamed:
 class Held:
     """The tensors of ``obj`` coded with ``codec`` now, into host memory, and the rest of ``obj`` copied as it is now
     (an isolated snapshot: training may change the state before the file is written), then written by :meth:`fill`
-    (async saves). With a ``base``, they are coded alone now all the same, so that training waits no longer than for
-    a standalone save: the delta is made from the held segments while the file is written (on the writer thread)."""
+    (async saves). With a ``base``, CPU state is coded alone now all the same, so that training waits no longer than
+    for a standalone save, and its delta is made from the held segments as the file is written (on the writer
+    thread). GPU state is coded against the base now: made behind training, its delta shared the GPU with training
+    and cost the fit more than the wait it saved (docs/guides/delta.md)."""
 
     while_written = False
 
     def __init__(
         self, obj: object, contents: Contents, codec: Codec, staging_nbytes: int | None, base: BaseFile | None = None
     ) -> None:
-        self.snapshot = snapshot(obj, codec.value, contents, isolate=True, staging_nbytes=staging_nbytes)
-        self._base = base
+        now = base if any(t.is_cuda for t in contents.tensors) else None
+        self.snapshot = snapshot(obj, codec.value, contents, isolate=True, staging_nbytes=staging_nbytes, base=now)
+        self._base = base if now is None else None
 
     @property
     def held_nbytes(self) -> int:

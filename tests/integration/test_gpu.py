@@ -461,10 +461,9 @@ def test_a_gpu_delta_chain_round_trips_bit_exactly(tmp_path, codec: str) -> None
 
 
 @pytest.mark.parametrize("codec", ["ans", "zstd"])
-def test_an_async_gpu_delta_is_coded_behind_training_bit_exactly(tmp_path, monkeypatch, codec: str) -> None:
-    """An async save of GPU state with deltas codes alone before it returns; the writer thread decodes the held
-    segments on the GPU and codes them against the base: the file is a delta of the state as it was saved, however
-    training changed it meanwhile."""
+def test_an_async_gpu_delta_is_coded_from_the_state_as_saved_bit_exactly(tmp_path, monkeypatch, codec: str) -> None:
+    """An async save of GPU state with deltas codes it against the base before it returns: the file is a delta of the
+    state as it was saved, however training changed it meanwhile, and loads bit-exactly onto the GPU."""
     from lightning_nvcomp import DeltaOptions, SaveOptions
     from lightning_nvcomp.format.bases import base_file
     from lightning_nvcomp.saving.writer import CheckpointWriter
