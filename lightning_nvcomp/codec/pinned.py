@@ -30,7 +30,8 @@ _ALIGN = 64
 #: Slabs are multiples of this many bytes.
 _GRAIN = 2 << 20
 #: What :meth:`PinnedPool.reserve` pins beyond the share of a save's bytes the last save copied (its coded bytes vary
-#: from save to save); a free slab larger than the need by more than :data:`_SLACK` is pinned again at the need's size.
+#: from save to save); a free slab larger than the need by more than :data:`_SLACK` is replaced by one of the need's
+#: size.
 _HEADROOM = 1.02
 _SLACK = 1.1
 
@@ -136,8 +137,7 @@ class PinnedPool:
     def reserve(self, nbytes: int) -> None:
         """Pin ahead, on a thread of its own, what a save of ``nbytes`` (its GPU state) will copy: called as a save
         starts, so its copies rarely wait for pinning. The pool expects the share of ``nbytes`` that the save before
-        copied (its coding ratio; all of it at first) and makes that one slab: free slabs too small for it are kept,
-        one larger by more than a tenth is pinned again at its size (within the limit)."""
+        copied (its coding ratio; all of it at first) and makes that one slab (see :meth:`_fit`), within the limit."""
         if nbytes <= 0:
             return
         with self._lock:
