@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import io
-import itertools
 import mmap
 import struct
 import threading
@@ -81,13 +80,10 @@ def decoded_windows(
     state: LoadState | None,
     depth: int,
     cache: dict,
-    into: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """Bytes ``[start, start + length)`` of the base record for each of ``spans`` (apart from each other), as for
     :func:`decoded_range`: each segment they lie in decoded once, and only their bytes joined, checked: the file's id
-    is the base's, the segments' CRCs and the record's fields are the record's, and a base of its own is followed.
-    ``into``: a buffer on the CPU of at least the spans' bytes to decode them into (views of it are returned) where
-    the record decodes on the CPU; else each gets memory of its own."""
+    is the base's, the segments' CRCs and the record's fields are the record's, and a base of its own is followed."""
     keys, rec = base["blobs"], base["record"]
     opened, path = _base_file(holder, base, depth, cache)
     try:
@@ -96,7 +92,7 @@ def decoded_windows(
             if not 0 <= start <= start + length <= rec["nbytes"] or start % layout.planes or length % layout.planes:
                 raise CorruptCheckpointError(f"bytes {start}..{start + length} are not whole numbers of its record")
         work = engines.work_device(layout, rec, device)
-        outs = _outs([length for _, length in spans], work, into)
+        outs = [torch.empty(length, dtype=torch.uint8, device=work) for _, length in spans]
         stand_ins = [torch.empty(opened.size(key), dtype=torch.uint8, device="meta") for key in keys]
         for s, (at, n) in enumerate(schema._segments(rec["nbytes"], rec["segment"])):
             targets = [
@@ -120,15 +116,6 @@ def decoded_windows(
         message = str(err)
         raise type(err)(message if message.startswith(path) else f"its base {path}: {message}") from None
     return outs
-
-
-def _outs(lengths: list[int], work: torch.device, into: torch.Tensor | None) -> list[torch.Tensor]:
-    """Memory for a decoding of ``lengths`` bytes on ``work``: consecutive views of ``into`` where it is there and
-    large enough, else a tensor each."""
-    if into is None or into.device != work or into.numel() < sum(lengths):
-        return [torch.empty(length, dtype=torch.uint8, device=work) for length in lengths]
-    ends = list(itertools.accumulate(lengths))
-    return [into[end - length : end] for length, end in zip(lengths, ends)]
 
 
 def _base_file(holder: str, base: dict, depth: int, cache: dict) -> tuple[_Opened, str]:

@@ -211,9 +211,9 @@ class Undoing:
         cpu = device.type == "cpu" and self.spans
         self._first = records.segment_pool().submit(self._decoded, self.spans[0]) if cpu else None
 
-    def _decoded(self, span: tuple[int, int], into: torch.Tensor | None = None) -> list[tuple[int, torch.Tensor]]:
+    def _decoded(self, span: tuple[int, int]) -> list[tuple[int, torch.Tensor]]:
         """The base's bytes where a transformed storage lies in ``span``, each window at its offset (a storage kept
-        as it is needs none: its bytes are not joined), in ``into`` where given."""
+        as it is needs none: its bytes are not joined)."""
         windows = []
         for (at, nbytes), transform in zip(self.rec["storages"], self.rec["delta"]["transforms"]):
             lo, hi = max(at, span[0]), min(at + nbytes, span[0] + span[1])
@@ -223,17 +223,8 @@ class Undoing:
             return []
         if self.device.type != "cpu":  # on a GPU a join costs its calls, not its bytes: the span at once
             windows = [(windows[0][0], windows[-1][0] + windows[-1][1] - windows[0][0])]
-        found = decoded_windows(self.name, self.base, windows, self.device, self.state, 1, self.state.bases, into)
+        found = decoded_windows(self.name, self.base, windows, self.device, self.state, 1, self.state.bases)
         return [(start, base_bytes) for (start, _), base_bytes in zip(windows, found)]
-
-    def _undo_span(self, placed: list[tuple[int, torch.Tensor]], span: tuple[int, int]) -> None:
-        """Undo the transforms where the base's segment ``span`` lies, its bytes decoded into a scratch buffer of the
-        load (on the CPU: see :meth:`LoadState.scratch`)."""
-        if self.device.type != "cpu":
-            self._undo(placed, self._decoded(span))
-            return
-        with self.state.scratch(span[1]) as into:
-            self._undo(placed, self._decoded(span, into))
 
     def _placed(self, pieces: list[torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
         """Each storage's decoded bytes and where it starts in the record."""
@@ -252,10 +243,8 @@ class Undoing:
         first = self.spans[0][0] if self.spans else None
 
         def undo_segment(start: int, length: int) -> None:
-            if self._first is not None and start == first:
-                self._undo(placed, self._first.result())
-            else:
-                self._undo_span(placed, (start, length))
+            ready = self._first is not None and start == first
+            self._undo(placed, self._first.result() if ready else self._decoded((start, length)))  # type: ignore[union-attr]
 
         return undo_segment
 
@@ -264,7 +253,7 @@ class Undoing:
         placed = self._placed(pieces)
 
         def one(span: tuple[int, int]) -> None:  # a base segment: its ranges of the storages are theirs alone
-            self._undo_span(placed, span)
+            self._undo(placed, self._decoded(span))
 
         rest = self.spans
         if self._first is not None:

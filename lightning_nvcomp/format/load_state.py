@@ -4,11 +4,9 @@ and the records decoded so far (copies of one record decode once). Which load a 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import threading
-from collections.abc import Iterator
 
 import torch
 
@@ -73,25 +71,10 @@ class LoadState:
         self.bases: dict = {}  # the delta bases opened by this load (format/delta.py), by path
         self._counting = threading.Lock()
         self._seen: set[tuple] = set()
-        self._spare: list[torch.Tensor] = []  # scratch buffers no block holds (see :meth:`scratch`)
 
     def where(self, tensor: str) -> str:
         """How an error names a tensor of this load: ``step-1.ckpt: tensor 'layer.weight'``."""
         return f"{self.name}: tensor {tensor!r}" if self.name else f"tensor {tensor!r}"
-
-    @contextlib.contextmanager
-    def scratch(self, nbytes: int) -> Iterator[torch.Tensor]:
-        """A CPU buffer of at least ``nbytes``, the caller's alone until the block ends, then kept for a later block of
-        this load: fresh memory costs a page fault per page at its first write, which a delta's base, decoded a
-        segment at a time and dropped, would otherwise pay for every segment (as much again as the decoding)."""
-        with self._counting:
-            fits = [i for i, buffer in enumerate(self._spare) if buffer.numel() >= nbytes]
-            buffer = self._spare.pop(fits[0]) if fits else torch.empty(nbytes, dtype=torch.uint8)
-        try:
-            yield buffer
-        finally:
-            with self._counting:
-                self._spare.append(buffer)
 
     def bound(self) -> float:
         if self.limit is not None:
