@@ -65,7 +65,7 @@ def plan(
             continue
         dtypes[key] = (DTYPES.get(dtype_name or "uint8", torch.uint8), "<storage>")
         unique[key] = storage
-    plan: list[Record] = []
+    records: list[Record] = []
     where: dict[int, tuple[int, int]] = {}
     open_groups: dict[tuple, int] = {}
     for key, storage in unique.items():
@@ -73,19 +73,19 @@ def plan(
         nbytes = storage.nbytes()
         group_key = (storage.device, dtype)
         if nbytes >= small_limit:
-            plan.append(Record(storage.device, dtype, [storage], nbytes))
-            where[key] = (len(plan) - 1, 0)
+            records.append(Record(storage.device, dtype, [storage], nbytes))
+            where[key] = (len(records) - 1, 0)
             continue
         slot = open_groups.get(group_key)
-        if slot is None or plan[slot].nbytes + nbytes > group_limit:
-            plan.append(Record(storage.device, dtype, []))
-            slot = open_groups[group_key] = len(plan) - 1
-        group = plan[slot]
+        if slot is None or records[slot].nbytes + nbytes > group_limit:
+            records.append(Record(storage.device, dtype, []))
+            slot = open_groups[group_key] = len(records) - 1
+        group = records[slot]
         where[key] = (slot, len(group.storages))
         group.storages.append(storage)
         group.nbytes += -(-nbytes // ALIGN) * ALIGN
-    _order_groups(plan, where)
-    return plan, where
+    _order_groups(records, where)
+    return records, where
 
 
 def _order_groups(plan: list[Record], where: dict[int, tuple[int, int]]) -> None:

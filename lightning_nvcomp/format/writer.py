@@ -206,10 +206,18 @@ class Snapshot:
         for i, done in enumerate(self._coded):
             segments = [held.pop(blob.storage.key) for blob in done.blobs]
             coded.append(_coded_again(done, segments, self.codec, base, i, sink, coded))
-            segments = []
         seconds = time.perf_counter() - begin
-        again = Snapshot(self.obj, self.codec, self.raw_nbytes, self.encode_s + seconds, {}, {}, coded, None)
-        again._placements, again._storages, again.recode_s = self._placements, self._storages, seconds
+        again = Snapshot(
+            self.obj,
+            self.codec,
+            self.raw_nbytes,
+            self.encode_s + seconds,
+            self._placements,
+            self._storages,
+            coded,
+            None,
+        )
+        again.recode_s = seconds
         return again
 
     def write_to(self, writer: ArchiveWriter) -> None:
