@@ -122,12 +122,14 @@ def decode_segment(
                 out.copy_(stored[offset : offset + out.numel()])
             return
         row = whole if whole is not None else torch.empty(n, dtype=torch.uint8, device=stored.device)
-        _decoded_rows(engine, stored, sizes, n, layout, row)
+        _decoded_rows(engine, stored, sizes, n, layout, row, None if whole is not None else _columns(outs, layout))
         if whole is None:
             for offset, out in outs:
                 out.copy_(row[offset : offset + out.numel()])
         return
-    rows = _decoded_rows(engine, stored, sizes, n, layout)
+    rows = _decoded_rows(
+        engine, stored, sizes, n, layout, columns=None if whole is not None else _columns(outs, layout)
+    )
     for offset, out in outs:
         first, end = offset // w, (offset + out.numel()) // w
         for start in range(first, end, JOIN_COLUMNS):  # a slice at a time: the rotation's scratch stays small
@@ -139,6 +141,19 @@ def decode_segment(
 JOIN_COLUMNS = 4 << 20
 
 
+def _columns(outs: Targets, layout: Layout) -> list[tuple[int, int]]:
+    """The plane columns ``[start, end)`` that ``outs`` (pieces of a segment) lie in, as few ranges as meet the same
+    chunks: ranges less than a chunk apart are one (no chunk lies between them)."""
+    merged: list[tuple[int, int]] = []
+    for offset, out in sorted(outs, key=lambda target: target[0]):
+        lo, hi = offset // layout.planes, (offset + out.numel()) // layout.planes
+        if merged and lo - merged[-1][1] < layout.chunk:
+            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
 def _decoded_rows(
     engine: ChunkEngine | None,
     stored: torch.Tensor,
@@ -146,10 +161,12 @@ def _decoded_rows(
     n: int,
     layout: Layout,
     into: torch.Tensor | None = None,
+    columns: list[tuple[int, int]] | None = None,
 ) -> list[torch.Tensor]:
     """Every plane of a segment as a row of ``n`` bytes: a plane stored raw whole is read where it lies in ``stored``
     (its raw chunks follow each other there), the others are decoded into fresh rows (into ``into`` for a single
-    plane)."""
+    plane). ``columns``: only the chunks that meet these ``[start, end)`` columns are decoded (a delta's base, where
+    its storages kept as they are need none of it); the rest of the rows is left as it was."""
     w = layout.planes
     lengths = _raw_sizes(n, layout.chunk)
     per_plane = len(lengths)
@@ -166,6 +183,11 @@ def _decoded_rows(
         pos = starts[k]
         for j, length in enumerate(lengths):
             size, dst = sizes[k * per_plane + j], r * pitch + j * layout.chunk
+            if columns is not None and not any(
+                lo < j * layout.chunk + length and j * layout.chunk < hi for lo, hi in columns
+            ):
+                pos += _padded(size)
+                continue
             if size == length:
                 if raw_run and raw_run[0] + raw_run[2] == pos and raw_run[1] + raw_run[2] == dst:
                     raw_run[2] += length

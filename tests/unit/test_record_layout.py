@@ -5,6 +5,7 @@ its own memory."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import zipfile
 from collections.abc import Iterator
 
@@ -235,6 +236,26 @@ def test_decode_segment_reads_raw_planes_where_they_lie():
     engine = CpuZstdEngine(threads=1)
     segment.decode_segment(engine, blob, meta["sizes"], [(0, out)], out.numel(), schema.Layout.of(meta))
     assert torch.equal(out, data) and torch.equal(blob, frozen)
+
+
+def test_decode_segment_decodes_only_the_chunks_its_pieces_lie_in():
+    """A piece of a segment costs the chunks it lies in (a delta's base needs only its transformed storages): the
+    chunks past it are not decoded, so their damage does not show, while a decode that needs them fails on it."""
+    data = tensor_bytes(trained_like(1 << 18, torch.float32, 7))  # 1 MiB: 4 planes of 256 Ki columns
+    layout = layouts.plane_layout(CpuZstdEngine(threads=1), data.numel(), torch.float32, "zstd")
+    layout = dataclasses.replace(layout, chunk=64 << 10)  # 4 chunks a plane
+    blobs, meta = record.encode(data, torch.float32, "zstd", layout=layout)
+    blob, sizes = blobs[0].clone(), meta["sizes"]
+    starts = [sum(schema._padded(n) for n in sizes[:i]) for i in range(len(sizes))]
+    for plane in range(4):  # the last chunk of every plane damaged
+        at = starts[plane * 4 + 3]
+        blob[at : at + sizes[plane * 4 + 3]] = 0x5A
+    engine = CpuZstdEngine(threads=1)
+    first = torch.empty(1 << 18, dtype=torch.uint8)  # the first quarter: columns [0, 64 Ki), chunk 0 of each plane
+    segment.decode_segment(engine, blob, sizes, [(0, first)], data.numel(), layout)
+    assert torch.equal(first, data[: 1 << 18])
+    with pytest.raises(ValueError):
+        segment.decode_segment(engine, blob, sizes, [(0, torch.empty_like(data))], data.numel(), layout)
 
 
 def test_loaded_tensors_of_one_record_have_memory_of_their_own(tmp_path, monkeypatch):
