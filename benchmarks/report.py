@@ -661,8 +661,8 @@ BENCHMARKS = (
         "A training run's last state (a GPT trained with AdamW on the standard library's sources) saved alone and as "
         "a delta against the states 10, 50 and 200 steps earlier (CPU zstd; on a GPU, gANS): fp32 weights and moments (whole and per "
         "class), the weights in bf16, in FP8 scaled per tensor. The bounds are the order-0 entropy of the byte planes "
-        "alone (sign-rotated) and of the bits XORed with the base's; times are one save and one load each, the delta's "
-        "over the file's alone. Every load is checked bit-exact.",
+        "alone (sign-rotated) and of the bits XORed with the base's; times are the delta's over the file's alone (each a median of saves or loads "
+        "of the two in turns, see each run's notes). Every load is checked bit-exact.",
         delta_tables,
         delta_headline,
     ),
