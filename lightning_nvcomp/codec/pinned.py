@@ -14,9 +14,11 @@ allocator.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
+from collections.abc import Iterator
 
 import torch
 
@@ -99,6 +101,7 @@ class PinnedPool:
         self._reserving: threading.Thread | None = None
         # What the last reserve was for, the bytes copied since, and the share of a reserve the last save copied.
         self._reserved, self._copied, self._share = 0, 0, 1.0
+        self._unpinning = threading.local()  # the threads whose copies pin nothing more (see :meth:`pinning_nothing`)
 
     @property
     def nbytes(self) -> int:
@@ -117,7 +120,7 @@ class PinnedPool:
         call to know when the copy has landed."""
         n = src.numel()
         nbytes = n if nbytes is None else nbytes
-        host, slab = self._take(nbytes)
+        host, slab = self._take(nbytes, pin_more=not getattr(self._unpinning, "on", False))
         with self._lock:
             self._copied += nbytes
         host[n:] = 0
@@ -128,6 +131,18 @@ class PinnedPool:
             event.record()
             slab.copied = event  # a slab cut afresh waits for it: a blob dropped early may still be being copied into
         return host
+
+    @contextlib.contextmanager
+    def pinning_nothing(self) -> Iterator[None]:
+        """Within the block, this thread's copies pin no slab: where the pool has no free room they go to pageable
+        memory. For copies made while a save's snapshot fills the pool (an async delta's records coded again on the
+        writer thread): pinning waits for every stream of the GPU (``cudaHostRegister``), training's too, and a slab
+        pinned for them would be let go at the next save's :meth:`reserve`."""
+        self._unpinning.on = True
+        try:
+            yield
+        finally:
+            self._unpinning.on = False
 
     def empty(self, nbytes: int) -> torch.Tensor:
         """A host uint8 tensor of ``nbytes``, uninitialized (a read buffer). Work the GPU queues on it must be done
@@ -176,12 +191,14 @@ class PinnedPool:
         for event in [e for s in gone for e in (s.copied, s.earlier) if e is not None]:
             event.synchronize()  # a copy into a blob dropped early may still be landing in it
 
-    def _take(self, nbytes: int) -> tuple[torch.Tensor, _Slab | None]:
+    def _take(self, nbytes: int, pin_more: bool = True) -> tuple[torch.Tensor, _Slab | None]:
         if nbytes == 0:
             return torch.empty(0, dtype=torch.uint8), None
         need = -(-nbytes // _ALIGN) * _ALIGN
         with self._lock:
             cut = self._cut_from(need)
+        if cut is None and not pin_more:
+            return torch.empty(nbytes, dtype=torch.uint8), None
         if cut is None:
             with self._growing:  # a slab reserve's thread is pinning may be what this needs: wait for it first
                 with self._lock:

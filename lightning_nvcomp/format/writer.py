@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import pickle
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -203,9 +204,10 @@ class Snapshot:
         begin = time.perf_counter()
         held = self._kept.take()
         coded: list[_CodedRecord] = []
-        for i, done in enumerate(self._coded):
-            segments = [held.pop(blob.storage.key) for blob in done.blobs]
-            coded.append(_coded_again(done, segments, self.codec, base, i, sink, coded))
+        with pinned.pool().pinning_nothing(), _coding_stream(t for t, *_ in self._placements.values()):
+            for i, done in enumerate(self._coded):
+                segments = [held.pop(blob.storage.key) for blob in done.blobs]
+                coded.append(_coded_again(done, segments, self.codec, base, i, sink, coded))
         seconds = time.perf_counter() - begin
         again = Snapshot(
             self.obj,
@@ -305,6 +307,20 @@ def _coded_again(
     if delta is None:
         return _sunk(done.coding, segments, done.storages, done.device, done.fields, sink, before)
     return _sunk(delta[0].coding, delta[0], done.storages, done.device, delta[1], sink, before)
+
+
+@contextlib.contextmanager
+def _coding_stream(tensors: Iterable[torch.Tensor]) -> Iterator[None]:
+    """On the GPU of ``tensors`` (if any: the writer thread's current device is not the rank's), a CUDA stream of its
+    own (``recode-stream-<device>``) where their held records are coded again behind training: on the default stream
+    their kernels would queue among training's, and each of their waits would wait for training's work too."""
+    device = next((t.device for t in tensors if t.is_cuda), None)
+    if device is None:
+        yield
+        return
+    stream = shared(f"recode-stream-{device}", lambda: torch.cuda.Stream(device))
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        yield
 
 
 def _device(name: str) -> torch.device:

@@ -124,19 +124,17 @@ class Streamed:
 class Held:
     """The tensors of ``obj`` coded with ``codec`` now, into host memory, and the rest of ``obj`` copied as it is now
     (an isolated snapshot: training may change the state before the file is written), then written by :meth:`fill`
-    (async saves). With a ``base``, CPU state is coded alone now all the same, so that training waits no longer than
-    for a standalone save, and its delta is made from the held segments as the file is written (on the writer
-    thread). GPU state is coded against the base now: made behind training on an H100, its delta's kernels queued
-    among training's and the fit lost 8.1 s against 2.2 s without deltas (a 252M GPT, four 2.5 GB saves)."""
+    (async saves). With a ``base``, they are coded alone now all the same, so that training waits no longer than for
+    a standalone save, and the delta is made from the held segments as the file is written (on the writer thread;
+    GPU state on a CUDA stream of its own)."""
 
     while_written = False
 
     def __init__(
         self, obj: object, contents: Contents, codec: Codec, staging_nbytes: int | None, base: BaseFile | None = None
     ) -> None:
-        now = base if any(t.is_cuda for t in contents.tensors) else None
-        self.snapshot = snapshot(obj, codec.value, contents, isolate=True, staging_nbytes=staging_nbytes, base=now)
-        self._base = base if now is None else None
+        self.snapshot = snapshot(obj, codec.value, contents, isolate=True, staging_nbytes=staging_nbytes)
+        self._base = base
 
     @property
     def held_nbytes(self) -> int:
