@@ -388,7 +388,10 @@ def test_wait_after_a_failure_still_waits_for_the_rest_of_that_checkpoint(tmp_pa
     except RuntimeError:
         pass  # raising the next failure would be fine too; returning early is not
     in_flight = [n for n in os.listdir(ck) if n.endswith(".tmp")]
-    attachment.detach()
+    try:
+        attachment.detach()
+    except RuntimeError:
+        pass  # a later file begun between the rename and the mkdir failed too (a loaded machine's timing)
     assert not in_flight, in_flight
 
 
