@@ -120,9 +120,11 @@ class PinnedPool:
         call to know when the copy has landed."""
         n = src.numel()
         nbytes = n if nbytes is None else nbytes
-        host, slab = self._take(nbytes, pin_more=not getattr(self._unpinning, "on", False))
-        with self._lock:
-            self._copied += nbytes
+        unpinning = getattr(self._unpinning, "on", False)
+        host, slab = self._take(nbytes, pin_more=not unpinning)
+        if not unpinning:
+            with self._lock:
+                self._copied += nbytes
         host[n:] = 0
         if n:
             host[:n].copy_(src, non_blocking=src.device.type == "cuda" and self.pin)
@@ -135,9 +137,10 @@ class PinnedPool:
     @contextlib.contextmanager
     def pinning_nothing(self) -> Iterator[None]:
         """Within the block, this thread's copies pin no slab: where the pool has no free room they go to pageable
-        memory. For copies made while a save's snapshot fills the pool (an async delta's records coded again on the
-        writer thread): pinning waits for every stream of the GPU (``cudaHostRegister``), training's too, and a slab
-        pinned for them would be let go at the next save's :meth:`reserve`."""
+        memory; nor are they counted as a save's (the share of its state the next :meth:`reserve` expects). For copies
+        made while a save's snapshot fills the pool (an async delta's records coded again on the writer thread):
+        pinning waits for every stream of the GPU (``cudaHostRegister``), training's too, and a slab pinned for them
+        would be let go at the next save's :meth:`reserve`."""
         self._unpinning.on = True
         try:
             yield

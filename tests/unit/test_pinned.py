@@ -91,10 +91,12 @@ def test_the_pool_holds_what_a_save_copies_not_its_raw_bytes():
 
 def test_copies_made_pinning_nothing_use_free_room_then_pageable_memory_on_their_thread_only():
     # An async delta's records coded again on the writer thread, while the save's held snapshot fills the pool: their
-    # copies take the room left, then pageable memory (no slab pinned, which on a GPU would wait for every stream);
-    # the other threads' copies still grow the pool as before.
+    # copies take the room left, then pageable memory (no slab pinned, which on a GPU would wait for every stream),
+    # and the next reserve does not count them; the other threads' copies still grow the pool as before.
     p = PinnedPool(limit=64 * MIB, pin=False, slab_nbytes=8 * MIB)
-    held = [p.copy(_pattern(MIB, i)) for i in range(3)]  # one slab of 8 MiB, 5 MiB of it free
+    p.reserve(8 * MIB)  # a save of 8 MiB of state (the first: all of it pinned, one slab of 10 MiB)...
+    p._reserving.join()
+    held = [p.copy(_pattern(MIB, i)) for i in range(3)]  # ...coded to 3 MiB, held: 7 MiB free
     before = p.nbytes
 
     def code_again() -> list[torch.Tensor]:
@@ -105,13 +107,18 @@ def test_copies_made_pinning_nothing_use_free_room_then_pageable_memory_on_their
         again = writer.submit(code_again).result()
     assert p.nbytes == before and p.overflow_nbytes == 0
     in_pool = [p._slabs[0].array.ctypes.data <= b.data_ptr() < p._slabs[0].array.ctypes.data + before for b in again]
-    assert in_pool == [True, True, False, False]  # two fit in the room left, the others are pageable
+    assert in_pool == [True, True, True, False]  # three fit in the room left, the last is pageable
     for i, blob in enumerate(again):
         assert blob.numel() == 2 * MIB + 16 and not blob[2 * MIB :].any()
         assert torch.equal(blob[: 2 * MIB], _pattern(2 * MIB, 10 + i))
     more = p.copy(_pattern(2 * MIB, 20))  # this thread's copies still grow the pool
     assert p.nbytes > before and torch.equal(more, _pattern(2 * MIB, 20))
     assert all(torch.equal(b, _pattern(MIB, i)) for i, b in enumerate(held))
+    del held, again, more
+    gc.collect()
+    p.reserve(8 * MIB)  # the next save expects what the save copied (3 + 2 MiB), not the copies made pinning nothing
+    p._reserving.join()
+    assert sorted(s.memory.numel() for s in p._slabs) == [6 * MIB], [s.memory.numel() / MIB for s in p._slabs]
 
 
 def test_a_live_view_keeps_its_bytes_from_being_reused():
