@@ -50,69 +50,117 @@ static void split_planes(uint8_t *src, uint8_t **rows, Py_ssize_t n, int width, 
     }
 }
 
-static void join_planes(uint8_t *out, uint8_t **rows, Py_ssize_t n, int width, int rotated) {
+/* What a join does with each number it makes: store it, or combine it with the number already there (a delta's
+ * transform undone: XOR, or the wrapping sum of the two as unsigned integers of the number's width). */
+enum { STORE = 0, XOR = 1, ADD = 2 };
+
+#define PUT(type, at, value, op)                                                                                   \
+    do {                                                                                                           \
+        type v_ = (value), o_;                                                                                     \
+        if ((op) != STORE) {                                                                                       \
+            memcpy(&o_, (at), sizeof(type));                                                                       \
+            v_ = (op) == XOR ? (type)(o_ ^ v_) : (type)(o_ + v_);                                                  \
+        }                                                                                                          \
+        memcpy((at), &v_, sizeof(type));                                                                           \
+    } while (0)
+
+/* Inlined with a constant op, each loop is compiled once per op (no branch per number). */
+static inline __attribute__((always_inline)) void join_with(uint8_t *out, uint8_t **rows, Py_ssize_t n, int width,
+                                                             int rotated, int op) {
     if (width == 4) {
         const uint8_t *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
         for (Py_ssize_t i = 0; i < n; i++) {
             uint16_t top = (uint16_t)(r2[i] | (r3[i] << 8));
             if (rotated) top = rotr1(top);
-            uint32_t v = (uint32_t)r0[i] | ((uint32_t)r1[i] << 8) | ((uint32_t)top << 16);
-            memcpy(out + 4 * i, &v, 4);
+            PUT(uint32_t, out + 4 * i, (uint32_t)r0[i] | ((uint32_t)r1[i] << 8) | ((uint32_t)top << 16), op);
         }
     } else if (width == 2) {
         const uint8_t *r0 = rows[0], *r1 = rows[1];
         for (Py_ssize_t i = 0; i < n; i++) {
             uint16_t v = (uint16_t)(r0[i] | (r1[i] << 8));
             if (rotated) v = rotr1(v);
-            memcpy(out + 2 * i, &v, 2);
+            PUT(uint16_t, out + 2 * i, v, op);
         }
     } else {
+        uint8_t number[MAX_WIDTH];
         for (Py_ssize_t i = 0; i < n; i++) {
-            uint8_t *number = out + (Py_ssize_t)width * i;
             for (int k = 0; k < width - 2; k++) number[k] = rows[k][i];
             uint16_t top = (uint16_t)(rows[width - 2][i] | (rows[width - 1][i] << 8));
             if (rotated) top = rotr1(top);
             number[width - 2] = (uint8_t)top;
             number[width - 1] = (uint8_t)(top >> 8);
+            uint8_t *at = out + (Py_ssize_t)width * i;
+            if (op == STORE) {
+                memcpy(at, number, (size_t)width);
+            } else if (op == XOR) {
+                for (int k = 0; k < width; k++) at[k] ^= number[k];
+            } else { /* ADD: planes.py allows it on 8-byte numbers only */
+                uint64_t v;
+                memcpy(&v, number, 8);
+                PUT(uint64_t, at, v, ADD);
+            }
         }
     }
 }
 
-typedef void (*planes_pass)(uint8_t *buffer, uint8_t **rows, Py_ssize_t n, int width, int rotated);
+static void join_planes(uint8_t *out, uint8_t **rows, Py_ssize_t n, int width, int rotated, int op) {
+    switch (op) {
+    case XOR:
+        join_with(out, rows, n, width, rotated, XOR);
+        break;
+    case ADD:
+        join_with(out, rows, n, width, rotated, ADD);
+        break;
+    default:
+        join_with(out, rows, n, width, rotated, STORE);
+    }
+}
 
-/* Parse (buffer address, n, rotated, row addresses...) and run the pass on them without the GIL. */
-static PyObject *run(PyObject *args, planes_pass pass) {
+static void split_pass(uint8_t *src, uint8_t **rows, Py_ssize_t n, int width, int rotated, int op) {
+    (void)op;
+    split_planes(src, rows, n, width, rotated);
+}
+
+typedef void (*planes_pass)(uint8_t *buffer, uint8_t **rows, Py_ssize_t n, int width, int rotated, int op);
+
+/* Parse (buffer address, n, rotated, [op,] row addresses...) and run the pass on them without the GIL. */
+static PyObject *run(PyObject *args, planes_pass pass, int with_op) {
     uint8_t *rows[MAX_WIDTH];
-    Py_ssize_t count = PyTuple_Size(args);
-    if (count < 5 || count > 3 + MAX_WIDTH) {
-        PyErr_SetString(PyExc_ValueError, "expected a buffer, a count, a flag and 2 to 8 rows");
+    Py_ssize_t count = PyTuple_Size(args), first = 3 + with_op;
+    if (count < first + 2 || count > first + MAX_WIDTH) {
+        PyErr_SetString(PyExc_ValueError, "expected a buffer, a count, a flag, [an op,] and 2 to 8 rows");
         return NULL;
     }
     uint8_t *buffer = PyLong_AsVoidPtr(PyTuple_GetItem(args, 0));
     Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GetItem(args, 1));
     int rotated = PyObject_IsTrue(PyTuple_GetItem(args, 2));
-    int width = (int)(count - 3);
-    for (int k = 0; k < width; k++) rows[k] = PyLong_AsVoidPtr(PyTuple_GetItem(args, 3 + k));
+    long op = with_op ? PyLong_AsLong(PyTuple_GetItem(args, 3)) : STORE;
+    int width = (int)(count - first);
+    for (int k = 0; k < width; k++) rows[k] = PyLong_AsVoidPtr(PyTuple_GetItem(args, first + k));
     if (PyErr_Occurred()) return NULL;
+    if (op < STORE || op > ADD || (op == ADD && width != 2 && width != 4 && width != 8)) {
+        PyErr_SetString(PyExc_ValueError, "op: 0 (store), 1 (xor) or 2 (add, on numbers of 2, 4 or 8 bytes)");
+        return NULL;
+    }
     Py_BEGIN_ALLOW_THREADS
-    pass(buffer, rows, n, width, rotated);
+    pass(buffer, rows, n, width, rotated, (int)op);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
 static PyObject *split(PyObject *self, PyObject *args) {
     (void)self;
-    return run(args, split_planes);
+    return run(args, split_pass, 0);
 }
 
 static PyObject *join(PyObject *self, PyObject *args) {
     (void)self;
-    return run(args, join_planes);
+    return run(args, join_planes, 1);
 }
 
 static PyMethodDef methods[] = {
     {"split", split, METH_VARARGS, "split(src, n, rotated, *rows): n numbers at src into their byte rows."},
-    {"join", join, METH_VARARGS, "join(out, n, rotated, *rows): byte rows of n numbers back into out."},
+    {"join", join, METH_VARARGS, "join(out, n, rotated, op, *rows): byte rows of n numbers into out (op: 0 store, 1 xor, 2 add)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -18,6 +18,8 @@ from types import ModuleType
 import numpy as np
 import torch
 
+from lightning_nvcomp.codec import delta as transforms
+
 _native: ModuleType | None
 try:
     import lightning_nvcomp.codec._planes as _native  # the C passes (_planes.c)
@@ -113,17 +115,32 @@ def split_into(data: np.ndarray, rows: np.ndarray, rotated: bool = False) -> Non
         _rotate(rows[-1], rows[-2])
 
 
-def join(planes: Sequence[torch.Tensor], out: torch.Tensor, rotated: bool = False) -> None:
+def join(
+    planes: Sequence[torch.Tensor], out: torch.Tensor, rotated: bool = False, undoing: tuple[str, int] | None = None
+) -> None:
     """Interleave ``width`` planes of ``n`` bytes (the rows of a ``[width, n]`` buffer, or any 1-D uint8 tensors)
     back into the 1-D uint8 buffer ``out``: the inverse of :func:`split`; with ``rotated``, of :func:`rotate` too
-    (the planes are left as they are)."""
+    (the planes are left as they are). ``undoing``: a transform of :mod:`~lightning_nvcomp.codec.delta` and its
+    itemsize: ``out`` holds bytes that transform made against the joined numbers, and becomes the bytes it was made
+    from (one pass instead of a join and an undo)."""
     width, n = len(planes), planes[0].numel()
     if out.numel() != width * n or any(p.numel() != n for p in planes):
         raise ValueError(f"{width} planes of {n} bytes do not join into {out.numel()} bytes")
+    if undoing is not None:
+        transform, itemsize = undoing
+        op = _JOIN_OPS.get(transform) if transform == "xor" or itemsize == width else None
+        native = _native is not None and width in (2, 4, 8) and op is not None
+        if not (native and all(t.device.type == "cpu" and t.is_contiguous() for t in (out, *planes))):
+            joined = torch.empty_like(out)
+            join(planes, joined, rotated)
+            transforms.undo(transform, out, joined, itemsize)
+        elif n:
+            _native.join(out.data_ptr(), n, rotated, op, *(p.data_ptr() for p in planes))  # type: ignore[union-attr]
+        return
     tensors = [out, *planes]
     if _native is not None and width > 1 and all(t.device.type == "cpu" and t.is_contiguous() for t in tensors):
         if n:
-            _native.join(out.data_ptr(), n, rotated, *(p.data_ptr() for p in planes))
+            _native.join(out.data_ptr(), n, rotated, 0, *(p.data_ptr() for p in planes))
     elif rotated and out.device.type == "cpu" and width % 2 == 0:
         _join_pairs([plane.numpy() for plane in planes], out.numpy())
     elif rotated:
@@ -140,6 +157,10 @@ def join(planes: Sequence[torch.Tensor], out: torch.Tensor, rotated: bool = Fals
         columns = out.view(-1, width)
         for k in range(width):
             columns[:, k].copy_(planes[k])
+
+
+#: The C join's op that undoes each transform (``_planes.c``: 1 XOR, 2 the wrapping sum).
+_JOIN_OPS = {"xor": 1, "sub": 2}
 
 
 #: Columns :func:`_join_pairs` works on at a time: its scratch stays in the core's cache.

@@ -273,6 +273,7 @@ def decode_into(
     layout: Layout | None = None,
     parallel: bool = True,
     after: Callable[[int, int], None] | None = None,
+    undoing: list[tuple[str, int] | None] | None = None,
 ) -> None:
     """Decode the record straight into ``targets``: pieces of its bytes at their offsets, on the device
     :func:`~lightning_nvcomp.codec.engines.work_device` gives (bytes between pieces are not delivered), after checking
@@ -280,7 +281,9 @@ def decode_into(
     record gets its own memory this way without a second copy; a range of a record costs the segments it lies in (the
     others' blobs may be stand-ins of their size: tensors on the ``meta`` device). ``parallel``: CPU segments on the
     segment threads (not from one of them). ``after``: called with each segment's ``(start, length)`` in the record
-    on the thread that decoded it, once its bytes are in the targets (a delta's undoing, segment by segment)."""
+    on the thread that decoded it, once its bytes are in the targets (a delta's undoing, segment by segment).
+    ``undoing``: for each target, None or a delta transform and its itemsize: the target holds bytes made with it
+    against this record's, and the decoded bytes undo it there (a delta's base decoded into the delta's storages)."""
     layout = _checked_layout(blobs, meta, layout)
     if not targets:
         return
@@ -290,36 +293,54 @@ def decode_into(
         )
     work = targets[0][1].device
     engine = engine_on(work) if set(layout.codecs) - {"raw"} else None
-    jobs, pos = [], 0
-    for s, (start, length) in enumerate(_segments(meta["nbytes"], meta["segment"])):
-        count = len(_chunk_lengths(length, layout)) * layout.planes
-        outs = [
-            (max(at, start) - start, out[max(at, start) - at : min(at + out.numel(), start + length) - at])
-            for at, out in targets
-            if at < start + length and start < at + out.numel()
-        ]
-        if outs:
-            jobs.append((s, blobs[s], meta["sizes"][pos : pos + count], outs, length))
-        pos += count
+    jobs = _segment_jobs(blobs, meta, targets, layout, undoing or [None] * len(targets))
     field = checksum_field(meta)
-    hosts = _checked_hosts([job[1] for job in jobs], [meta[field][job[0]] for job in jobs], field, [j[0] for j in jobs])
-    jobs = [(s, blob if blob.device == work else host, *rest) for (s, blob, *rest), host in zip(jobs, hosts)]
+    # On CPU threads each segment is checked right before the thread decodes it: a file read from the disk is read
+    # by one thread while the other decodes, where checking every segment first would read it all before decoding.
+    on_threads = work.type == "cpu" and len(jobs) > 1 and parallel
+    if not on_threads:
+        hosts = _checked_hosts([j[1] for j in jobs], [meta[field][j[0]] for j in jobs], field, [j[0] for j in jobs])
+        jobs = [(s, blob if blob.device == work else host, *rest) for (s, blob, *rest), host in zip(jobs, hosts)]
 
     def run(job: tuple) -> None:
-        s, stored, sizes, outs, length = job
+        s, stored, sizes, outs, length, undo = job
+        if on_threads:
+            stored = stored.cpu()
+            if checksums.ALGORITHMS[field][0](memoryview(stored.numpy())) != meta[field][s]:
+                raise CorruptCheckpointError(f"checksum mismatch in segment {s} of the record: the file is damaged")
         try:
-            decode_segment(engine, stored.to(work), sizes, outs, length, layout)
+            decode_segment(engine, stored.to(work), sizes, outs, length, layout, undo)
         except ValueError as err:
             raise CorruptCheckpointError(f"segment {s} of the record does not decode: {err}") from None
         if after is not None:
             after(s * meta["segment"], length)
 
-    if work.type == "cuda" or len(jobs) == 1 or not parallel:  # one segment: no hand-off to another thread
+    if not on_threads:  # one segment: no hand-off to another thread
         for job in jobs:
             run(job)
     else:
         for _ in segment_pool().map(run, jobs):
             pass
+
+
+def _segment_jobs(
+    blobs: list[torch.Tensor], meta: dict, targets: Targets, layout: Layout, undoing: list[tuple[str, int] | None]
+) -> list[tuple]:
+    """For each segment that ``targets`` meet: its index, blob, chunk sizes, the targets' pieces in it at their
+    offsets there, its length and each piece's ``undoing``."""
+    jobs, pos = [], 0
+    for s, (start, length) in enumerate(_segments(meta["nbytes"], meta["segment"])):
+        count = len(_chunk_lengths(length, layout)) * layout.planes
+        meeting = [
+            ((max(at, start) - start, out[max(at, start) - at : min(at + out.numel(), start + length) - at]), undo)
+            for (at, out), undo in zip(targets, undoing)
+            if at < start + length and start < at + out.numel()
+        ]
+        if meeting:
+            outs = [piece for piece, _ in meeting]
+            jobs.append((s, blobs[s], meta["sizes"][pos : pos + count], outs, length, [u for _, u in meeting]))
+        pos += count
+    return jobs
 
 
 def _checked_layout(blobs: list[torch.Tensor], meta: dict, layout: Layout | None) -> Layout:

@@ -10,6 +10,7 @@ import itertools
 import numpy as np
 import torch
 
+from lightning_nvcomp.codec import delta as transforms
 from lightning_nvcomp.codec import planes as byte_planes
 from lightning_nvcomp.codec.engine import ChunkEngine
 from lightning_nvcomp.codec.schema import _CHUNK_ALIGN, Layout, _padded
@@ -108,33 +109,47 @@ Targets = list[tuple[int, torch.Tensor]]
 
 
 def decode_segment(
-    engine: ChunkEngine | None, stored: torch.Tensor, sizes: list[int], outs: Targets, nbytes: int, layout: Layout
+    engine: ChunkEngine | None,
+    stored: torch.Tensor,
+    sizes: list[int],
+    outs: Targets,
+    nbytes: int,
+    layout: Layout,
+    undoing: list[tuple[str, int] | None] | None = None,
 ) -> None:
     """Decode one segment's blob ``stored`` (its chunks' stored ``sizes``, validated; ``nbytes`` decoded bytes) into
     ``outs``: pieces of the segment, each at its offset in it (the storages of a record's tensors, say), which the
-    plane join writes straight into. Offsets and lengths are multiples of the layout's plane count."""
+    plane join writes straight into. Offsets and lengths are multiples of the layout's plane count. ``undoing``: for
+    each of ``outs``, None, or a delta transform and its itemsize that the piece's bytes were made with against these
+    (undone into it: see :func:`~lightning_nvcomp.codec.planes.join`)."""
     w, n = layout.planes, nbytes // layout.planes
+    undoing = undoing or [None] * len(outs)
     whole = outs[0][1] if len(outs) == 1 and outs[0][0] == 0 and outs[0][1].numel() == nbytes else None
+    if undoing[0] is not None:
+        whole = None
     if w == 1:
         if whole is None and all(size == raw for size, raw in zip(sizes, _raw_sizes(n, layout.chunk))):
-            # bytes stored as they are: byte b of the segment is byte b of its blob (raw chunks are 16-byte multiples)
-            for offset, out in outs:
-                out.copy_(stored[offset : offset + out.numel()])
-            return
-        row = whole if whole is not None else torch.empty(n, dtype=torch.uint8, device=stored.device)
-        _decoded_rows(engine, stored, sizes, n, layout, row, None if whole is not None else _columns(outs, layout))
+            row = stored  # bytes stored as they are: byte b of the segment is byte b of its blob
+        else:
+            row = whole if whole is not None else torch.empty(n, dtype=torch.uint8, device=stored.device)
+            _decoded_rows(engine, stored, sizes, n, layout, row, None if whole is not None else _columns(outs, layout))
         if whole is None:
-            for offset, out in outs:
-                out.copy_(row[offset : offset + out.numel()])
+            for (offset, out), undo in zip(outs, undoing):
+                decoded = row[offset : offset + out.numel()]
+                if undo is None:
+                    out.copy_(decoded)
+                else:
+                    transforms.undo(undo[0], out, decoded, undo[1])
         return
     rows = _decoded_rows(
         engine, stored, sizes, n, layout, columns=None if whole is not None else _columns(outs, layout)
     )
-    for offset, out in outs:
+    for (offset, out), undo in zip(outs, undoing):
         first, end = offset // w, (offset + out.numel()) // w
         for start in range(first, end, JOIN_COLUMNS):  # a slice at a time: the rotation's scratch stays small
             part = [row[start : min(end, start + JOIN_COLUMNS)] for row in rows]
-            byte_planes.join(part, out[(start - first) * w : (start - first + part[0].numel()) * w], layout.rotate)
+            at = (start - first) * w
+            byte_planes.join(part, out[at : at + part[0].numel() * w], layout.rotate, undo)
 
 
 #: Plane columns unrotated and joined at a time.

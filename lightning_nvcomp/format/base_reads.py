@@ -80,10 +80,13 @@ def decoded_windows(
     state: LoadState | None,
     depth: int,
     cache: dict,
+    into: list[tuple[torch.Tensor, tuple[str, int]]] | None = None,
 ) -> list[torch.Tensor]:
     """Bytes ``[start, start + length)`` of the base record for each of ``spans`` (apart from each other), as for
     :func:`decoded_range`: each segment they lie in decoded once, and only their bytes joined, checked: the file's id
-    is the base's, the segments' CRCs and the record's fields are the record's, and a base of its own is followed."""
+    is the base's, the segments' CRCs and the record's fields are the record's, and a base of its own is followed.
+    ``into``: for each span, a delta's bytes on the CPU that a transform (and its itemsize) made against these; they
+    are undone there as the base's bytes are joined (a base with no base of its own), and returned."""
     keys, rec = base["blobs"], base["record"]
     opened, path = _base_file(holder, base, depth, cache)
     try:
@@ -92,20 +95,24 @@ def decoded_windows(
             if not 0 <= start <= start + length <= rec["nbytes"] or start % layout.planes or length % layout.planes:
                 raise CorruptCheckpointError(f"bytes {start}..{start + length} are not whole numbers of its record")
         work = engines.work_device(layout, rec, device)
-        outs = [torch.empty(length, dtype=torch.uint8, device=work) for _, length in spans]
+        if into is not None and (work != device or "delta" in rec):
+            raise ValueError("a base is undone into a delta's bytes on the CPU, and only a base with none of its own")
+        outs = [t for t, _ in into] if into else [torch.empty(n, dtype=torch.uint8, device=work) for _, n in spans]
+        undoing = [undo for _, undo in into] if into else [None] * len(spans)
         stand_ins = [torch.empty(opened.size(key), dtype=torch.uint8, device="meta") for key in keys]
         for s, (at, n) in enumerate(schema._segments(rec["nbytes"], rec["segment"])):
-            targets = [
-                (max(at, start), out[max(at, start) - start : min(at + n, start + length) - start])
-                for (start, length), out in zip(spans, outs)
+            meeting = [
+                ((max(at, start), out[max(at, start) - start : min(at + n, start + length) - start]), undo)
+                for (start, length), out, undo in zip(spans, outs, undoing)
                 if max(at, start) < min(at + n, start + length)
             ]
-            if not targets:
+            if not meeting:
                 continue
             blobs = [*stand_ins[:s], opened.blob(keys[s]), *stand_ins[s + 1 :]]  # one segment's bytes at a time
             if state is not None:
-                state.charge([blobs[s]], sum(t.numel() for _, t in targets), path)
-            records.decode_into(blobs, rec, targets, layout, parallel=False)
+                state.charge([blobs[s]], sum(t.numel() for (_, t), _ in meeting), path)
+            targets = [target for target, _ in meeting]
+            records.decode_into(blobs, rec, targets, layout, parallel=False, undoing=[u for _, u in meeting])
             opened.drop(blobs[s])
         outs = [out.to(device) for out in outs]
         if "delta" in rec:  # a base of its own: undone on these bytes too

@@ -208,8 +208,12 @@ class Undoing:
         self.spans = [
             (start, length) for start, length in base_spans(base["record"]) if _transformed_in(rec, start, length)
         ]
-        cpu = device.type == "cpu" and self.spans
-        self._first = records.segment_pool().submit(self._decoded, self.spans[0]) if cpu else None
+        # On the CPU a base with none of its own is decoded into the record's storages, each transform undone as its
+        # bytes are joined (one pass over them, no copy of the base); else each base segment's bytes are decoded, then
+        # undone, the first of them on a segment thread from the start.
+        self._into = device.type == "cpu" and "delta" not in base["record"]
+        prefetch = device.type == "cpu" and self.spans and not self._into
+        self._first = records.segment_pool().submit(self._decoded, self.spans[0]) if prefetch else None
 
     def _decoded(self, span: tuple[int, int]) -> list[tuple[int, torch.Tensor]]:
         """The base's bytes where a transformed storage lies in ``span``, each window at its offset (a storage kept
@@ -225,6 +229,18 @@ class Undoing:
             windows = [(windows[0][0], windows[-1][0] + windows[-1][1] - windows[0][0])]
         found = decoded_windows(self.name, self.base, windows, self.device, self.state, 1, self.state.bases)
         return [(start, base_bytes) for (start, _), base_bytes in zip(windows, found)]
+
+    def _undone_into(self, placed: list[tuple[int, torch.Tensor]], span: tuple[int, int]) -> None:
+        """Undo the transforms in ``span`` (a base segment) on the storages' bytes there, the base's decoded into them."""
+        spans, into = [], []
+        undo = self.rec["delta"]["itemsize"]
+        for (at, piece), (_, nbytes), transform in zip(placed, self.rec["storages"], self.rec["delta"]["transforms"]):
+            lo, hi = max(at, span[0]), min(at + nbytes, span[0] + span[1])
+            if transform != "none" and lo < hi:
+                spans.append((lo, hi - lo))
+                into.append((piece[lo - at : hi - at], (transform, undo)))
+        if spans:
+            decoded_windows(self.name, self.base, spans, self.device, self.state, 1, self.state.bases, into=into)
 
     def _placed(self, pieces: list[torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
         """Each storage's decoded bytes and where it starts in the record."""
@@ -243,6 +259,9 @@ class Undoing:
         first = self.spans[0][0] if self.spans else None
 
         def undo_segment(start: int, length: int) -> None:
+            if self._into:
+                self._undone_into(placed, (start, length))
+                return
             ready = self._first is not None and start == first
             self._undo(placed, self._first.result() if ready else self._decoded((start, length)))  # type: ignore[union-attr]
 
@@ -253,7 +272,10 @@ class Undoing:
         placed = self._placed(pieces)
 
         def one(span: tuple[int, int]) -> None:  # a base segment: its ranges of the storages are theirs alone
-            self._undo(placed, self._decoded(span))
+            if self._into:
+                self._undone_into(placed, span)
+            else:
+                self._undo(placed, self._decoded(span))
 
         rest = self.spans
         if self._first is not None:

@@ -15,6 +15,7 @@ from lightning_nvcomp import DeltaOptions, NvcompCheckpointIO, SaveOptions
 from lightning_nvcomp.cli import main
 from lightning_nvcomp.codec import delta as transforms
 from lightning_nvcomp.errors import CorruptCheckpointError, MissingBaseError
+from lightning_nvcomp.format import delta as delta_module
 from lightning_nvcomp.format.bases import base_file
 from lightning_nvcomp.format.contents import find_contents
 from lightning_nvcomp.format.zip import ArchiveWriter
@@ -235,6 +236,27 @@ def test_a_record_is_coded_and_undone_a_window_at_a_time_across_segment_sizes(tm
     assert (tmp_path / "d2.ckpt").stat().st_size < 0.9 * (tmp_path / "k.ckpt").stat().st_size
     for name, state in (("d1.ckpt", steps[1]), ("d2.ckpt", steps[2])):
         assert_tree_bit_exact(lightning_nvcomp.load(tmp_path / name), state)
+
+
+def test_a_base_that_stands_alone_is_decoded_into_the_delta_s_storages(tmp_path: Path, monkeypatch) -> None:
+    """On the CPU a base with no base of its own is decoded straight into the delta's storages, each transform undone
+    as the base's planes are joined (no window of the base's bytes); a base that is a delta itself is decoded apart,
+    then undone. Both load bit-exactly."""
+    states = [drifting_state(s) for s in range(3)]
+    lightning_nvcomp.save(states[0], tmp_path / "k.ckpt", codec="zstd", staging_mb=1)
+    lightning_nvcomp.save(states[1], tmp_path / "d1.ckpt", codec="zstd", staging_mb=1, base=tmp_path / "k.ckpt")
+    lightning_nvcomp.save(states[2], tmp_path / "d2.ckpt", codec="zstd", staging_mb=1, base=tmp_path / "d1.ckpt")
+    real, into = delta_module.decoded_windows, []
+
+    def decoded_windows(*args, **kwargs):
+        into.append(kwargs.get("into") is not None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(delta_module, "decoded_windows", decoded_windows)
+    for name, state, fused in (("d1.ckpt", states[1], True), ("d2.ckpt", states[2], False)):
+        into.clear()
+        assert_tree_bit_exact(lightning_nvcomp.load(tmp_path / name), state)
+        assert into and set(into) == {fused}
 
 
 def test_a_delta_at_a_url_reads_its_base_there() -> None:

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lightning_nvcomp
-from lightning_nvcomp.codec import layouts, planes, record, schema, segment
+from lightning_nvcomp.codec import delta, layouts, planes, record, schema, segment
 from lightning_nvcomp.codec.cpu import CpuZstdEngine
 from lightning_nvcomp.errors import CorruptCheckpointError
 
@@ -125,6 +125,31 @@ def test_the_c_passes_split_and_join_as_numpy_s_do(data, width, rotated, margin)
         and not out[:margin].any()
         and not out[margin + data.numel() :].any()
     )
+
+
+@given(
+    st.binary(min_size=0, max_size=400),
+    st.binary(min_size=400, max_size=400),
+    st.sampled_from([(2, 2), (4, 4), (8, 8), (4, 2), (8, 4)]),
+    st.sampled_from(["xor", "sub"]),
+    st.booleans(),
+)
+@settings(**SETTINGS)
+def test_a_join_that_undoes_a_transform_gives_the_bytes_it_was_made_from(data, base, sizes, transform, rotated):
+    """``join(..., undoing=)`` turns bytes a delta transform made against the joined numbers back into the bytes they
+    were made from, in the C pass (the transform's numbers as wide as the planes' or, for XOR, any) and in numpy's,
+    for every byte, NaN payloads and wrapping sums included."""
+    width, itemsize = sizes
+    n = len(data) // width * width
+    original = torch.frombuffer(bytearray(data[:n]) or bytearray(width), dtype=torch.uint8)[:n]
+    base_bytes = torch.frombuffer(bytearray(base[:n]) or bytearray(width), dtype=torch.uint8)[:n]
+    rows = planes.split(base_bytes, width, rotated) if n else torch.zeros(width, 0, dtype=torch.uint8)
+    for passes in (contextlib.nullcontext, numpy_passes):
+        made = torch.empty_like(original)
+        delta.apply(transform, original, base_bytes, itemsize, made)
+        with passes():
+            planes.join(list(rows), made, rotated, undoing=(transform, itemsize))
+        assert made.numpy().tobytes() == original.numpy().tobytes()
 
 
 def test_planes_that_are_not_contiguous_join_through_numpy():
