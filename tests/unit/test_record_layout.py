@@ -243,6 +243,22 @@ def test_decode_into_fills_each_target_with_exactly_its_bytes(layout):
         assert torch.equal(out, data[start : start + n])
 
 
+@pytest.mark.parametrize("parallel", [True, False])
+def test_a_damaged_segment_is_named_whether_checked_on_its_thread_or_before(parallel):
+    """On the CPU's segment threads each segment is checked right before it is decoded, else all first: either way a
+    flipped bit in a raw plane of a later segment (which would decode without complaint) fails naming that segment."""
+    data = tensor_bytes(trained_like(600_000, torch.float32, 5))
+    blobs, meta = record.encode(data, torch.float32, "zstd", 1 << 19)
+    assert len(blobs) >= 4
+    blobs = [b.clone() for b in blobs]
+    blobs[2][40] ^= 1  # the segment's lowest plane, first in its blob: noise, stored raw
+    out = torch.empty_like(data)
+    with pytest.raises(CorruptCheckpointError, match="checksum mismatch in segment 2 of the record"):
+        record.decode_into(blobs, meta, [(0, out)], parallel=parallel)
+    record.decode_into(blobs, meta, [(0, out[: 1 << 19])], parallel=parallel)  # segment 0 alone: intact
+    assert torch.equal(out[: 1 << 19], data[: 1 << 19])
+
+
 def test_decode_into_refuses_a_target_that_splits_a_number():
     data = tensor_bytes(trained_like(4096, torch.float32))
     blobs, meta = record.encode(data, torch.float32, "zstd")
