@@ -90,7 +90,7 @@ def decoded_windows(
     keys, rec = base["blobs"], base["record"]
     opened, path = _base_file(holder, base, depth, cache)
     try:
-        layout = schema.validate(rec, [opened.size(key) for key in keys])
+        layout = opened.layout(rec, keys)
         for start, length in spans:
             if not 0 <= start <= start + length <= rec["nbytes"] or start % layout.planes or length % layout.planes:
                 raise CorruptCheckpointError(f"bytes {start}..{start + length} are not whole numbers of its record")
@@ -202,6 +202,7 @@ class _Opened:
                 "(restore that file, or load a checkpoint that does not need it)"
             ) from None
         self._lock = threading.Lock()
+        self._layouts: dict[int, tuple[dict, list[str], schema.Layout]] = {}
         self._start, self._end = span[0] if span else 0, span[0] + span[1] if span else None
         try:
             archive = zipfile.ZipFile(self.file if span is None else Window(self.file, *span, path))
@@ -223,6 +224,16 @@ class _Opened:
             self._pages = np.frombuffer(self._map, dtype=np.uint8)
         except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
             pass
+
+    def layout(self, rec: dict, keys: list[str]) -> schema.Layout:
+        """The layout of record ``rec`` over this file's entries ``keys``, validated once (a record is read a segment
+        at a time: its validation would otherwise repeat for each)."""
+        found = self._layouts.get(id(rec))
+        if found is not None and found[0] is rec and found[1] == keys:
+            return found[2]
+        layout = schema.validate(rec, [self.size(key) for key in keys])
+        self._layouts[id(rec)] = (rec, list(keys), layout)  # the record held: its id is not another's
+        return layout
 
     def size(self, key: str) -> int:
         """The size of entry ``data/<key>`` (0 for none: the record's validation then fails)."""
