@@ -124,9 +124,9 @@ def decode_segment(
     (undone into it: see :func:`~lightning_nvcomp.codec.planes.join`)."""
     w, n = layout.planes, nbytes // layout.planes
     undoing = undoing or [None] * len(outs)
-    whole = outs[0][1] if len(outs) == 1 and outs[0][0] == 0 and outs[0][1].numel() == nbytes else None
-    if undoing[0] is not None:
-        whole = None
+    # one target that is the whole segment, its bytes stored as decoded: decoded straight into it
+    single = len(outs) == 1 and outs[0][0] == 0 and outs[0][1].numel() == nbytes and undoing[0] is None
+    whole = outs[0][1] if single else None
     if w == 1:
         if whole is None and all(size == raw for size, raw in zip(sizes, _raw_sizes(n, layout.chunk))):
             row = stored  # bytes stored as they are: byte b of the segment is byte b of its blob
