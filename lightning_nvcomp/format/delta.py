@@ -205,9 +205,7 @@ class Undoing:
             raise CorruptCheckpointError(f"its base record in {base['file']} does not lie as the record does")
         self.rec, self.base, self.state, self.device = rec, base, state, device
         self.name = holder if holder is not None else state.name
-        self.spans = [
-            (start, length) for start, length in base_spans(base["record"]) if _transformed_in(rec, start, length)
-        ]
+        self.spans = [span for span in base_spans(base["record"]) if self._windows(span)]
         # On the CPU a base with none of its own is decoded into the record's storages, each transform undone as its
         # bytes are joined (one pass over them, no copy of the base); else each base segment's bytes are decoded, then
         # undone, the first of them on a segment thread from the start.
@@ -215,14 +213,19 @@ class Undoing:
         prefetch = device.type == "cpu" and self.spans and not self._into
         self._first = records.segment_pool().submit(self._decoded, self.spans[0]) if prefetch else None
 
-    def _decoded(self, span: tuple[int, int]) -> list[tuple[int, torch.Tensor]]:
-        """The base's bytes where a transformed storage lies in ``span``, each window at its offset (a storage kept
-        as it is needs none: its bytes are not joined)."""
+    def _windows(self, span: tuple[int, int]) -> list[tuple[int, int, int, str]]:
+        """``(storage index, start, length, transform)`` of each transformed storage's bytes in ``span`` (a storage
+        kept as it is needs none of its base's bytes)."""
         windows = []
-        for (at, nbytes), transform in zip(self.rec["storages"], self.rec["delta"]["transforms"]):
+        for j, ((at, nbytes), transform) in enumerate(zip(self.rec["storages"], self.rec["delta"]["transforms"])):
             lo, hi = max(at, span[0]), min(at + nbytes, span[0] + span[1])
             if transform != "none" and lo < hi:
-                windows.append((lo, hi - lo))
+                windows.append((j, lo, hi - lo, transform))
+        return windows
+
+    def _decoded(self, span: tuple[int, int]) -> list[tuple[int, torch.Tensor]]:
+        """The base's bytes where a transformed storage lies in ``span``, each window at its offset."""
+        windows = [(lo, n) for _, lo, n, _ in self._windows(span)]
         if not windows:
             return []
         if self.device.type != "cpu":  # on a GPU a join costs its calls, not its bytes: the span at once
@@ -232,15 +235,13 @@ class Undoing:
 
     def _undone_into(self, placed: list[tuple[int, torch.Tensor]], span: tuple[int, int]) -> None:
         """Undo the transforms in ``span`` (a base segment) on the storages' bytes there, the base's decoded into them."""
-        spans, into = [], []
-        undo = self.rec["delta"]["itemsize"]
-        for (at, piece), (_, nbytes), transform in zip(placed, self.rec["storages"], self.rec["delta"]["transforms"]):
-            lo, hi = max(at, span[0]), min(at + nbytes, span[0] + span[1])
-            if transform != "none" and lo < hi:
-                spans.append((lo, hi - lo))
-                into.append((piece[lo - at : hi - at], (transform, undo)))
-        if spans:
-            decoded_windows(self.name, self.base, spans, self.device, self.state, 1, self.state.bases, into=into)
+        windows = self._windows(span)
+        if not windows:
+            return
+        itemsize = self.rec["delta"]["itemsize"]
+        into = [(placed[j][1][lo - placed[j][0] :][:n], (transform, itemsize)) for j, lo, n, transform in windows]
+        spans = [(lo, n) for _, lo, n, _ in windows]
+        decoded_windows(self.name, self.base, spans, self.device, self.state, 1, self.state.bases, into=into)
 
     def _placed(self, pieces: list[torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
         """Each storage's decoded bytes and where it starts in the record."""
@@ -297,14 +298,6 @@ def base_spans(rec: dict) -> list[tuple[int, int]]:
     window = rec.get("segment")
     window = window if type(window) is int and window > 0 else max(nbytes, 1)
     return [(start, min(window, nbytes - start)) for start in range(0, nbytes, window)]
-
-
-def _transformed_in(rec: dict, start: int, length: int) -> bool:
-    """Whether a storage that a transform was applied to lies in bytes ``[start, start + length)`` of ``rec``."""
-    return any(
-        t != "none" and at < start + length and start < at + n
-        for (at, n), t in zip(rec["storages"], rec["delta"]["transforms"])
-    )
 
 
 def base_stored_nbytes(rec: dict) -> int:
