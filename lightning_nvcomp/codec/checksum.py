@@ -148,6 +148,27 @@ def crc32_batch(
     return out
 
 
+#: Bytes :func:`copy_checked` copies and then checksums at a time: they are still in the core's cache for the CRC.
+COPY_WINDOW_NBYTES = 256 << 10
+
+
+def copy_checked(stored: torch.Tensor, pieces: list[tuple[int, torch.Tensor]], algorithm: str) -> int:
+    """Copy ``pieces`` (offsets in the 1-D uint8 CPU tensor ``stored`` and the CPU tensors that receive their bytes)
+    out of ``stored`` and return the CRC of all of ``stored``, each window checksummed right after it is copied: the
+    bytes are read from memory once, where a CRC first and a copy after read them twice (bytes stored as they are).
+    With no pieces: the CRC alone, computed in this thread."""
+    function = ALGORITHMS[algorithm][0]
+    src = stored.numpy()
+    crc, done = 0, 0  # the CRC of src[:done]
+    for offset, out in sorted(pieces, key=lambda piece: piece[0]):
+        dst = out.numpy()
+        for start in range(offset, offset + dst.size, COPY_WINDOW_NBYTES):
+            end = min(start + COPY_WINDOW_NBYTES, offset + dst.size)
+            dst[start - offset : end - offset] = src[start:end]
+            crc, done = function(memoryview(src[done:end]), crc), end
+    return function(memoryview(src[done:]), crc)
+
+
 def crc32(data: torch.Tensor | np.ndarray, algorithm: str = "crc32") -> int:
     """The CRC of a 1-D uint8 CPU tensor (or array: a read-only buffer's, say), its pieces computed in parallel
     (a small one right here)."""

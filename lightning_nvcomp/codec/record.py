@@ -29,7 +29,16 @@ from lightning_nvcomp.codec.schema import (
     seal,
     validate,
 )
-from lightning_nvcomp.codec.segment import Parts, Targets, _raw_sizes, concatenate, decode_segment, encode_segment, pack
+from lightning_nvcomp.codec.segment import (
+    Parts,
+    Targets,
+    _raw_sizes,
+    concatenate,
+    decode_segment,
+    encode_segment,
+    pack,
+    stored_as_is,
+)
 from lightning_nvcomp.errors import CorruptCheckpointError
 
 #: The checksum of the blobs of the records written now (a record dict names it as the field that lists them).
@@ -295,8 +304,9 @@ def decode_into(
     engine = engine_on(work) if set(layout.codecs) - {"raw"} else None
     jobs = _segment_jobs(blobs, meta, targets, layout, undoing or [None] * len(targets))
     field = checksum_field(meta)
-    # On CPU threads each segment is checked right before the thread decodes it: a file read from the disk is read
-    # by one thread while the other decodes, where checking every segment first would read it all before decoding.
+    # On CPU threads each segment is checked right before the thread decodes it (a file read from the disk is read
+    # by one thread while the other decodes, where checking every segment first would read it all before decoding),
+    # or as it copies it (bytes stored as they are: an error before any of them is returned).
     on_threads = work.type == "cpu" and len(jobs) > 1 and parallel
     if not on_threads:
         hosts = _checked_hosts([j[1] for j in jobs], [meta[field][j[0]] for j in jobs], field, [j[0] for j in jobs])
@@ -304,12 +314,14 @@ def decode_into(
 
     def run(job: tuple) -> None:
         s, stored, sizes, outs, length, undo = job
+        copied = on_threads and not any(undo) and stored_as_is(sizes, length, layout)
         if on_threads:
             stored = stored.cpu()
-            if checksums.ALGORITHMS[field][0](memoryview(stored.numpy())) != meta[field][s]:
+            if checksums.copy_checked(stored, outs if copied else [], field) != meta[field][s]:
                 raise CorruptCheckpointError(f"checksum mismatch in segment {s} of the record: the file is damaged")
         try:
-            decode_segment(engine, stored.to(work), sizes, outs, length, layout, undo)
+            if not copied:
+                decode_segment(engine, stored.to(work), sizes, outs, length, layout, undo)
         except ValueError as err:
             raise CorruptCheckpointError(f"segment {s} of the record does not decode: {err}") from None
         if after is not None:

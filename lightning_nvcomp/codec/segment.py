@@ -104,6 +104,12 @@ def _raw_sizes(length: int, chunk: int) -> list[int]:
     return [min(chunk, length - j) for j in range(0, length, chunk)]
 
 
+def stored_as_is(sizes: list[int], nbytes: int, layout: Layout) -> bool:
+    """Whether a segment of ``nbytes`` whose chunks are stored in ``sizes`` holds its bytes as they are: byte b of the
+    segment is byte b of its blob."""
+    return layout.planes == 1 and all(size == raw for size, raw in zip(sizes, _raw_sizes(nbytes, layout.chunk)))
+
+
 #: Where decoded bytes go: (byte offset, a 1-D uint8 tensor that receives that many bytes from there on).
 Targets = list[tuple[int, torch.Tensor]]
 
@@ -128,7 +134,7 @@ def decode_segment(
     single = len(outs) == 1 and outs[0][0] == 0 and outs[0][1].numel() == nbytes and undoing[0] is None
     whole = outs[0][1] if single else None
     if w == 1:
-        if whole is None and all(size == raw for size, raw in zip(sizes, _raw_sizes(n, layout.chunk))):
+        if whole is None and stored_as_is(sizes, n, layout):
             row = stored  # bytes stored as they are: byte b of the segment is byte b of its blob
         else:
             row = whole if whole is not None else torch.empty(n, dtype=torch.uint8, device=stored.device)

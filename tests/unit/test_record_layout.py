@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lightning_nvcomp
-from lightning_nvcomp.codec import delta, layouts, planes, record, schema, segment
+from lightning_nvcomp.codec import checksum, delta, layouts, planes, record, schema, segment
 from lightning_nvcomp.codec.cpu import CpuZstdEngine
 from lightning_nvcomp.errors import CorruptCheckpointError
 
@@ -257,6 +257,38 @@ def test_a_damaged_segment_is_named_whether_checked_on_its_thread_or_before(para
         record.decode_into(blobs, meta, [(0, out)], parallel=parallel)
     record.decode_into(blobs, meta, [(0, out[: 1 << 19])], parallel=parallel)  # segment 0 alone: intact
     assert torch.equal(out[: 1 << 19], data[: 1 << 19])
+
+
+@settings(**SETTINGS)
+@given(st.integers(0, 700_000), st.lists(st.integers(0, 700_000), max_size=8), st.integers(0, 2**32 - 1))
+def test_copy_checked_copies_the_pieces_and_checksums_all_the_bytes(nbytes, cuts, seed):
+    """The pieces get their bytes and the CRC is that of every stored byte, those between and after the pieces
+    included, over windows of any alignment."""
+    stored = torch.from_numpy(np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8))
+    bounds = sorted({min(c, nbytes) for c in cuts})
+    spans = [(a, b - a) for a, b in zip(bounds[::2], bounds[1::2])]  # every other gap is left out
+    pieces = [(at, torch.full((n,), 0xAB, dtype=torch.uint8)) for at, n in reversed(spans)]  # any order
+    assert checksum.copy_checked(stored, pieces, "crc32c") == crc32c.crc32c(stored.numpy().tobytes())
+    for at, out in pieces:
+        assert torch.equal(out, stored[at : at + out.numel()])
+
+
+@pytest.mark.parametrize("where", ["copied", "between pieces", "padding"])
+def test_bytes_stored_as_they_are_are_checked_as_they_are_copied(where):
+    """A raw record's segments are checked as they are copied on the segment threads: a flipped bit in bytes a piece
+    receives, in bytes between pieces, or in a blob's padding fails naming the segment."""
+    data = tensor_bytes(trained_like(300_001, torch.float32, 5))
+    blobs, meta = record.encode(data, torch.uint8, "raw", 1 << 19)
+    assert len(blobs) >= 3 and blobs[-1].numel() > data.numel() - 2 * (1 << 19)  # the last blob is padded
+    segment, pos = {"copied": (1, 100), "between pieces": (1, 5000), "padding": (len(blobs) - 1, -1)}[where]
+    blobs = [b.clone() for b in blobs]
+    blobs[segment][pos] ^= 1
+    spans = [(0, 4096), ((1 << 19) + 8192, 1 << 19)]  # leaves out segment 1's first 8192 bytes (its byte 5000)
+    targets = [(at, torch.empty(n, dtype=torch.uint8)) for at, n in spans]
+    if where == "padding":
+        targets.append((data.numel() - 64, torch.empty(64, dtype=torch.uint8)))
+    with pytest.raises(CorruptCheckpointError, match=f"checksum mismatch in segment {segment} of the record"):
+        record.decode_into(blobs, meta, targets)
 
 
 def test_decode_into_refuses_a_target_that_splits_a_number():
