@@ -263,10 +263,11 @@ def test_a_damaged_segment_is_named_whether_checked_on_its_thread_or_before(para
 @given(st.integers(0, 700_000), st.lists(st.integers(0, 700_000), max_size=8), st.integers(0, 2**32 - 1))
 def test_copy_checked_copies_the_pieces_and_checksums_all_the_bytes(nbytes, cuts, seed):
     """The pieces get their bytes and the CRC is that of every stored byte, those between and after the pieces
-    included, over windows of any alignment."""
+    included, over windows of any alignment, pieces that overlap included."""
     stored = torch.from_numpy(np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8))
     bounds = sorted({min(c, nbytes) for c in cuts})
     spans = [(a, b - a) for a, b in zip(bounds[::2], bounds[1::2])]  # every other gap is left out
+    spans += [(a + (b - a) // 3, (b - a) // 3) for a, b in zip(bounds, bounds[1:])]  # and pieces that overlap them
     pieces = [(at, torch.full((n,), 0xAB, dtype=torch.uint8)) for at, n in reversed(spans)]  # any order
     assert checksum.copy_checked(stored, pieces, "crc32c") == crc32c.crc32c(stored.numpy().tobytes())
     for at, out in pieces:
