@@ -319,11 +319,11 @@ def decode_into(
             stored = stored.cpu()
             if checksums.copy_checked(stored, outs if copied else [], field) != meta[field][s]:
                 raise CorruptCheckpointError(f"checksum mismatch in segment {s} of the record: the file is damaged")
-        try:
-            if not copied:
+        if not copied:
+            try:
                 decode_segment(engine, stored.to(work), sizes, outs, length, layout, undo)
-        except ValueError as err:
-            raise CorruptCheckpointError(f"segment {s} of the record does not decode: {err}") from None
+            except ValueError as err:
+                raise CorruptCheckpointError(f"segment {s} of the record does not decode: {err}") from None
         if after is not None:
             after(s * meta["segment"], length)
 
