@@ -349,7 +349,8 @@ def main() -> None:
 
 
 def medians(rows: list[dict]) -> list[dict]:
-    """Each method's figures, the median over its repetitions (its sizes and extra memory: the largest)."""
+    """Each method's figures, the median over its repetitions (its sizes and extra memory: the largest; our pinned
+    pool: as the last repetition's async save left it)."""
     by_method: dict[str, list[dict]] = {}
     for r in rows:
         by_method.setdefault(r["method"], []).append(r)
@@ -362,6 +363,7 @@ def medians(rows: list[dict]) -> list[dict]:
             "mb": max(r["bytes"] for r in found) / 1e6,
             "extra_gpu_gb": max(r["extra_gb"] for r in found),
             "load_extra_gpu_gb": max(r["load_gb"] for r in found),
+            "pool_gb": found[-1]["pool_gb"],  # after the last repetition's async save
             "exact": all(r["exact"] for r in found),
         }
         for method, found in by_method.items()

@@ -252,6 +252,12 @@ def dcp_tables(result: dict) -> list[str]:
             Column(".distcp / file MB", lambda r: r["mb"] or None, ".1f"),
             Column("ratio", lambda r: ratio(plain and plain["mb"], r["mb"]), ".3f"),
             Column("extra GPU GB save / load", pair("extra_gpu_gb", "load_extra_gpu_gb"), ".2f", gpu=True),
+            Column(
+                "our pinned pool GB",
+                lambda r: r.get("pool_gb") if r["method"].startswith("Nvcomp") else None,
+                ".2f",
+                gpu=True,
+            ),
             Column("bit-exact", lambda r: r["exact"] if r["mb"] else None),
         ],
         rows,

@@ -99,8 +99,9 @@ class PinnedPool:
         self._lock = threading.RLock()
         self._growing = threading.Lock()  # one slab pinned at a time (by take or by reserve's thread)
         self._reserving: threading.Thread | None = None
-        # What the last reserve was for, the bytes copied since, and the share of a reserve the last save copied.
+        # What the last reserve was for, the bytes held saves copied since, and the share of a reserve the last copied.
         self._reserved, self._copied, self._share = 0, 0, 1.0
+        self._holding = 0  # the held saves copying now (see :meth:`holding`)
         self._unpinning = threading.local()  # the threads whose copies pin nothing more (see :meth:`pinning_nothing`)
 
     @property
@@ -122,7 +123,7 @@ class PinnedPool:
         nbytes = n if nbytes is None else nbytes
         unpinning = getattr(self._unpinning, "on", False)
         host, slab = self._take(nbytes, pin_more=not unpinning)
-        if not unpinning:
+        if self._holding and not unpinning:
             with self._lock:
                 self._copied += nbytes
         host[n:] = 0
@@ -135,12 +136,27 @@ class PinnedPool:
         return host
 
     @contextlib.contextmanager
+    def holding(self, nbytes: int) -> Iterator[None]:
+        """Within the block, a snapshot of ``nbytes`` of GPU state is copied into the pool and held until it is
+        written: :meth:`reserve` pins ahead what it will need, and the copies made meanwhile count as what such a save
+        copies (the share of its state the next reserve expects). Copies of saves that stream through the pool, each
+        written as it comes, are not counted: they need a slab or two, however large the state."""
+        self.reserve(nbytes)
+        with self._lock:
+            self._holding += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holding -= 1
+
+    @contextlib.contextmanager
     def pinning_nothing(self) -> Iterator[None]:
         """Within the block, this thread's copies pin no slab: where the pool has no free room they go to pageable
-        memory; nor are they counted as a save's (the share of its state the next :meth:`reserve` expects). For copies
-        made while a save's snapshot fills the pool (an async delta's records coded again on the writer thread):
-        pinning waits for every stream of the GPU (``cudaHostRegister``), training's too, and a slab pinned for them
-        would be let go at the next save's :meth:`reserve`."""
+        memory; nor are they counted as a held save's (see :meth:`holding`). For copies made while a save's snapshot
+        fills the pool (an async delta's records coded again on the writer thread): pinning waits for every stream of
+        the GPU (``cudaHostRegister``), training's too, and a slab pinned for them would be let go at the next save's
+        :meth:`reserve`."""
         self._unpinning.on = True
         try:
             yield
@@ -154,8 +170,9 @@ class PinnedPool:
 
     def reserve(self, nbytes: int) -> None:
         """Pin ahead, on a thread of its own, what a save of ``nbytes`` (its GPU state) will copy: called as a save
-        starts, so its copies rarely wait for pinning. The pool expects the share of ``nbytes`` that the save before
-        copied (its coding ratio; all of it at first) and makes that one slab (see :meth:`_fit`), within the limit."""
+        starts, so its copies rarely wait for pinning. The pool expects the share of ``nbytes`` that the held save
+        before copied (its coding ratio; all of it at first: see :meth:`holding`) and makes that one slab (see
+        :meth:`_fit`), within the limit."""
         if nbytes <= 0:
             return
         with self._lock:
@@ -169,28 +186,32 @@ class PinnedPool:
             self._reserving.start()
 
     def _fit(self, need: int) -> None:
-        """Make the free slabs hold ``need`` bytes in a slab at most a tenth larger: free slabs larger than that go;
-        where none fits, one of ``need`` bytes is pinned (where no free slab is larger, the rest of ``need``), while
-        the larger ones still serve (a save starting meanwhile cuts from them and waits for no pinning); they go once
-        it is pinned and nothing lives in them (else at a later reserve)."""
+        """Make the free slabs hold ``need`` bytes and little more: where a free slab fits (at most a tenth larger),
+        the other free slabs go; else, where one is larger, one of ``need`` bytes is pinned while the larger ones
+        still serve (a save starting meanwhile cuts from them and waits for no pinning) and the other free slabs go
+        once it is; else the largest free slabs that make up ``need`` stay, the rest of it is pinned beside them, and
+        the others go. A slab goes only once nothing lives in it (else at a later reserve)."""
         with self._lock:
-            free = [s for s in self._slabs if not s.live]
-            fits = any(need <= s.memory.numel() <= need * _SLACK for s in free)
-            larger = [s for s in free if s.memory.numel() > need * _SLACK]
+            free = sorted((s for s in self._slabs if not s.live), key=lambda s: -s.memory.numel())
+            fitting = [s for s in free if need <= s.memory.numel() <= need * _SLACK][:1]
+            larger = any(s.memory.numel() > need * _SLACK for s in free)
+            enough = [s for i, s in enumerate(free) if sum(t.memory.numel() for t in free[:i]) < need]
             room = self.limit - self.nbytes
-            missing = 0 if fits else need if larger else min(need - sum(s.memory.numel() for s in free), room)
-        del free
+            missing = 0 if fitting else need if larger else min(need - sum(s.memory.numel() for s in enough), room)
         if missing > room:  # no room for both: the larger one stays
             return
+        grown = []
         if missing > 0:
             with self._growing:
-                grown = _Slab(missing, self.pin)
+                grown.append(_Slab(missing, self.pin))
             with self._lock:
-                self._slabs.append(grown)
+                self._slabs += grown
+        keep = fitting or (grown if larger else enough)
         with self._lock:
-            gone = [s for s in larger if not s.live]
+            gone = [s for s in free if s not in keep and not s.live]
             self._slabs = [s for s in self._slabs if s not in gone]
             self._open = None if self._open in gone else self._open
+        del free, keep
         for event in [e for s in gone for e in (s.copied, s.earlier) if e is not None]:
             event.synchronize()  # a copy into a blob dropped early may still be landing in it
 

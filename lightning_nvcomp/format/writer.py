@@ -361,11 +361,11 @@ def snapshot(
     names = _tensor_names(obj)
     plan, where = plan_records(contents.tensors, names, staging_nbytes, contents.storages)
     kept = MemorySink() if sink is None else None
-    if kept is not None:  # held until written: pin what its GPU records could need while the first ones are coded
-        pinned.pool().reserve(sum(rec.nbytes for rec in plan if rec.device.type == "cuda"))
     into = sink or kept
     assert into is not None
-    coded = _code_records(plan, codec, staging_nbytes, into, base)
+    held = pinned.pool().holding(sum(r.nbytes for r in plan if r.device.type == "cuda"))  # kept: pins what it needs
+    with held if kept is not None else contextlib.nullcontext():
+        coded = _code_records(plan, codec, staging_nbytes, into, base)
     placements = {}
     for t in contents.tensors:
         slot, index = where[t.untyped_storage()._cdata]

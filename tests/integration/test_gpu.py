@@ -489,8 +489,9 @@ def test_an_async_gpu_delta_is_coded_behind_training_on_a_stream_of_its_own(tmp_
             writer.wait()
     for t in live.values():  # training changes the state, then keeps its stream busy for seconds
         t.zero_()
-    # (On an H100, training's kernels queued behind the long one held the delta's kernels up too, though on a stream of
-    # their own: what this test asks is that the delta waits for no stream of training's, not for the GPU's queues.)
+    # (zero_ first: the process's first fill kernel, loaded lazily by CUDA while the long one runs, would hold every
+    # stream up until it ends; with CUDA_MODULE_LOADING=EAGER it does not. This test asks that the delta wait for no
+    # stream of training's, not for CUDA's module loading.)
     torch.cuda._sleep(10_000_000_000)
     writer.close()
     assert not torch.cuda.current_stream().query(), "the delta waited for training's stream"

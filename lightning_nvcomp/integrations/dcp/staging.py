@@ -79,11 +79,11 @@ class Stager:
         with ENCODE_LOCK:
             pending, self._pending = self._pending, []
             # Held until written: pin what the GPU shards could need while the first ones are coded.
-            pinned.pool().reserve(sum(t.numel() * t.element_size() for _, t, _ in pending if t.is_cuda))
-            for batch in code_tensors([(name, t) for name, t, _ in pending], self.codec):
-                for index, coded in batch:
-                    placeholder = pending[index][2]
-                    self.shards[placeholder.untyped_storage().data_ptr()] = StagedShard(coded, placeholder)
+            with pinned.pool().holding(sum(t.numel() * t.element_size() for _, t, _ in pending if t.is_cuda)):
+                for batch in code_tensors([(name, t) for name, t, _ in pending], self.codec):
+                    for index, coded in batch:
+                        placeholder = pending[index][2]
+                        self.shards[placeholder.untyped_storage().data_ptr()] = StagedShard(coded, placeholder)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         return staged
