@@ -3,6 +3,7 @@ live blob (or any view of it) still uses. On the CPU the slabs are unpinned; the
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -201,6 +202,27 @@ def test_live_blobs_are_never_overwritten_and_the_pool_stays_bounded(ops):
         assert p.nbytes <= 6 * MIB
         for blob, src in live:
             assert torch.equal(blob, src)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3 * MIB // 2), st.booleans(), st.integers(0, 8)), min_size=1, max_size=30))
+def test_reserves_that_let_slabs_go_never_take_a_live_blobs_memory(ops):
+    # Copies (streamed or held), some kept alive, interleaved with the reserves of held saves of 0-8 MiB: however the
+    # reserves fit the pool to what held saves copied, letting free slabs go, every live blob keeps its bytes.
+    p = PinnedPool(limit=12 * MIB, pin=False, slab_nbytes=MIB)
+    live: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for i, (n, drop_oldest, held_mib) in enumerate(ops):
+        src = _pattern(n, i)
+        with p.holding(held_mib * MIB) if held_mib else contextlib.nullcontext():
+            if p._reserving is not None:
+                p._reserving.join()
+            live.append((p.copy(src), src))
+        if drop_oldest:
+            live.pop(0)
+            gc.collect()
+        assert p.nbytes <= 12 * MIB
+        for blob, expected in live:
+            assert torch.equal(blob, expected)
 
 
 @pytest.mark.gpu
