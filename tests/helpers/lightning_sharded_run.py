@@ -94,6 +94,8 @@ def main() -> None:
     }
     with open(f"{root}/result-{trainer.global_rank}.json", "w") as f:
         json.dump(result, f)
+    if torch.distributed.is_initialized():  # torch asks for it; a child once aborted at its exit with its group up
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
