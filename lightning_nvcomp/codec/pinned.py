@@ -7,9 +7,9 @@ first save pays for pinning all of it. Here a blob is cut from a large slab in a
 afresh once every tensor cut from it is gone (its storage freed, views included); the slabs together never exceed
 :attr:`PinnedPool.limit` (past it a request gets pageable memory: slower to copy into, never refused); and
 :meth:`PinnedPool.reserve` pins what a save will need on a thread of its own while the save is coding: one slab the
-size of the last save's coded bytes, so that the pool holds about what a save copies into it. Slabs are pinned for
-exactly their size (``cudaHostRegister``, as torch.distributed.checkpoint's stager pins), not through torch's
-allocator.
+size of the coded bytes the last save that held its snapshot copied (:meth:`PinnedPool.holding`), so that the pool
+holds about what such a save copies into it. Slabs are pinned for exactly their size (``cudaHostRegister``, as
+torch.distributed.checkpoint's stager pins), not through torch's allocator.
 """
 
 from __future__ import annotations
