@@ -43,8 +43,9 @@ from common import same_bytes, sync, write_result  # noqa: E402
 from gpt import GPT, stdlib_corpus  # noqa: E402
 
 INTERVALS = (10, 50, 200)
-#: Rounds of the loads timed in turns (a load takes a tenth of a save: more rounds for the same noise).
-LOAD_ROUNDS = 9
+#: Rounds of the loads timed in turns (a load takes a tenth of a save, and a 2-core machine's timings of one move by
+#: 20-40% from round to round: more rounds for the same noise).
+LOAD_ROUNDS = 25
 
 
 def train_states(dim: int, layers: int, steps: int, cache: pathlib.Path, device: str) -> dict[int, dict]:
@@ -118,13 +119,14 @@ def in_turns(
     rounds: int = 5,
 ) -> tuple[float, float, bool]:
     """The median seconds of each of two runs (a save or a load alone and as a delta) over ``rounds`` rounds, timed
-    in turns (a shared machine's drift falls on both), each result checked with ``exact`` and freed before the next
-    run (else a load would time the allocator's fresh pages and the other its reused ones); and whether every result
-    was exact."""
+    in turns, each first in every other round (a shared machine's drift falls on both), each result checked with
+    ``exact`` and freed before the next run (else a load would time the allocator's fresh pages and the other its
+    reused ones); and whether every result was exact."""
     times: dict[str, list[float]] = {"alone": [], "delta": []}
     every = True
-    for _ in range(rounds):
-        for kind, run in (("alone", alone), ("delta", delta)):
+    for r in range(rounds):
+        # each first in every other round: the first of a round finds the memory the round before freed
+        for kind, run in (("alone", alone), ("delta", delta))[:: 1 if r % 2 == 0 else -1]:
             sync()
             begin = time.perf_counter()
             out = run()
@@ -342,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         "the fp32 state 50 steps apart also through DCP (NvcompFileSystemWriter with deltas, one process)",
         repetitions=5,
         statistic=f"saves: the median of 5 rounds, loads: of {LOAD_ROUNDS}, the delta's and the standalone one's in "
-        "turns; saves to the slow disk and through DCP: the best of 2",
+        "turns, each first in every other round; saves to the slow disk and through DCP: the best of 2",
         rows=rows,
     )
     return 0 if all(r["bit_exact"] for r in rows) else 1
