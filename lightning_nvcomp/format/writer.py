@@ -363,8 +363,8 @@ def snapshot(
     kept = MemorySink() if sink is None else None
     into = sink or kept
     assert into is not None
-    held = pinned.pool().holding(sum(r.nbytes for r in plan if r.device.type == "cuda"))
-    with held if kept is not None else contextlib.nullcontext():  # kept until written: pinned ahead as it is coded
+    held = pinned.pool().holding(sum(r.nbytes for r in plan if r.device.type == "cuda")) if kept is not None else None
+    with held or contextlib.nullcontext():  # kept until written: pinned ahead while the first records are coded
         coded = _code_records(plan, codec, staging_nbytes, into, base)
     placements = {}
     for t in contents.tensors:
