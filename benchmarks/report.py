@@ -237,6 +237,49 @@ def steady_headline(result: dict) -> str:
     return text + (f" (TorchCheckpointIO {torch['lost_per_save_s']:+.2f} s)" if torch else "")
 
 
+def recode_rows(result: dict) -> list[Row]:
+    alone = {r["save"]: median(r["write_s"]) for r in result["rows"] if r["beside"] == "nothing"}
+    return [
+        {
+            "save": r["save"],
+            "beside": r["beside"],
+            "write_s": median(r["write_s"]),
+            "slower": ratio(median(r["write_s"]), alone.get(r["save"])),
+            "file_mb": r["file_mb"],
+        }
+        for r in result["rows"]
+    ]
+
+
+def recode_tables(result: dict) -> list[str]:
+    return [
+        f"The GIL's switch interval: {result['switch_interval_s'] * 1e3:g} ms; {result['state_mb']:.0f} MB of state.",
+        "",
+        *table(
+            [
+                Column("write", key("save")),
+                Column("beside it, the main thread runs", key("beside")),
+                Column("write s", key("write_s"), ".3f"),
+                Column("x the same write with nothing beside it", key("slower"), ".1f"),
+                Column("file MB", key("file_mb"), ".1f"),
+            ],
+            recode_rows(result),
+            result,
+        ),
+    ]
+
+
+def recode_headline(result: dict) -> str:
+    rows = {(r["save"], r["beside"]): r for r in recode_rows(result)}
+    parts = [
+        f"{save} write beside Python {rows[(save, 'python')]['write_s']:.2f} s (alone "
+        f"{rows[(save, 'nothing')]['write_s']:.2f} s)"
+        for save in ("delta", "standalone")
+        if (save, "python") in rows and (save, "nothing") in rows
+    ]
+    return "; ".join(parts) or "-"
+
+
 def dcp_tables(result: dict) -> list[str]:
     rows = result["rows"]
     plain = next((r for r in rows if r["method"] == "FileSystemWriter"), None)
@@ -685,6 +728,18 @@ BENCHMARKS = (
         steady_tables,
         steady_headline,
         steady_plots,
+    ),
+    Benchmark(
+        "recode",
+        "Async writes beside training",
+        "recode_bench.py",
+        "What an async save's write costs on its writer thread while the training thread runs: a standalone "
+        "snapshot's write, and a delta's (its base decoded, each tensor's transform chosen and the delta coded on the "
+        "writer thread), with the main thread idle, training the model, or running pure Python (as a framework's loop "
+        "holds the GIL between its CUDA launches). Each C call that lets the GIL go costs the writer thread up to a "
+        "switch interval to take it back while another thread runs Python.",
+        recode_tables,
+        recode_headline,
     ),
     Benchmark(
         "dcp",
