@@ -1,8 +1,8 @@
-"""What an async save's write costs on its writer thread while the training thread runs beside it: the write of a
-standalone snapshot, and of a delta (coded against a base on the writer thread: the base decoded, each tensor's
-transform chosen, the delta coded), with the main thread idle, training the model, or running pure Python (as a
-framework's loop holds the GIL between its CUDA launches). Each C call that lets the GIL go costs the writer thread up
-to a switch interval (``sys.getswitchinterval()``) to take it back while another thread runs Python.
+"""What an async save's write costs on its writer thread: the write of a standalone snapshot, and of a delta (coded
+against a base on the writer thread: the base decoded, each tensor's transform chosen, the delta coded), beside
+nothing, beside the main thread training the model, or beside a thread running pure Python (as a framework's loop holds
+the GIL between its CUDA launches). Each C call that lets the GIL go costs the writer thread up to a switch interval
+(``sys.getswitchinterval()``) to take it back while another thread runs Python.
 
     python benchmarks/recode_bench.py --json benchmarks/results/recode/latest-cpu.json
     python benchmarks/recode_bench.py --device cuda --dim 1024 --layers 20 --batch 64 \\
@@ -72,7 +72,7 @@ def python_work(stop: threading.Event) -> None:
 
 def timed_write(training: Training, base: object, path: pathlib.Path, beside: str, codec: Codec) -> float:
     """Seconds the writer thread takes to write the async snapshot of the current state (a delta against ``base``
-    where it is not None) while the main thread does ``beside``."""
+    where it is not None) beside ``beside``: nothing, the main thread training, or a thread running pure Python."""
     state = training.state()
     held = Held(state, find_contents(state), codec, None, base)  # the part training waits for: not timed here
     sync()

@@ -258,7 +258,7 @@ def recode_tables(result: dict) -> list[str]:
         *table(
             [
                 Column("write", key("save")),
-                Column("beside it, the main thread runs", key("beside")),
+                Column("beside it", key("beside")),
                 Column("write s", key("write_s"), ".3f"),
                 Column("x the same write with nothing beside it", key("slower"), ".1f"),
                 Column("file MB", key("file_mb"), ".1f"),
@@ -733,10 +733,10 @@ BENCHMARKS = (
         "recode",
         "Async writes beside training",
         "recode_bench.py",
-        "What an async save's write costs on its writer thread while the training thread runs: a standalone "
+        "What an async save's write costs on its writer thread: a standalone "
         "snapshot's write, and a delta's (its base decoded, each tensor's transform chosen and the delta coded on the "
-        "writer thread), with the main thread idle, training the model, or running pure Python (as a framework's loop "
-        "holds the GIL between its CUDA launches). Each C call that lets the GIL go costs the writer thread up to a "
+        "writer thread), beside nothing, beside the main thread training the model, or beside a thread running pure "
+        "Python (as a framework's loop holds the GIL between its CUDA launches). Each C call that lets the GIL go costs the writer thread up to a "
         "switch interval to take it back while another thread runs Python.",
         recode_tables,
         recode_headline,
