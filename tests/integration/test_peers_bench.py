@@ -9,9 +9,6 @@ import importlib.metadata
 import importlib.util
 import json
 import math
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +18,7 @@ import torch
 from lightning_nvcomp.codec.gpu import gpu_available
 
 from tests.helpers.paths import REPO_ROOT
+from tests.helpers.report import rendered_section, run_benchmark
 
 BENCH = REPO_ROOT / "benchmarks"
 #: What the run is given and what its result must say it ran.
@@ -57,15 +55,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
         },
         work / "model.safetensors",
     )
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "peers_bench.py"), *ARGS, "--dir", ".", "--json", "out/latest-cpu.json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=work,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])},
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    proc = run_benchmark("peers_bench.py", *ARGS, "--dir", ".", "--json", "out/latest-cpu.json", cwd=work)
     return work, json.loads((work / "out" / "latest-cpu.json").read_text()), proc.stdout
 
 
@@ -117,20 +107,9 @@ def test_a_quick_run_measures_every_state_and_method_and_every_round_trip_was_bi
 
 
 @pytest.mark.slow
-def test_the_report_renders_the_run_and_check_accepts_it(
-    run: tuple[Path, dict, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_report_renders_the_run_and_check_accepts_it(run: tuple[Path, dict, str], tmp_path: Path) -> None:
     _, result, printed = run
-    (tmp_path / "benchmarks" / "results" / "peers").mkdir(parents=True)
-    (tmp_path / "docs").mkdir()
-    shutil.copy(BENCH / "report.py", tmp_path / "benchmarks")
-    (tmp_path / "benchmarks" / "results" / "peers" / "latest-cpu.json").write_text(json.dumps(result))
-    monkeypatch.chdir(tmp_path)
-    for args in ((), ("--check",)):
-        done = subprocess.run([sys.executable, "benchmarks/report.py", *args], capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-    text = Path("BENCHMARKS.md").read_text()
-    section = text.split("\n## Peers\n", 1)[1].split("\n## ", 1)[0]
+    section = rendered_section(result, "Peers", tmp_path)
     zstd = next(r for r in result["rows"] if r["state"] == "MiniLM bf16" and r["method"] == "ours zstd")
     assert (
         f"| MiniLM bf16 | ours zstd | {zstd['raw_mb']:.1f} | {zstd['stored_mb']:.1f} | {zstd['ratio']:.4f} |" in section

@@ -4,40 +4,27 @@ its JSON holds each write's times beside each kind of main-thread work, and benc
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.paths import REPO_ROOT
+from tests.helpers.report import rendered_section, run_benchmark
 
-BENCH = REPO_ROOT / "benchmarks"
 ARGS = ("--dim", "32", "--layers", "1", "--batch", "2", "--steps", "2", "--apart", "2", "--repeat", "2")
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
     work = tmp_path_factory.mktemp("recode")
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "recode_bench.py"), *ARGS, "--json", "out/latest-cpu.json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=work,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])},
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    run_benchmark("recode_bench.py", *ARGS, "--json", "out/latest-cpu.json", cwd=work)
     assert sorted(p.name for p in work.iterdir()) == ["out"]  # its checkpoints are gone
     return json.loads((work / "out" / "latest-cpu.json").read_text())
 
 
 def test_a_run_times_each_write_beside_each_kind_of_work(result: dict) -> None:
-    assert result["benchmark"] == "recode" and result["command"] == "python benchmarks/recode_bench.py " + " ".join(
-        ARGS
-    )
+    assert result["benchmark"] == "recode"
+    assert result["command"] == "python benchmarks/recode_bench.py " + " ".join(ARGS)  # no --json
     cases = [(r["save"], r["beside"]) for r in result["rows"]]
     assert cases == [(s, b) for s in ("standalone", "delta") for b in ("nothing", "training", "python")]
     for row in result["rows"]:
@@ -46,16 +33,8 @@ def test_a_run_times_each_write_beside_each_kind_of_work(result: dict) -> None:
     assert result["switch_interval_s"] == sys.getswitchinterval() and result["state_mb"] > 0
 
 
-def test_the_report_renders_the_run(result: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "benchmarks" / "results" / "recode").mkdir(parents=True)
-    (tmp_path / "docs").mkdir()
-    shutil.copy(BENCH / "report.py", tmp_path / "benchmarks")
-    (tmp_path / "benchmarks" / "results" / "recode" / "latest-cpu.json").write_text(json.dumps(result))
-    monkeypatch.chdir(tmp_path)
-    for args in ((), ("--check",)):
-        done = subprocess.run([sys.executable, "benchmarks/report.py", *args], capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-    section = Path("BENCHMARKS.md").read_text().split("\n## Async writes beside training\n", 1)[1]
+def test_the_report_renders_the_run(result: dict, tmp_path: Path) -> None:
+    section = rendered_section(result, "Async writes beside training", tmp_path)
     delta = next(r for r in result["rows"] if r["save"] == "delta" and r["beside"] == "python")
     alone = next(r for r in result["rows"] if r["save"] == "delta" and r["beside"] == "nothing")
     median = sorted(delta["write_s"])[0] / 2 + sorted(delta["write_s"])[1] / 2
