@@ -253,17 +253,18 @@ def test_cpu_state_candidates(tmp_path):
 def test_a_wrong_calibration_corrects_itself_within_two_saves(tmp_path):
     """zstd calibrated 300x too fast: auto picks it on a fast disk; the real saves' coding time corrects the profile,
     and the decision after the second is the right one (none): a run's first save only corrects a calibration that
-    was too slow (it pays the run's one-off costs), the second corrects this one."""
+    was too slow (it pays the run's one-off costs), the second corrects this one. (A 4th decision is not asserted: it
+    weighs a measured `none` save, which on a busy machine may take as long as a zstd one, against zstd's.)"""
     from tests.helpers.states import trained_like
 
     wrong = [CodecProfile("zstd", 1.15, 100.0), CodecProfile("none", 1.0, math.inf)]
     policy = CodecPolicy(write_gbps=5.0, profiles=wrong)
     state = {"w": trained_like(1 << 21, torch.float32)}  # 8 MB
     chosen = []
-    for i in range(4):
+    for i in range(3):
         stats = lightning_nvcomp.save(state, tmp_path / f"{i}.ckpt", codec="auto", policy=policy)
         chosen.append(stats.codec)
-    assert chosen[0] == "zstd" and chosen[2:] == ["none", "none"], chosen
+    assert chosen[0] == "zstd" and chosen[2] == "none", chosen
     zstd = next(p for p in policy.profiles([state["w"]]) if p.codec == "zstd")
     assert zstd.encode_gbps < 10 and 1.05 < zstd.ratio < 1.3, zstd  # what a CPU zstd save really does
 
