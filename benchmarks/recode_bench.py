@@ -25,13 +25,14 @@ import torch
 import torch.nn.functional as F
 
 import lightning_nvcomp
-from lightning_nvcomp.format.bases import base_file
+from lightning_nvcomp.format.bases import offered
 from lightning_nvcomp.format.contents import find_contents
 from lightning_nvcomp.options import Codec
 from lightning_nvcomp.saving.single_file import Held
+from lightning_nvcomp.storage import storage_for
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
-from common import sync, write_result  # noqa: E402
+from common import local_tensors, same_bytes, sync, write_result  # noqa: E402
 from gpt import GPT, stdlib_corpus  # noqa: E402
 
 BESIDE = ("nothing", "training", "python")
@@ -70,10 +71,12 @@ def python_work(stop: threading.Event) -> None:
             total += i * i
 
 
-def timed_write(training: Training, base: object, path: pathlib.Path, beside: str, codec: Codec) -> float:
+def timed_write(training: Training, base: object, path: pathlib.Path, beside: str, codec: Codec) -> tuple[float, bool]:
     """Seconds the writer thread takes to write the async snapshot of the current state (a delta against ``base``
-    where it is not None) beside ``beside``: nothing, the main thread training, or a thread running pure Python."""
+    where it is not None) beside ``beside``: nothing, the main thread training, or a thread running pure Python; and
+    whether the file loads bit-exact to the state snapshotted."""
     state = training.state()
+    snapshot = [t.detach().cpu().clone() for t in local_tensors(state)]
     held = Held(state, find_contents(state), codec, None, base)  # the part training waits for: not timed here
     sync()
     took: list[float] = []
@@ -97,10 +100,10 @@ def timed_write(training: Training, base: object, path: pathlib.Path, beside: st
     if helper is not None:
         helper.join()
     sync()
-    return took[0]
+    return took[0], same_bytes(local_tensors(lightning_nvcomp.load(path, map_location="cpu")), snapshot)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dim", type=int, default=384)
@@ -118,24 +121,32 @@ def main() -> None:
     folder = pathlib.Path(tempfile.mkdtemp(prefix="lnv-recode-"))
     try:
         lightning_nvcomp.save(training.state(), folder / "base.ckpt", codec=codec.value)
-        base = base_file(str(folder / "base.ckpt"))
+        base = offered(str(folder / "base.ckpt"), str(folder / "delta.ckpt"), storage_for(str(folder)))
         for _ in range(args.apart):
             training.step()
         state_mb = sum(t.nbytes for t in find_contents(training.state()).tensors) / 1e6
         seconds: dict[tuple[str, str], list[float]] = {}
         sizes: dict[str, int] = {}
+        exact: dict[str, bool] = {}
         for rep in range(args.repeat):
             for save, against in (("standalone", None), ("delta", base)):
                 for beside in BESIDE if rep % 2 else BESIDE[::-1]:
                     path = folder / f"{save}.ckpt"
-                    took = timed_write(training, against, path, beside, codec)
+                    took, same = timed_write(training, against, path, beside, codec)
                     seconds.setdefault((save, beside), []).append(took)
                     sizes[save] = os.path.getsize(path)
-                    print(f"rep {rep} {save} beside {beside}: {took:.3f} s", flush=True)
+                    exact[save] = exact.get(save, True) and same
+                    print(f"rep {rep} {save} beside {beside}: {took:.3f} s, bit-exact {same}", flush=True)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     rows = [
-        {"save": save, "beside": beside, "write_s": seconds[(save, beside)], "file_mb": sizes[save] / 1e6}
+        {
+            "save": save,
+            "beside": beside,
+            "write_s": seconds[(save, beside)],
+            "file_mb": sizes[save] / 1e6,
+            "bit_exact": exact[save],
+        }
         for save in ("standalone", "delta")
         for beside in BESIDE
     ]
@@ -153,7 +164,8 @@ def main() -> None:
         switch_interval_s=sys.getswitchinterval(),
         state_mb=state_mb,
     )
+    return 0 if all(exact.values()) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -246,6 +246,7 @@ def recode_rows(result: dict) -> list[Row]:
             "write_s": median(r["write_s"]),
             "slower": ratio(median(r["write_s"]), alone.get(r["save"])),
             "file_mb": r["file_mb"],
+            "bit_exact": r.get("bit_exact"),
         }
         for r in result["rows"]
     ]
@@ -262,6 +263,7 @@ def recode_tables(result: dict) -> list[str]:
                 Column("write s", key("write_s"), ".3f"),
                 Column("x the same write with nothing beside it", key("slower"), ".1f"),
                 Column("file MB", key("file_mb"), ".1f"),
+                Column("bit-exact", key("bit_exact")),
             ],
             recode_rows(result),
             result,

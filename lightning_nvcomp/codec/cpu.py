@@ -68,6 +68,18 @@ BLOCK_NBYTES = (16 << 10, 64 << 10)
 _PROBE_NBYTES = 64 << 10
 
 
+def _compress_bound(nbytes: int) -> int:
+    """zstd's ``ZSTD_COMPRESSBOUND`` (zstd.h): the largest frame ``nbytes`` code to. Computed here, not called: every
+    call into zstd through cffi lets the GIL go, and beside a thread running Python each costs up to a switch interval
+    to take it back."""
+    return nbytes + (nbytes >> 8) + (((128 << 10) - nbytes) >> 11 if nbytes < 128 << 10 else 0)
+
+
+def _zstd_error(result: int) -> str:
+    lib, ffi = backend_cffi.lib, backend_cffi.ffi
+    return ffi.string(lib.ZSTD_getErrorName(result)).decode()
+
+
 class _LiteralCoder:
     """zstd frames of literals alone: each block's bytes Huffman-coded (or stored), no matches searched. One per
     thread: a zstd context is not thread-safe."""
@@ -87,21 +99,19 @@ class _LiteralCoder:
         self._no_sequences = ffi.new("ZSTD_Sequence[1]")
 
     @staticmethod
-    def _check(result: int) -> int:
-        lib, ffi = backend_cffi.lib, backend_cffi.ffi
-        if lib.ZSTD_isError(result):
-            raise RuntimeError(f"zstd: {ffi.string(lib.ZSTD_getErrorName(result)).decode()}")
-        return result
+    def _check(result: int) -> None:
+        if backend_cffi.lib.ZSTD_isError(result):
+            raise RuntimeError(f"zstd: {_zstd_error(result)}")
 
     def compress(self, chunk: np.ndarray) -> torch.Tensor:
         lib, ffi = backend_cffi.lib, backend_cffi.ffi
-        capacity = lib.ZSTD_compressBound(chunk.size)
+        capacity = _compress_bound(chunk.size)
         out = bytearray(capacity)
-        n = self._check(
-            lib.ZSTD_compressSequences(
-                self._cctx, ffi.from_buffer(out), capacity, self._no_sequences, 0, ffi.from_buffer(chunk), chunk.size
-            )
+        n = lib.ZSTD_compressSequences(
+            self._cctx, ffi.from_buffer(out), capacity, self._no_sequences, 0, ffi.from_buffer(chunk), chunk.size
         )
+        if n > capacity:  # zstd's error codes are the largest size_t values: no size fits (one C call fewer a chunk)
+            raise RuntimeError(f"zstd: {_zstd_error(n)}")
         return torch.frombuffer(out, dtype=torch.uint8)[:n]
 
 
@@ -125,10 +135,11 @@ class _FrameDecoder:
         n = lib.ZSTD_decompressDCtx(
             self._dctx, ffi.from_buffer(out, require_writable=True), out.size, source, frame.size
         )
+        if n == out.size:
+            return
         if lib.ZSTD_isError(n):
-            raise ValueError(f"zstd frame does not decode: {ffi.string(lib.ZSTD_getErrorName(n)).decode()}")
-        if n != out.size:
-            raise ValueError(f"zstd frame decodes to {n} bytes, expected {out.size}")
+            raise ValueError(f"zstd frame does not decode: {_zstd_error(n)}")
+        raise ValueError(f"zstd frame decodes to {n} bytes, expected {out.size}")
 
 
 def _content_size(declared: int) -> str:
@@ -171,7 +182,9 @@ class CpuZstdEngine(ChunkEngine):
         if byte_planes.sampled_entropy_bits(chunk) >= byte_planes.RAW_ENTROPY_BITS:
             return torch.from_numpy(chunk)
         probe = chunk[:_PROBE_NBYTES]
-        frames = [(c, c.compress(probe)) for c in self._literal_coders()]
+        # a probe no larger than the smallest block is one block either way: both coders write the same frame
+        coders = self._literal_coders()[: 1 if probe.size <= BLOCK_NBYTES[0] else None]
+        frames = [(c, c.compress(probe)) for c in coders]
         coder, probe_frame = min(frames, key=lambda pair: pair[1].numel())
         probed = probe_frame.numel()
         literals = probe_frame if probe.size == chunk.size else coder.compress(chunk)  # a small chunk is its probe

@@ -59,8 +59,8 @@ def _run(
         op: Callable = np.bitwise_xor if transform == "xor" else (np.add if inverse else np.subtract)
         op(arrays[0], arrays[1], out=arrays[2])
         return
-    kind_t = _INTEGER[step]
-    tensors = [t.view(kind_t) for t in (data, base, out)]
+    kind_t = _INTEGER[step] if transform == "sub" else torch.uint8  # XOR's bytes as they are: no views to launch
+    tensors = [t.view(kind_t) if t.dtype != kind_t else t for t in (data, base, out)]
     # integer arithmetic wraps on the GPU as on the CPU
     gpu_op: Callable = torch.bitwise_xor if transform == "xor" else (torch.add if inverse else torch.sub)
     gpu_op(tensors[0], tensors[1], out=tensors[2])
@@ -73,8 +73,8 @@ def choose(
 ) -> list[str | None]:
     """For each (data, base) pair, the transform that codes a window of ``data`` (:data:`SAMPLE_NBYTES` from its
     middle) smallest against the same window of ``base``, or None where the data alone codes smaller than with every
-    transform. ``coded_nbytes`` gives the sizes a list of buffers codes to: the windows of all pairs are coded
-    together, one call per candidate (on a GPU, one nvCOMP call instead of hundreds)."""
+    transform. ``coded_nbytes`` gives the sizes a list of buffers codes to: the windows of all pairs are transformed
+    and coded together, one call per candidate (on a GPU, one nvCOMP call instead of hundreds)."""
     windows, base_windows = [], []
     for data, base in pairs:
         n = data.numel()
@@ -86,11 +86,10 @@ def choose(
     if not windows:
         return []
     sizes: dict[str | None, list[int]] = {None: coded_nbytes(windows)}
+    lengths = [window.numel() for window in windows]
+    joined, base_joined = torch.cat(windows), torch.cat(base_windows)
     for transform in TRANSFORMS:
-        transformed = []
-        for window, base_window in zip(windows, base_windows):
-            out = torch.empty_like(window)
-            apply(transform, window, base_window, itemsize, out)
-            transformed.append(out)
-        sizes[transform] = coded_nbytes(transformed)
+        out = torch.empty_like(joined)
+        apply(transform, joined, base_joined, itemsize, out)  # all windows at once: whole numbers each
+        sizes[transform] = coded_nbytes(list(out.split(lengths)))
     return [min(sizes, key=lambda t: (sizes[t][i], t is not None)) for i in range(len(windows))]

@@ -101,17 +101,14 @@ def coded_nbytes(windows: list[torch.Tensor], dtype: torch.dtype, codec: str) ->
     engine = engine_for(codec, device)
     if engine is None:
         return [w.numel() for w in windows]
-    if codes_on_gpu(engine, device) and device.type == "cpu":
-        windows = [w.to(torch.device("cuda", torch.cuda.current_device())) for w in windows]
     layout = plane_layout(engine, 0, dtype, codec)
-    planes, spans, at = [], [], 0
-    for window in windows:
-        width = layout.planes if window.numel() % layout.planes == 0 else 1
-        rows = byte_planes.split(window, width, width > 1 and layout.rotate)
-        planes.append(rows.reshape(-1))
+    flat, widths = byte_planes.split_many(windows, layout.planes, layout.rotate)
+    if codes_on_gpu(engine, device) and device.type == "cpu":
+        flat = flat.to(torch.device("cuda", torch.cuda.current_device()))
+    spans, at = [], 0
+    for window, width in zip(windows, widths):
         n = window.numel() // width
         spans.append([(at + k * n, n) for k in range(width)])
         at += window.numel()
-    flat = concatenate(planes)
     coded = iter(engine.encode(flat, [span for window in spans for span in window], codec, layout.data_type))
     return [sum(min(next(coded).numel(), n) for _, n in window) for window in spans]

@@ -101,6 +101,41 @@ def split(data: torch.Tensor | Sequence[torch.Tensor], width: int, rotated: bool
     return out
 
 
+def split_many(windows: Sequence[torch.Tensor], width: int, rotated: bool = False) -> tuple[torch.Tensor, list[int]]:
+    """The planes of each of ``windows`` (1-D uint8, on one device), one window after the other in one buffer: its
+    :func:`split` rows, flattened, ``width`` of them (1 where its bytes are not whole numbers); and each one's width.
+    On a GPU consecutive windows of one length are split together: there a kernel launch costs more than a window's
+    bytes, and each lets the GIL go (which a thread running Python beside may then hold for a switch interval)."""
+    widths = [width if window.numel() % width == 0 else 1 for window in windows]
+    device = windows[0].device
+    out = torch.empty(sum(window.numel() for window in windows), dtype=torch.uint8, device=device)
+    if device.type != "cpu":
+        _split_runs(windows, widths, rotated, out)
+        return out, widths
+    flat, at = out.numpy(), 0
+    for window, w in zip(windows, widths):
+        n = window.numel()
+        split_into(window.numpy(), flat[at : at + n].reshape(w, n // w), rotated and w > 1)
+        at += n
+    return out, widths
+
+
+def _split_runs(windows: Sequence[torch.Tensor], widths: list[int], rotated: bool, out: torch.Tensor) -> None:
+    """:func:`split_many` with torch's ops (a GPU's way): each run of consecutive windows of one length in one copy."""
+    first, at = 0, 0
+    while first < len(windows):
+        n, w = windows[first].numel(), widths[first]
+        end = first + 1
+        while end < len(windows) and windows[end].numel() == n:
+            end += 1
+        run = torch.stack(list(windows[first:end])) if end - first > 1 else windows[first].view(1, n)
+        rows = out[at : at + (end - first) * n].view(end - first, w, n // w)
+        rows.copy_(run.view(end - first, n // w, w).transpose(1, 2))
+        if rotated and w > 1:
+            _rotate(rows[:, -1], rows[:, -2])
+        at, first = at + (end - first) * n, end
+
+
 def split_into(data: np.ndarray, rows: np.ndarray, rotated: bool = False) -> None:
     """:func:`split` on the CPU into given rows: the 1-D uint8 array ``data`` into the ``[width, n]`` array ``rows``
     (each row contiguous; rows a column slice of a wider buffer, say)."""

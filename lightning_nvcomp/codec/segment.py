@@ -158,8 +158,10 @@ def decode_segment(
             byte_planes.join(part, out[at : at + part[0].numel() * w], layout.rotate, undo)
 
 
-#: Plane columns unrotated and joined at a time.
-JOIN_COLUMNS = 4 << 20
+#: Plane columns unrotated and joined at a time: on a GPU a rotated join's scratch is two rows of them (32 MiB), and
+#: each slice costs a dozen kernel launches, each of which lets the GIL go (4 slices a 256 MiB fp32 segment); a CPU's
+#: segments are smaller than one slice.
+JOIN_COLUMNS = 16 << 20
 
 
 def _columns(outs: Targets, layout: Layout) -> list[tuple[int, int]]:

@@ -138,13 +138,20 @@ class _Against(Parts):
         if len(base_spans(self.rec.record)) == 1:  # decoded once, for the samples, the layout's and the coding
             self._whole = self._range(0, self.nbytes)
             bases = [self._whole[lo : lo + n] for lo, n in windows]
-        elif windows:
-            bases = decoded_windows(self.base.path, self._named, windows, self.device, None, 0, self._cache)
         else:
-            bases = []
+            bases = self._base_windows(windows)
         return [
             (self.storages[i][lo - self.table[i][0] :][:n], base) for i, (lo, n), base in zip(measured, windows, bases)
         ]
+
+    def _base_windows(self, windows: list[tuple[int, int]]) -> list[torch.Tensor]:
+        """The base's bytes of each of ``windows`` (in order); on a GPU through :func:`gathered_windows`, each run of
+        them within a segment's length decoded as one range: there each window decoded and joined alone costs a dozen
+        kernel launches, each of which lets the GIL go (an async save's writer thread then waits to take it back
+        while the training loop runs Python)."""
+        if self.device.type == "cpu" or not windows:
+            return decoded_windows(self.base.path, self._named, windows, self.device, None, 0, self._cache)
+        return gathered_windows(self._range, windows, base_spans(self.rec.record)[0][1])
 
     def transform_whole(self) -> None:
         """A record of one base segment, kept: its transforms made in place, once (its slices are then views)."""
@@ -169,6 +176,26 @@ class _Against(Parts):
             else:
                 transforms.apply(transform, data[lo - at : hi - at], window, self.itemsize, window)
         return out
+
+
+def gathered_windows(
+    decoded: Callable[[int, int], torch.Tensor], windows: list[tuple[int, int]], span_nbytes: int
+) -> list[torch.Tensor]:
+    """The bytes of each of ``windows`` (``(start, length)``, in order, apart) of a buffer whose range ``decoded(start,
+    length)`` gives: each run of windows within ``span_nbytes`` decoded as one range and gathered out of it in one
+    copy (the range is let go), the windows views of that copy."""
+    runs: list[list[tuple[int, int]]] = []
+    for lo, n in windows:
+        if runs and lo + n - runs[-1][0][0] <= span_nbytes:
+            runs[-1].append((lo, n))
+        else:
+            runs.append([(lo, n)])
+    out: list[torch.Tensor] = []
+    for run in runs:
+        first = run[0][0]
+        hull = decoded(first, run[-1][0] + run[-1][1] - first)
+        out += torch.cat([hull[lo - first : lo - first + n] for lo, n in run]).split([n for _, n in run])
+    return out
 
 
 #: Storages smaller than this are stored as they are in a delta record: choosing costs more than it gains.

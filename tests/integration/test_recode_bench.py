@@ -29,7 +29,7 @@ def test_a_run_times_each_write_beside_each_kind_of_work(result: dict) -> None:
     assert cases == [(s, b) for s in ("standalone", "delta") for b in ("nothing", "training", "python")]
     for row in result["rows"]:
         assert len(row["write_s"]) == result["repetitions"] == 2 and all(t > 0 for t in row["write_s"]), row
-        assert row["file_mb"] > 0
+        assert row["file_mb"] > 0 and row["bit_exact"] is True
     assert result["switch_interval_s"] == sys.getswitchinterval() and result["state_mb"] > 0
 
 
@@ -39,4 +39,4 @@ def test_the_report_renders_the_run(result: dict, tmp_path: Path) -> None:
     alone = next(r for r in result["rows"] if r["save"] == "delta" and r["beside"] == "nothing")
     median = sorted(delta["write_s"])[0] / 2 + sorted(delta["write_s"])[1] / 2
     slower = median / (sum(alone["write_s"]) / 2)
-    assert f"| delta | python | {median:.3f} | {slower:.1f} | {delta['file_mb']:.1f} |" in section
+    assert f"| delta | python | {median:.3f} | {slower:.1f} | {delta['file_mb']:.1f} | yes |" in section

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from lightning_nvcomp.codec import delta, layouts, record, schema
 from lightning_nvcomp.errors import CorruptCheckpointError
+from lightning_nvcomp.format import delta as delta_records
 
 from tests.helpers.states import trained_like
 
@@ -38,6 +39,30 @@ def test_the_choice_is_measured_not_assumed() -> None:
         [(moved, w), (noise, other)], 4, lambda windows: layouts.coded_nbytes(windows, torch.float32, "zstd")
     )
     assert choices[0] in delta.TRANSFORMS and choices[1] is None
+
+
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(1, 40)), min_size=1, max_size=12), st.integers(1, 200))
+@settings(max_examples=60, deadline=None)
+def test_windows_gathered_out_of_ranges_are_the_windows(gaps_and_lengths, span) -> None:
+    """How a GPU reads a delta's base windows: runs of them decoded as one range each (none longer than the span,
+    but for a window longer on its own), every window's bytes exactly its own."""
+    buffer = (torch.arange(5000) * 7919 % 251).to(torch.uint8)
+    windows, at = [], 0
+    for gap, n in gaps_and_lengths:
+        windows.append((at + gap, n))
+        at += gap + n
+    ranges: list[tuple[int, int]] = []
+
+    def decoded(start: int, length: int) -> torch.Tensor:
+        ranges.append((start, length))
+        return buffer[start : start + length].clone()
+
+    got = delta_records.gathered_windows(decoded, windows, span)
+    assert [g.tolist() for g in got] == [buffer[lo : lo + n].tolist() for lo, n in windows]
+    longest = max(n for _, n in windows)
+    assert all(length <= max(span, longest) for _, length in ranges) and len(ranges) <= len(windows)
+    hull = windows[-1][0] + windows[-1][1] - windows[0][0]
+    assert len(ranges) == 1 or hull > span  # one range where they all fit in one
 
 
 def delta_meta() -> dict:

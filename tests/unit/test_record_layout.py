@@ -128,6 +128,29 @@ def test_the_c_passes_split_and_join_as_numpy_s_do(data, width, rotated, margin)
 
 
 @given(
+    st.lists(st.tuples(st.integers(1, 40), st.integers(1, 3)), min_size=1, max_size=6),
+    st.sampled_from([1, 2, 4, 8]),
+    st.booleans(),
+    st.randoms(use_true_random=False),
+)
+@settings(**SETTINGS)
+def test_windows_split_together_as_each_splits_alone(runs, width, rotated, rng):
+    """split_many's torch path (a GPU's: runs of one length in one copy) and its CPU path give each window's planes as
+    split gives them, one window after the other; a window of bytes that are not whole numbers gets one plane."""
+    lengths = [length * 8 + (3 if rng.random() < 0.2 else 0) for length, repeat in runs for _ in range(repeat)]
+    data = torch.frombuffer(bytearray(rng.randbytes(sum(lengths) + 16)), dtype=torch.uint8)
+    windows = list(data[16:].split(lengths))
+    expected = torch.cat(
+        [planes.split(w, width if w.numel() % width == 0 else 1, rotated).reshape(-1) for w in windows]
+    )
+    flat, widths = planes.split_many(windows, width, rotated)
+    torched = torch.empty_like(flat)
+    planes._split_runs(windows, widths, rotated, torched)
+    assert torch.equal(flat, expected) and torch.equal(torched, expected)
+    assert widths == [width if n % width == 0 else 1 for n in lengths]
+
+
+@given(
     st.binary(min_size=0, max_size=400),
     st.binary(min_size=400, max_size=400),
     st.sampled_from([(2, 2), (4, 4), (8, 8), (4, 2), (8, 4)]),
