@@ -187,10 +187,15 @@ class CpuZstdEngine(ChunkEngine):
         frames = [(c, c.compress(probe)) for c in coders]
         coder, probe_frame = min(frames, key=lambda pair: pair[1].numel())
         probed = probe_frame.numel()
-        literals = probe_frame if probe.size == chunk.size else coder.compress(chunk)  # a small chunk is its probe
-        if literals.numel() >= chunk.size or len(self._compressor().compress(memoryview(probe))) >= 0.9 * probed:
+        whole = probe.size == chunk.size  # a small chunk is its probe
+        literals = probe_frame if whole else coder.compress(chunk)
+        if literals.numel() >= chunk.size:
+            return literals
+        matched = self._compressor().compress(memoryview(probe))
+        if len(matched) >= 0.9 * probed:
             return literals  # matches pay only where they code the first bytes 10% smaller than literals do
-        matched = self._compressor().compress(memoryview(chunk))
+        if not whole:
+            matched = self._compressor().compress(memoryview(chunk))
         if literals.numel() <= len(matched):
             return literals
         return torch.frombuffer(bytearray(matched), dtype=torch.uint8)
