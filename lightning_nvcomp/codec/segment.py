@@ -159,8 +159,8 @@ def decode_segment(
 
 
 #: Plane columns unrotated and joined at a time: on a GPU a rotated join's scratch is two rows of them (32 MiB), and
-#: each slice costs a dozen kernel launches, each of which lets the GIL go (4 slices a 256 MiB fp32 segment); a CPU's
-#: segments are smaller than one slice.
+#: each slice costs a dozen kernel launches, each of which lets the GIL go (4 slices a 256 MiB fp32 segment); segments
+#: coded on a CPU are smaller than one slice.
 JOIN_COLUMNS = 16 << 20
 
 
