@@ -76,6 +76,7 @@ def _compress_bound(nbytes: int) -> int:
 
 
 def _zstd_error(result: int) -> str:
+    """zstd's name for the error code ``result``."""
     lib, ffi = backend_cffi.lib, backend_cffi.ffi
     return ffi.string(lib.ZSTD_getErrorName(result)).decode()
 
