@@ -233,10 +233,13 @@ class Undoing:
         self.rec, self.base, self.state, self.device = rec, base, state, device
         self.name = holder if holder is not None else state.name
         self.spans = [span for span in base_spans(base["record"]) if self._windows(span)]
-        # On the CPU a base with none of its own is decoded into the record's storages, each transform undone as its
-        # bytes are joined (one pass over them, no copy of the base); else each base segment's bytes are decoded, then
-        # undone, the first of them on a segment thread from the start.
-        self._into = device.type == "cpu" and "delta" not in base["record"]
+        # On the CPU a base with none of its own that decodes there is decoded into the record's storages, each
+        # transform undone as its bytes are joined (one pass over them, no copy of the base); else each base segment's
+        # bytes are decoded (gANS on a GPU), then undone, the first of them on a segment thread from the start.
+        codecs = base["record"].get("codecs")
+        self._into = (
+            device.type == "cpu" and "delta" not in base["record"] and isinstance(codecs, list) and "ans" not in codecs
+        )
         prefetch = device.type == "cpu" and self.spans and not self._into
         self._first = records.segment_pool().submit(self._decoded, self.spans[0]) if prefetch else None
 
