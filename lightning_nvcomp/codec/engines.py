@@ -1,8 +1,10 @@
 """Which engine codes what, and where: the engine for a codec and a device (:func:`engine_for`), the one that
-decodes on a device (:func:`engine_on`), where a record decodes (:func:`work_device`), and the segment sizes a buffer
-is coded in (one engine call each)."""
+decodes on a device (:func:`engine_on`), where a record decodes (:func:`work_device`; a GPU whatever its target:
+:func:`decodes_on_gpu_only`), and the segment sizes a buffer is coded in (one engine call each)."""
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 import torch
 
@@ -66,11 +68,17 @@ def _nvcomp_engine() -> ChunkEngine:
     return shared("nvcomp-engine", NvcompEngine)
 
 
+def decodes_on_gpu_only(codecs: Collection[str]) -> bool:
+    """Whether a record coded with ``codecs`` (one per byte plane) decodes on a GPU whatever its target: gANS has no
+    CPU decoder."""
+    return "ans" in codecs
+
+
 def work_device(layout: Layout, meta: dict, device: torch.device) -> torch.device:
     """Where a record bound for ``device`` decodes: gANS on a GPU (the target's, else the current one), zstd on the
     target's GPU when it is one, anything else on the CPU. CodecUnavailableError for gANS without a GPU."""
     coded = set(layout.codecs) - {"raw"}
-    if "ans" in coded:
+    if decodes_on_gpu_only(coded):
         if not gpu_available():
             raise CodecUnavailableError(
                 f"data compressed with gANS (nvCOMP {meta.get('nvcomp')}) needs a CUDA GPU and nvCOMP to decode; on "

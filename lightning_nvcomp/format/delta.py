@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from lightning_nvcomp.codec import delta as transforms
-from lightning_nvcomp.codec import layouts
+from lightning_nvcomp.codec import engines, layouts
 from lightning_nvcomp.codec import record as records
 from lightning_nvcomp.codec.segment import Parts
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError, MissingBaseError
@@ -237,9 +237,8 @@ class Undoing:
         # transform undone as its bytes are joined (one pass over them, no copy of the base); else each base segment's
         # bytes are decoded (gANS on a GPU), then undone, the first of them on a segment thread from the start.
         codecs = base["record"].get("codecs")
-        self._into = (
-            device.type == "cpu" and "delta" not in base["record"] and isinstance(codecs, list) and "ans" not in codecs
-        )
+        decodes_here = isinstance(codecs, list) and not engines.decodes_on_gpu_only(codecs)
+        self._into = device.type == "cpu" and "delta" not in base["record"] and decodes_here
         prefetch = device.type == "cpu" and self.spans and not self._into
         self._first = records.segment_pool().submit(self._decoded, self.spans[0]) if prefetch else None
 
