@@ -23,8 +23,7 @@ from lightning_nvcomp.format.placement import (
     LAYOUT,
     Placed,
     Placement,
-    blob_key,
-    check_blobs,
+    blob_keys,
     check_record,
     fail,
     place,
@@ -113,7 +112,7 @@ def _tensor(placed: Placed, storage: torch.Tensor) -> torch.Tensor:
     tensor = typed.as_strided(at.size, at.stride, typed.storage_offset() + at.offset)
     if at.parameter:
         return torch.nn.Parameter(tensor, at.requires_grad)
-    return tensor.requires_grad_(at.requires_grad)
+    return tensor.requires_grad_() if at.requires_grad else tensor
 
 
 def decode_tensor(
@@ -226,8 +225,7 @@ def _decode_storage(
     blobs: list[torch.Tensor], rec: dict, index: int, dtype: str | None, check: int, newer: tuple, context: LoadContext
 ) -> Any:
     where = f"storage {index!r} of a record"
-    check_blobs(blobs, where)
-    keys = [blob_key(b) for b in blobs]
+    keys = blob_keys(blobs, where, _state(context))
     rec = check_record(rec, blobs, where, _state(context), keys)
     typed = _torch_dtype(dtype) if dtype is not None else None
     if dtype is not None and typed is None:

@@ -67,6 +67,7 @@ class LoadState:
         self.decoded = self.compressed = 0
         self.cache: dict[tuple, list[torch.Tensor]] = {}
         self.records: dict[int, tuple[dict, list, dict]] = {}  # id -> (the dict, its blobs' keys, validated copy)
+        self.blob_lists: dict[int, tuple] = {}  # id -> (the list, its tensors, their versions, keys): placement.py
         self.produced: set[int] = set()
         self.bases: dict = {}  # the delta bases opened by this load (format/delta.py), by path
         self._counting = threading.Lock()

@@ -18,6 +18,7 @@ import gc
 import io
 import json
 import os
+import pickle
 import struct
 import zipfile
 from collections import OrderedDict
@@ -150,6 +151,47 @@ class _Call:
         return decode_tensor, self.args
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    check=st.integers(0, (1 << 32) - 1),
+    index=st.integers(0, 1 << 20),
+    offset=st.integers(0, (1 << 48) - 1),
+    shape=st.lists(st.integers(0, (1 << 48) - 1), max_size=6),
+    strides=st.lists(st.integers(0, (1 << 48) - 1), max_size=6),
+    flags=st.tuples(st.booleans(), st.booleans()),
+    name=st.text(st.characters(exclude_categories=[])),
+)
+def test_a_tensor_s_check_is_the_crc_of_its_canonical_json(check, index, offset, shape, strides, flags, name):
+    """tensor_check writes the JSON out itself (it runs for every tensor of a load): the same CRC-32 as the canonical
+    JSON the format specifies, for any name (escapes, non-ASCII, lone surrogates) and any integers."""
+    at = (index, offset, tuple(shape), tuple(strides), *flags, name)
+    expected = schema.canonical_crc([check, index, offset, shape, strides, *flags, name])
+    assert tensor_check({"check": check}, *at) == expected
+
+
+def _raw_record(data: torch.Tensor) -> dict:
+    """A valid raw record of the 1-D uint8 tensor ``data``'s bytes (one storage)."""
+    n = data.numel()
+    return schema.seal(
+        {
+            "format": schema.PLAIN_FORMAT,
+            "dtype": "uint8",
+            "nbytes": n,
+            "planes": 1,
+            "data_type": "|u1",
+            "codecs": ["raw"],
+            "chunk": n,
+            "segment": n,
+            "sizes": [n],
+            "rotate": False,
+            "crc32c": [crc32c.crc32c(data.numpy())],
+            "nvcomp": None,
+            "storages": [[0, n]],
+            "device": "cpu",
+        }
+    )
+
+
 def overlapping_views_file(path: Path, views: int, view_nbytes: int = 1 << 20) -> int:
     """A crafted checkpoint: one blob of ``view_nbytes + 16 * views`` random bytes, and ``views`` records, each a
     valid raw record of ``view_nbytes`` bytes over a view of that blob 16 bytes further on. Returns what decoding
@@ -159,24 +201,7 @@ def overlapping_views_file(path: Path, views: int, view_nbytes: int = 1 << 20) -
     calls = []
     for k in range(views):
         view = blob[16 * k : 16 * k + view_nbytes]
-        rec = schema.seal(
-            {
-                "format": schema.PLAIN_FORMAT,
-                "dtype": "uint8",
-                "nbytes": view_nbytes,
-                "planes": 1,
-                "data_type": "|u1",
-                "codecs": ["raw"],
-                "chunk": view_nbytes,
-                "segment": view_nbytes,
-                "sizes": [view_nbytes],
-                "rotate": False,
-                "crc32c": [crc32c.crc32c(view.numpy())],
-                "nvcomp": None,
-                "storages": [[0, view_nbytes]],
-                "device": "cpu",
-            }
-        )
+        rec = _raw_record(view)
         at = Placement(0, 0, (view_nbytes,), (1,), False, False, f"t{k}")
         calls.append(_Call([_View(key, 16 * k, view_nbytes)], rec, *at, tensor_check(rec, *at)))
     pickled = io.BytesIO()
@@ -232,6 +257,47 @@ def test_views_of_one_storage_decode_once_and_keep_sharing(workdir, route):
     for key, value in state.items():
         assert tensor_bytes(loaded[key].detach()).numpy().tobytes() == tensor_bytes(value.detach()).numpy().tobytes()
         assert (loaded[key].stride(), loaded[key].storage_offset()) == (value.stride(), value.storage_offset())
+
+
+def test_a_blob_list_whose_tensor_the_pickle_moves_between_two_calls_is_checked_again(workdir):
+    """Every tensor of a record gets the same blob list, checked once per load; a crafted pickle that moves a blob
+    of that list onto other bytes (BUILD: ``set_``) between two calls does not reuse the first check: the record's
+    CRC-32C meets the new bytes and the load fails as damaged."""
+    blob = random_tensor((3 << 10,), torch.uint8, 3)
+    key = _StorageKey("0", blob.numel())
+    first, other = _View(key, 0, 1 << 10), _View(key, 1 << 10, 1 << 10)
+    record = _raw_record(blob[: 1 << 10])
+    at = [Placement(0, 0, (1 << 10,), (1,), False, False, name) for name in ("a", "b", "c")]
+    blobs = [first]
+    calls = [
+        _Call(
+            [other],
+            _raw_record(blob[1 << 10 : 2 << 10]),
+            *at[0],
+            tensor_check(_raw_record(blob[1 << 10 : 2 << 10]), *at[0]),
+        ),
+        _Call(blobs, record, *at[1], tensor_check(record, *at[1])),
+        "move the blob",
+        _Call(blobs, record, *at[2], tensor_check(record, *at[2])),
+    ]
+    out = io.BytesIO()
+    pickler = _ArchivePickler(out, {}, {})
+    pickler.dump(calls)
+    memo = pickler.memo.copy()  # id -> (memo index, object): the tensors the views rebuild
+    pickled, first_memo, other_memo = out.getvalue(), memo[id(first)][0], memo[id(other)][0]
+    marker = b"X" + struct.pack("<I", len("move the blob")) + b"move the blob"
+    assert pickled.count(marker) == 1
+    # first.set_(other): BUILD on a tensor torch's weights-only unpickler allows; the tensor stays in the list
+    moved = pickle.LONG_BINGET + struct.pack("<I", first_memo) + pickle.LONG_BINGET + struct.pack("<I", other_memo)
+    pickled = pickled.replace(marker, moved + pickle.TUPLE1 + pickle.BUILD)
+    with open("moved.ckpt", "wb") as f:
+        writer = ArchiveWriter(f)
+        writer.add("data/0", blob.numpy())
+        writer.add_torch_metadata()
+        writer.add("data.pkl", pickled)
+        writer.finish("data.pkl")
+    with pytest.raises(CorruptCheckpointError, match=r"moved\.ckpt: tensor 'c'.*checksum mismatch"):
+        lightning_nvcomp.load("moved.ckpt")
 
 
 # -- Python attributes of tensors and parameters ------------------------------------------------------------------
