@@ -259,23 +259,17 @@ def test_views_of_one_storage_decode_once_and_keep_sharing(workdir, route):
         assert (loaded[key].stride(), loaded[key].storage_offset()) == (value.stride(), value.storage_offset())
 
 
-def test_a_blob_list_whose_tensor_the_pickle_moves_between_two_calls_is_checked_again(workdir):
-    """Every tensor of a record gets the same blob list, checked once per load; a crafted pickle that moves a blob
-    of that list onto other bytes (BUILD: ``set_``) between two calls does not reuse the first check: the record's
-    CRC-32C meets the new bytes and the load fails as damaged."""
-    blob = random_tensor((3 << 10,), torch.uint8, 3)
+def _file_whose_pickle_moves_a_blob(path: str, blob: torch.Tensor, move: bool) -> None:
+    """Three tensors of 1 KiB: ``a`` from bytes 1-2 KiB of ``blob``, then ``b`` and ``c`` from one record of bytes
+    0-1 KiB through one blob list; with ``move``, the pickle moves that list's blob onto bytes 1-2 KiB between ``b``
+    and ``c`` (BUILD on a tensor, which torch's weights-only unpickler allows: ``set_``)."""
     key = _StorageKey("0", blob.numel())
     first, other = _View(key, 0, 1 << 10), _View(key, 1 << 10, 1 << 10)
-    record = _raw_record(blob[: 1 << 10])
+    record, other_record = _raw_record(blob[: 1 << 10]), _raw_record(blob[1 << 10 : 2 << 10])
     at = [Placement(0, 0, (1 << 10,), (1,), False, False, name) for name in ("a", "b", "c")]
     blobs = [first]
     calls = [
-        _Call(
-            [other],
-            _raw_record(blob[1 << 10 : 2 << 10]),
-            *at[0],
-            tensor_check(_raw_record(blob[1 << 10 : 2 << 10]), *at[0]),
-        ),
+        _Call([other], other_record, *at[0], tensor_check(other_record, *at[0])),
         _Call(blobs, record, *at[1], tensor_check(record, *at[1])),
         "move the blob",
         _Call(blobs, record, *at[2], tensor_check(record, *at[2])),
@@ -284,18 +278,32 @@ def test_a_blob_list_whose_tensor_the_pickle_moves_between_two_calls_is_checked_
     pickler = _ArchivePickler(out, {}, {})
     pickler.dump(calls)
     memo = pickler.memo.copy()  # id -> (memo index, object): the tensors the views rebuild
-    pickled, first_memo, other_memo = out.getvalue(), memo[id(first)][0], memo[id(other)][0]
     marker = b"X" + struct.pack("<I", len("move the blob")) + b"move the blob"
+    pickled = out.getvalue()
     assert pickled.count(marker) == 1
-    # first.set_(other): BUILD on a tensor torch's weights-only unpickler allows; the tensor stays in the list
-    moved = pickle.LONG_BINGET + struct.pack("<I", first_memo) + pickle.LONG_BINGET + struct.pack("<I", other_memo)
-    pickled = pickled.replace(marker, moved + pickle.TUPLE1 + pickle.BUILD)
-    with open("moved.ckpt", "wb") as f:
+    if move:  # first.set_(other), the tensor left in the list
+        gets = [pickle.LONG_BINGET + struct.pack("<I", memo[id(view)][0]) for view in (first, other)]
+        pickled = pickled.replace(marker, b"".join(gets) + pickle.TUPLE1 + pickle.BUILD)
+    with open(path, "wb") as f:
         writer = ArchiveWriter(f)
         writer.add("data/0", blob.numpy())
         writer.add_torch_metadata()
         writer.add("data.pkl", pickled)
         writer.finish("data.pkl")
+
+
+def test_a_blob_list_whose_tensor_the_pickle_moves_between_two_calls_is_checked_again(workdir):
+    """Every tensor of a record gets the same blob list, checked once per load; a crafted pickle that moves a blob
+    of that list onto other bytes between two calls does not reuse the first check: the record's CRC-32C meets the
+    new bytes and the load fails as damaged. Unmoved, the same file loads bit-exactly."""
+    blob = random_tensor((3 << 10,), torch.uint8, 3)
+    _file_whose_pickle_moves_a_blob("kept.ckpt", blob, move=False)
+    a, b, marker, c = lightning_nvcomp.load("kept.ckpt")
+    assert marker == "move the blob"
+    assert [t.numpy().tobytes() for t in (a, b, c)] == [blob[1 << 10 : 2 << 10].numpy().tobytes()] + [
+        blob[: 1 << 10].numpy().tobytes()
+    ] * 2
+    _file_whose_pickle_moves_a_blob("moved.ckpt", blob, move=True)
     with pytest.raises(CorruptCheckpointError, match=r"moved\.ckpt: tensor 'c'.*checksum mismatch"):
         lightning_nvcomp.load("moved.ckpt")
 
