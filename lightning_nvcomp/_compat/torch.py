@@ -13,6 +13,9 @@ applies per record and errors cannot name the file (see ``format.load_context``)
 ``torch._utils._get_obj_state`` and ``torch._tensor._rebuild_from_type_v2`` (2.4-2.13): the Python attributes of a
 tensor as ``torch.save`` stores them (``Tensor.__reduce_ex__``), and the call that sets them on the rebuilt tensor
 (allowed by ``weights_only=True``); our writer stores the same, wrapped around ``decode_tensor``.
+
+``Tensor._version`` (2.4-2.13): the counter every in-place change of a tensor bumps, ``set_`` included (what a
+weights-only pickle's BUILD calls on a tensor); a load checks a record's blob list once and again where it moved.
 """
 
 from __future__ import annotations
@@ -66,6 +69,11 @@ def tensor_state(tensor: torch.Tensor) -> object:
     """The Python attributes ``torch.save`` stores with ``tensor`` (its ``__dict__``, and slots of a subclass);
     falsy when there are none."""
     return torch._utils._get_obj_state(tensor)
+
+
+def tensor_version(tensor: torch.Tensor) -> int:
+    """The count of in-place changes to ``tensor`` so far (``set_`` included)."""
+    return tensor._version
 
 
 #: ``rebuild_with_state(rebuild, type, args, attributes)``: ``rebuild(*args)`` with the attributes set on it.

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from lightning_nvcomp._compat.torch import tensor_version
 from lightning_nvcomp.codec import schema
 from lightning_nvcomp.errors import CheckpointError, CorruptCheckpointError
 from lightning_nvcomp.format.contents import DTYPES
@@ -55,13 +56,13 @@ def blob_keys(blobs: list[torch.Tensor], name: object, state: LoadState) -> list
         and cached[0] is blobs
         and len(blobs) == len(cached[1])
         and all(map(operator.is_, blobs, cached[1]))
-        and cached[2] == [b._version for b in blobs]
+        and cached[2] == [tensor_version(b) for b in blobs]
     ):
         return cached[3]
     check_blobs(blobs, name)
     keys = [blob_key(b) for b in blobs]
     if all(type(b) is torch.Tensor for b in blobs):  # a subclass may change without set_
-        state.blob_lists[id(blobs)] = (blobs, tuple(blobs), [b._version for b in blobs], keys)
+        state.blob_lists[id(blobs)] = (blobs, tuple(blobs), [tensor_version(b) for b in blobs], keys)
     return keys
 
 
