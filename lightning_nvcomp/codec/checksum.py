@@ -64,6 +64,11 @@ def _pool() -> ThreadPoolExecutor:
     return shared("crc-pool", lambda: ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="lnv-crc"))
 
 
+def submit(function: Callable[..., int], *args: object) -> Future:
+    """``function(*args)`` (a copy and checksum, say) on the CRC threads."""
+    return _pool().submit(function, *args)
+
+
 def _piece(data: np.ndarray, ready: torch.cuda.Event | None, algorithm: str) -> int:
     if ready is not None:  # a device-to-host copy into `data` must have landed first
         ready.synchronize()

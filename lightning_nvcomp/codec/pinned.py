@@ -45,7 +45,7 @@ def _physical_nbytes() -> int:
         return 16 << 30
 
 
-def _host_memory(nbytes: int, pin: bool) -> torch.Tensor:
+def host_memory(nbytes: int, pin: bool) -> torch.Tensor:
     """``nbytes`` of host memory, page-locked for exactly its size where ``pin`` (registered with CUDA, and
     unregistered when it is freed)."""
     memory = torch.empty(nbytes, dtype=torch.uint8)
@@ -66,7 +66,7 @@ class _Slab:
     __slots__ = ("memory", "array", "top", "live", "copied", "earlier")
 
     def __init__(self, nbytes: int, pin: bool) -> None:
-        self.memory = _host_memory(nbytes, pin)
+        self.memory = host_memory(nbytes, pin)
         self.array = self.memory.numpy()
         self.top = 0  # where the next blob is cut
         self.live = 0  # blobs cut from it whose storage is not yet freed

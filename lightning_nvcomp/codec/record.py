@@ -39,6 +39,7 @@ from lightning_nvcomp.codec.segment import (
     pack,
     stored_as_is,
 )
+from lightning_nvcomp.codec.upload import checked_upload
 from lightning_nvcomp.errors import CorruptCheckpointError
 
 #: The checksum of the blobs of the records written now (a record dict names it as the field that lists them).
@@ -297,28 +298,30 @@ def decode_into(
     if not targets:
         return
     if any(at % layout.planes or out.numel() % layout.planes for at, out in targets):
-        raise CorruptCheckpointError(
-            f"a storage of the record does not start and end on its {layout.planes}-byte numbers"
-        )
+        raise CorruptCheckpointError(f"a storage of the record is not whole {layout.planes}-byte numbers")
     work = targets[0][1].device
     engine = engine_on(work) if set(layout.codecs) - {"raw"} else None
     jobs = _segment_jobs(blobs, meta, targets, layout, undoing or [None] * len(targets))
     field = checksum_field(meta)
     # On CPU threads each segment is checked right before the thread decodes it (a file read from the disk is read
     # by one thread while the other decodes, where checking every segment first would read it all before decoding),
-    # or as it copies it (bytes stored as they are: an error before any of them is returned).
+    # or as it copies it (bytes stored as they are: an error before any of them is returned). Bound for a GPU, a blob
+    # in pageable host memory (a file's mapping) is checked as it is uploaded; the others are checked first.
     on_threads = work.type == "cpu" and len(jobs) > 1 and parallel
+    uploaded = {s for s, blob, *_ in jobs if work.type == "cuda" and blob.device.type == "cpu" and not blob.is_pinned()}
     if not on_threads:
-        hosts = _checked_hosts([j[1] for j in jobs], [meta[field][j[0]] for j in jobs], field, [j[0] for j in jobs])
-        jobs = [(s, blob if blob.device == work else host, *rest) for (s, blob, *rest), host in zip(jobs, hosts)]
+        jobs = _checked_before(jobs, uploaded, meta, field, work)
 
     def run(job: tuple) -> None:
         s, stored, sizes, outs, length, undo = job
-        copied = on_threads and not any(undo) and stored_as_is(sizes, length, layout)
+        copied, crc = on_threads and not any(undo) and stored_as_is(sizes, length, layout), meta[field][s]
         if on_threads:
             stored = stored.cpu()
-            if checksums.copy_checked(stored, outs if copied else [], field) != meta[field][s]:
-                raise CorruptCheckpointError(f"checksum mismatch in segment {s} of the record: the file is damaged")
+            crc = checksums.copy_checked(stored, outs if copied else [], field)
+        elif s in uploaded:
+            stored, crc = checked_upload(stored, work, field)
+        if crc != meta[field][s]:
+            raise CorruptCheckpointError(f"checksum mismatch in segment {s} of the record: the file is damaged")
         if not copied:
             try:
                 decode_segment(engine, stored.to(work), sizes, outs, length, layout, undo)
@@ -327,12 +330,8 @@ def decode_into(
         if after is not None:
             after(s * meta["segment"], length)
 
-    if not on_threads:  # one segment: no hand-off to another thread
-        for job in jobs:
-            run(job)
-    else:
-        for _ in segment_pool().map(run, jobs):
-            pass
+    for _ in segment_pool().map(run, jobs) if on_threads else map(run, jobs):  # one segment: no hand-off
+        pass
 
 
 def _segment_jobs(
@@ -353,6 +352,15 @@ def _segment_jobs(
             jobs.append((s, blobs[s], meta["sizes"][pos : pos + count], outs, length, [u for _, u in meeting]))
         pos += count
     return jobs
+
+
+def _checked_before(jobs: list[tuple], uploaded: set[int], meta: dict, field: str, work: torch.device) -> list[tuple]:
+    """``jobs`` (see :func:`_segment_jobs`), the blob of each segment not ``uploaded`` checked (its CRC the record's)
+    and, where it is not on ``work``, read into host memory."""
+    checked = [job for job in jobs if job[0] not in uploaded]
+    crcs, segments = [meta[field][job[0]] for job in checked], [job[0] for job in checked]
+    hosts = dict(zip(segments, _checked_hosts([job[1] for job in checked], crcs, field, segments)))
+    return [(s, hosts[s] if s in hosts and blob.device != work else blob, *rest) for s, blob, *rest in jobs]
 
 
 def _checked_layout(blobs: list[torch.Tensor], meta: dict, layout: Layout | None) -> Layout:
