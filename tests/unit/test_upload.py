@@ -59,3 +59,24 @@ def test_a_blob_reaches_the_gpu_bit_exactly_through_the_pinned_ring():
     out, crc = checked_upload(blob, torch.device("cuda", torch.cuda.current_device()), "crc32c")
     assert out.is_cuda and torch.equal(out.cpu(), blob)
     assert crc == crc32c.crc32c(blob.numpy().tobytes())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and nvCOMP")
+@pytest.mark.parametrize("codec", ["none", "ans"])
+def test_a_file_loads_onto_the_gpu_bit_exactly_and_a_damaged_one_is_named(tmp_path, codec):
+    """Its segments go through the ring (a file's mapping is pageable memory): bit-exact, and a flipped byte in them is
+    a checksum mismatch naming the file and the tensor, before any decoding."""
+    import lightning_nvcomp
+
+    state = {"w": torch.randn(3 << 20, generator=torch.Generator().manual_seed(0)), "b": torch.arange(7)}
+    path = tmp_path / "x.ckpt"
+    lightning_nvcomp.save(state, path, codec=codec)
+    back = lightning_nvcomp.load(path, map_location="cuda")
+    assert back["w"].is_cuda and torch.equal(back["w"].cpu().view(torch.uint8), state["w"].view(torch.uint8))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # inside the big record's one segment
+    path.write_bytes(bytes(data))
+    with pytest.raises(lightning_nvcomp.CorruptCheckpointError, match="checksum mismatch") as caught:
+        lightning_nvcomp.load(path, map_location="cuda")
+    assert str(path) in str(caught.value) and "'w'" in str(caught.value)
