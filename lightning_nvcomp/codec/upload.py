@@ -3,8 +3,7 @@
 A blob read from a file lies in pageable memory (often the file's own mapping): ``.to(gpu)`` copies it through the
 driver's bounce buffers on one thread, after a separate pass has checksummed it. Here the blob is cut into pieces,
 each copied into one of a few pinned buffers (:class:`UploadRing`) on the CRC threads and checksummed as it is copied
-(its bytes read once), and each landed piece is sent to the GPU asynchronously while the next ones are copied: an
-891 MB blob reached an H100 in 80 ms, against 205 ms for a CRC pass and ``.to()``.
+(its bytes read once), and each landed piece is sent to the GPU asynchronously while the next ones are copied.
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ class UploadRing:
         out = torch.empty(blob.numel(), dtype=torch.uint8, device=device)
         with self._lock:
             crc = 0
-            staging: collections.deque = collections.deque()  # (piece, buffer, its copy and checksum), in order
+            staging: collections.deque = collections.deque()  # (its start, its buffer, its copy and checksum)
             try:
                 for piece, start in enumerate(range(0, blob.numel(), self.piece_nbytes)):
                     slot = piece % len(self.buffers)
