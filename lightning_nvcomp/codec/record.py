@@ -330,7 +330,7 @@ def decode_into(
         if after is not None:
             after(s * meta["segment"], length)
 
-    for _ in segment_pool().map(run, jobs) if on_threads else map(run, jobs):  # one segment: no hand-off
+    for _ in segment_pool().map(run, jobs) if on_threads else map(run, jobs):  # else here, in turn: no hand-off
         pass
 
 

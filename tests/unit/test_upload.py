@@ -69,11 +69,12 @@ def test_a_file_loads_onto_the_gpu_bit_exactly_and_a_damaged_one_is_named(tmp_pa
     a checksum mismatch naming the file and the tensor, before any decoding."""
     import lightning_nvcomp
 
-    state = {"w": torch.randn(3 << 20, generator=torch.Generator().manual_seed(0)), "b": torch.arange(7)}
+    w = torch.randn(3 << 20, generator=torch.Generator().manual_seed(0))
+    state = {"w": w.cuda(), "b": torch.arange(7, device="cuda")}  # GPU state, as gANS codes it
     path = tmp_path / "x.ckpt"
     lightning_nvcomp.save(state, path, codec=codec)
     back = lightning_nvcomp.load(path, map_location="cuda")
-    assert back["w"].is_cuda and torch.equal(back["w"].cpu().view(torch.uint8), state["w"].view(torch.uint8))
+    assert back["w"].is_cuda and torch.equal(back["w"].cpu().view(torch.uint8), w.view(torch.uint8))
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01  # inside the big record's one segment
     path.write_bytes(bytes(data))
